@@ -1,0 +1,32 @@
+# fabricscope — `make run` starts the demo stack, `make test` runs the test suite.
+# Both set everything up from a fresh machine first.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup system-deps run test bench clean
+
+setup: system-deps $(STAMP)
+
+system-deps:
+	@./deploy/install-system-deps.sh
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+run: setup
+	$(VENV)/bin/fabricscope demo
+
+test: setup
+	$(PY) -m pytest -q tests
+
+bench: setup
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Debian packages the tests and the demo stack need: real Prometheus, promtool,
+# Alertmanager, amtool, node_exporter (benchmark baseline), jsonnet, and the eBPF
+# toolchain (clang, bpftool, libbpf). Installs only what is missing; needs root for that.
+set -euo pipefail
+
+need=()
+have() { command -v "$1" >/dev/null 2>&1; }
+have prometheus || need+=(prometheus)
+have promtool || need+=(prometheus)
+have prometheus-alertmanager || need+=(prometheus-alertmanager)
+have amtool || need+=(prometheus-alertmanager)
+have prometheus-node-exporter || need+=(prometheus-node-exporter)
+have jsonnet || need+=(jsonnet)
+have clang || need+=(clang llvm)
+have bpftool || need+=(bpftool)
+[ -e /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
+dpkg -s libbpf1 >/dev/null 2>&1 || need+=(libbpf1)
+have nft || need+=(nftables)
+have ip || need+=(iproute2)
+
+if [ ${#need[@]} -eq 0 ]; then
+    exit 0
+fi
+mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
+if [ "$(id -u)" -ne 0 ]; then
+    echo "missing Debian packages: ${need[*]} (run as root, or: sudo apt-get install ${need[*]})" >&2
+    exit 1
+fi
+echo "installing Debian packages: ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+# policy-rc.d keeps the packages' own services from starting: tests start their own
+# instances on 127.0.0.1 with private ports and data directories.
+printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

@@ -1,0 +1,1 @@
+"""One module per subsystem; each registers its Collector with @framework.register."""

@@ -1,0 +1,137 @@
+"""Collector framework: registration, enable/disable flags, per-collector self-metrics.
+
+Each collector module in exporter/collectors/ subclasses Collector and decorates it with
+@register. The ScrapeCollector runs every enabled collector on each scrape, times it,
+and isolates failures: an exception in one collector becomes
+fabric_scrape_collector_success{collector="x"} 0 and a log line, never a lost scrape.
+"""
+from __future__ import annotations
+
+import abc
+import importlib
+import logging
+import pkgutil
+import time
+from typing import Any, Callable, ClassVar, Iterable, Iterator
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector as _PromCollector
+
+from .context import Context
+
+log = logging.getLogger("fabricscope.exporter")
+
+# An HTTP route a collector contributes to the exporter's web server:
+# handler(body: bytes, query: dict[str, list[str]]) -> (status, content_type, body).
+RouteHandler = Callable[[bytes, dict], tuple[int, str, bytes]]
+
+COLLECTORS: dict[str, type["Collector"]] = {}
+
+
+class Collector(abc.ABC):
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    enabled_by_default: ClassVar[bool] = True
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    @classmethod
+    def add_arguments(cls, parser: Any) -> None:
+        """Add collector-specific flags (named --collector.<name>.<flag>)."""
+
+    @abc.abstractmethod
+    def collect(self) -> Iterable[Metric]:
+        """Read the source now and yield fresh metric families."""
+
+    def routes(self) -> dict[tuple[str, str], RouteHandler]:
+        """(method, path) -> handler for HTTP endpoints this collector serves."""
+        return {}
+
+    def close(self) -> None:
+        """Release probes, threads and files."""
+
+
+def register(cls: type[Collector]) -> type[Collector]:
+    if cls.name in COLLECTORS and COLLECTORS[cls.name] is not cls:
+        raise ValueError(f"collector {cls.name!r} registered twice")
+    COLLECTORS[cls.name] = cls
+    return cls
+
+
+def load_collector_modules() -> dict[str, type[Collector]]:
+    """Import every module in exporter.collectors so their @register runs."""
+    from . import collectors
+
+    for info in pkgutil.iter_modules(collectors.__path__):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{collectors.__name__}.{info.name}")
+    return COLLECTORS
+
+
+def _with_node_label(metric: Metric, node: str) -> Metric:
+    metric.samples = [s._replace(labels={**s.labels, "node": node}) for s in metric.samples]
+    return metric
+
+
+class ScrapeCollector(_PromCollector):
+    """The one prometheus_client collector: fans out to the enabled fabricscope collectors."""
+
+    def __init__(self, collectors: list[Collector], node: str = "") -> None:
+        self.collectors = collectors
+        self.node = node
+
+    def describe(self) -> list:  # no describe-time collection: scrapes stay the only reads
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        success = GaugeMetricFamily(
+            "fabric_scrape_collector_success",
+            "1 if the collector's last scrape succeeded, 0 if it raised.",
+            labels=["collector"],
+        )
+        duration = GaugeMetricFamily(
+            "fabric_scrape_collector_duration_seconds",
+            "Time the collector took on this scrape.",
+            labels=["collector"],
+        )
+        for collector in self.collectors:
+            start = time.perf_counter()
+            try:
+                # Materialise inside the try so a failure part-way yields nothing partial.
+                families = list(collector.collect())
+                ok = 1.0
+            except Exception:  # one failing collector never hides the others
+                log.exception("collector %s failed", collector.name)
+                families, ok = [], 0.0
+            duration.add_metric([collector.name], time.perf_counter() - start)
+            success.add_metric([collector.name], ok)
+            for family in families:
+                yield _with_node_label(family, self.node) if self.node else family
+        for family in (success, duration):
+            yield _with_node_label(family, self.node) if self.node else family
+
+
+class _BrokenCollector(Collector):
+    """Stands in for a collector whose constructor raised: every scrape reports it failed."""
+
+    name = "broken"
+
+    def __init__(self, ctx: Context, name: str, error: Exception) -> None:
+        super().__init__(ctx)
+        self.name = name
+        self.error = error
+
+    def collect(self) -> Iterable[Metric]:
+        raise RuntimeError(f"collector {self.name} could not start: {self.error}")
+
+
+def build_collectors(ctx: Context, enabled: Iterable[str]) -> list[Collector]:
+    built: list[Collector] = []
+    for name in enabled:
+        try:
+            built.append(COLLECTORS[name](ctx))
+        except Exception as exc:  # a collector that cannot start must not stop the exporter
+            log.exception("collector %s could not start", name)
+            built.append(_BrokenCollector(ctx, name, exc))
+    return built

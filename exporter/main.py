@@ -1,0 +1,136 @@
+"""`fabricscope exporter`: flags, collector selection, and the serving loop."""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+
+from . import __version__
+from .context import Context
+from .framework import COLLECTORS, Collector, ScrapeCollector, build_collectors, load_collector_modules
+from .web import serve
+from .webconfig import load_web_config
+
+log = logging.getLogger("fabricscope.exporter")
+
+# Outside the 9100-9999 range that the Prometheus default-port registry has allocated.
+DEFAULT_LISTEN = ":19400"
+
+
+class _BuildInfo:
+    def __init__(self, node: str) -> None:
+        self.node = node
+
+    def collect(self):
+        info = GaugeMetricFamily("fabric_exporter_build_info", "Exporter version; always 1.",
+                                 labels=["version", "node"])
+        info.add_metric([__version__, self.node], 1.0)
+        yield info
+
+
+@dataclass
+class RunningExporter:
+    address: str
+    server: object
+    collectors: list[Collector]
+    registry: CollectorRegistry
+
+    @property
+    def port(self) -> int:
+        return self.server.server_address[1]
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        for collector in self.collectors:
+            try:
+                collector.close()
+            except Exception:
+                log.exception("closing collector %s", collector.name)
+
+
+def start_exporter(ctx: Context, enabled: list[str], address: str = DEFAULT_LISTEN,
+                   web_config_file: str | None = None) -> RunningExporter:
+    load_collector_modules()
+    collectors = build_collectors(ctx, enabled)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ScrapeCollector(collectors, node=ctx.node))
+    registry.register(_BuildInfo(ctx.node))
+    routes = {}
+    for collector in collectors:
+        routes.update(collector.routes())
+    server = serve(address, registry, load_web_config(web_config_file), routes, ctx.node)
+    return RunningExporter(address, server, collectors, registry)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    load_collector_modules()
+    parser.add_argument("--web.listen-address", dest="listen", default=DEFAULT_LISTEN,
+                        help=f"address to serve /metrics on (default {DEFAULT_LISTEN})")
+    parser.add_argument("--web.config.file", dest="web_config", default=None,
+                        help="exporter-toolkit web config (TLS, basic auth)")
+    parser.add_argument("--path.sysfs", dest="sysfs", default="/sys")
+    parser.add_argument("--path.procfs", dest="procfs", default="/proc")
+    parser.add_argument("--path.rootfs", dest="rootfs", default="/")
+    parser.add_argument("--path.kmsg", dest="kmsg", default="/dev/kmsg",
+                        help="kernel log source: /dev/kmsg, or a file of kmsg records")
+    parser.add_argument("--path.state", dest="state_dir", default="/var/lib/fabricscope",
+                        help="directory for persistent local state (cursors, counter snapshots)")
+    parser.add_argument("--config.file", dest="config_file", default=None,
+                        help="YAML file with per-collector sections (thresholds, allow-lists)")
+    parser.add_argument("--node-name", dest="node", default=None,
+                        help="value of the node label on every series (default: hostname; '' to omit)")
+    parser.add_argument("--log.level", dest="log_level", default="info",
+                        choices=["debug", "info", "warning", "error"])
+    for name, cls in sorted(COLLECTORS.items()):
+        group = parser.add_mutually_exclusive_group()
+        state = "enabled" if cls.enabled_by_default else "disabled"
+        group.add_argument(f"--collector.{name}", dest=f"collector_{name}", action="store_true",
+                           default=None, help=f"enable the {name} collector ({state} by default). {cls.description}")
+        group.add_argument(f"--no-collector.{name}", dest=f"collector_{name}", action="store_false",
+                           default=None, help=argparse.SUPPRESS)
+        cls.add_arguments(parser)
+
+
+def enabled_collectors(args: argparse.Namespace) -> list[str]:
+    enabled = []
+    for name, cls in sorted(COLLECTORS.items()):
+        flag = getattr(args, f"collector_{name}", None)
+        if flag is True or (flag is None and cls.enabled_by_default):
+            enabled.append(name)
+    return enabled
+
+
+def context_from_args(args: argparse.Namespace) -> Context:
+    config = {}
+    if args.config_file:
+        config = yaml.safe_load(Path(args.config_file).read_text()) or {}
+        if not isinstance(config, dict):
+            raise SystemExit(f"--config.file {args.config_file}: top level must be a mapping")
+    ctx = Context(sysfs=Path(args.sysfs), procfs=Path(args.procfs), rootfs=Path(args.rootfs),
+                  kmsg=Path(args.kmsg), state_dir=Path(args.state_dir), config=config, args=args)
+    if args.node is not None:
+        ctx.node = args.node
+    return ctx
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ctx = context_from_args(args)
+    enabled = enabled_collectors(args)
+    exporter = start_exporter(ctx, enabled, args.listen, args.web_config)
+    log.info("fabricscope exporter %s on %s (node %r), collectors: %s", __version__, args.listen,
+             ctx.node, ", ".join(enabled))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop.wait()
+    exporter.stop()
+    return 0

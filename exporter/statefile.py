@@ -1,0 +1,73 @@
+"""Persistent local state (JSON), written atomically.
+
+Write goes to a temporary file in the same directory, is fsynced, then renamed over the
+old file, so a crash mid-write leaves either the old or the new state, never a torn one.
+A corrupt file is moved aside (kept for forensics) and replaced; it is reported, not fatal.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("fabricscope.exporter.state")
+
+
+class StateFile:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        # Why the last load did not return stored state: None, "missing" or "corrupt".
+        self.load_problem: str | None = None
+        self.write_errors = 0
+
+    def load(self) -> dict[str, Any]:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            self.load_problem = "missing"
+            return {}
+        except OSError as exc:
+            log.error("cannot read state file %s: %s; starting from empty state", self.path, exc)
+            self.load_problem = "unreadable"
+            return {}
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict):
+                raise ValueError("top level is not an object")
+        except ValueError as exc:
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+            log.error("state file %s is corrupt (%s); moved to %s and starting from empty state", self.path, exc, aside)
+            try:
+                os.replace(self.path, aside)
+            except OSError:
+                pass
+            self.load_problem = "corrupt"
+            return {}
+        self.load_problem = None
+        return data
+
+    def save(self, data: dict[str, Any]) -> bool:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+            try:
+                with os.fdopen(fd, "w") as handle:
+                    json.dump(data, handle, separators=(",", ":"), sort_keys=True)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(tmp, self.path)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+            return True
+        except OSError as exc:
+            self.write_errors += 1
+            log.error("cannot write state file %s: %s", self.path, exc)
+            return False

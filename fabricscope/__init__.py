@@ -1,0 +1,1 @@
+"""fabricscope: grey-failure observability for GPU clusters."""
