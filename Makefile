@@ -6,9 +6,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps run test bench clean
+.PHONY: setup system-deps bpf rules run test bench clean
 
-setup: system-deps $(STAMP)
+setup: system-deps $(STAMP) bpf
+
+# BPF objects are built once here (clang + vmlinux.h from the running kernel's BTF)
+# and loaded at run time through libbpf; nodes need neither clang nor headers.
+bpf: system-deps
+	@if [ -f exporter/bpf/Makefile ]; then $(MAKE) -s -C exporter/bpf; fi
+
+# Render the mixin (jsonnet) to rules/*.yaml and check rules and Alertmanager config.
+rules: $(STAMP)
+	@if [ -f rules/Makefile ]; then $(MAKE) -s -C rules; fi
 
 system-deps:
 	@./deploy/install-system-deps.sh

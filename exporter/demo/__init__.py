@@ -1,0 +1,1 @@
+"""The demo cluster: simulated sources fed into the real collectors."""

@@ -1,0 +1,1 @@
+"""NCCL collective tracking: uprobe events and ingested records feed one tracker."""

@@ -1,0 +1,16 @@
+"""The record every NCCL source produces: uprobes, POST /nccl/operations, the demo."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class NcclCall:
+    op: str              # AllReduce, AllGather, ReduceScatter, Broadcast, Reduce, AllToAll, Send, Recv
+    comm: str            # communicator id: hex splitmix64 over the 128-byte ncclUniqueId
+    rank: int
+    nranks: int
+    nbytes: int          # count x datatype size
+    start: float         # wall-clock seconds (time.time() base) when the call was entered
+    enqueue_seconds: float | None = None   # entry -> return of the API call (uprobes)
+    end: float | None = None               # completion, when the source knows it (ingest API)

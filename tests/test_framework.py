@@ -1,0 +1,135 @@
+"""The exporter framework: failure isolation, self-metrics, node label, HTTP, web config."""
+from __future__ import annotations
+
+import base64
+import subprocess
+from pathlib import Path
+
+import bcrypt
+import pytest
+import requests
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily
+
+from exporter.context import Context
+from exporter.framework import Collector, ScrapeCollector, build_collectors, COLLECTORS
+from exporter.main import start_exporter
+from exporter.webconfig import WebConfigError, load_web_config
+
+
+class Good(Collector):
+    name = "good"
+
+    def collect(self):
+        family = CounterMetricFamily("fabric_test_things", "Things.", labels=["thing"])
+        family.add_metric(["a"], 3)
+        yield family
+
+
+class Bad(Collector):
+    name = "bad"
+
+    def collect(self):
+        yield CounterMetricFamily("fabric_test_partial", "Never seen.", value=1)
+        raise OSError("sysfs went away")
+
+
+def registry_of(*collectors, node="n1"):
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ScrapeCollector(list(collectors), node=node))
+    return registry
+
+
+def test_failing_collector_is_isolated_and_reported():
+    ctx = Context()
+    registry = registry_of(Bad(ctx), Good(ctx))
+    assert registry.get_sample_value("fabric_test_things_total", {"thing": "a", "node": "n1"}) == 3
+    assert registry.get_sample_value("fabric_scrape_collector_success", {"collector": "good", "node": "n1"}) == 1
+    assert registry.get_sample_value("fabric_scrape_collector_success", {"collector": "bad", "node": "n1"}) == 0
+    # Nothing half-collected leaks from the failing collector.
+    assert registry.get_sample_value("fabric_test_partial_total", {"node": "n1"}) is None
+    assert registry.get_sample_value("fabric_scrape_collector_duration_seconds", {"collector": "bad", "node": "n1"}) >= 0
+
+
+def test_collector_that_cannot_start_is_reported_not_fatal():
+    class Explodes(Collector):
+        name = "explodes"
+
+        def __init__(self, ctx):
+            raise RuntimeError("no NVML")
+
+        def collect(self):
+            return []
+
+    COLLECTORS["explodes"] = Explodes
+    try:
+        built = build_collectors(Context(), ["explodes"])
+    finally:
+        del COLLECTORS["explodes"]
+    registry = registry_of(*built)
+    assert registry.get_sample_value("fabric_scrape_collector_success", {"collector": "explodes", "node": "n1"}) == 0
+
+
+def test_http_landing_page_metrics_and_404(port, tmp_path):
+    ctx = Context(sysfs=tmp_path, procfs=tmp_path, state_dir=tmp_path / "state", node="node-a")
+    exporter = start_exporter(ctx, [], f"127.0.0.1:{port}")
+    try:
+        base = f"http://127.0.0.1:{port}"
+        landing = requests.get(base + "/", timeout=5)
+        assert landing.status_code == 200 and 'href="/metrics"' in landing.text
+        metrics = requests.get(base + "/metrics", timeout=5)
+        assert metrics.status_code == 200
+        assert 'fabric_exporter_build_info{node="node-a",version=' in metrics.text
+        assert requests.get(base + "/nope", timeout=5).status_code == 404
+    finally:
+        exporter.stop()
+
+
+def _basic(user, password):
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def test_web_config_tls_and_basic_auth(port, tmp_path):
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", tmp_path / "key.pem", "-out", tmp_path / "cert.pem"],
+                   check=True, capture_output=True)
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode().replace("$2b$", "$2y$")
+    (tmp_path / "web.yml").write_text(
+        "tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\n"
+        f"basic_auth_users:\n  prom: '{hashed}'\n")
+    exporter = start_exporter(Context(node="n"), [], f"127.0.0.1:{port}", str(tmp_path / "web.yml"))
+    try:
+        url = f"https://127.0.0.1:{port}/metrics"
+        cert = str(tmp_path / "cert.pem")
+        assert requests.get(url, verify=cert, timeout=5).status_code == 401
+        assert requests.get(url, verify=cert, headers=_basic("prom", "wrong"), timeout=5).status_code == 401
+        ok = requests.get(url, verify=cert, headers=_basic("prom", "s3cret"), timeout=5)
+        assert ok.status_code == 200 and "fabric_exporter_build_info" in ok.text
+        with pytest.raises(requests.exceptions.ConnectionError):
+            requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    finally:
+        exporter.stop()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("basic_auth_users:\n  bob: plaintext\n", "not a bcrypt hash"),
+    ("tls_server_config:\n  cert_file: x.pem\n", "needs cert_file and key_file"),
+    ("listen: 1\n", "unknown keys"),
+    ("- a\n", "must be a mapping"),
+])
+def test_web_config_errors_are_specific(tmp_path, text, message):
+    path = tmp_path / "web.yml"
+    path.write_text(text)
+    with pytest.raises(WebConfigError, match=message):
+        load_web_config(path)
+
+
+def test_cli_flags_enable_and_disable(tmp_path):
+    from exporter import main as exporter_main
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    exporter_main.add_arguments(parser)
+    for name in COLLECTORS:
+        args = parser.parse_args([f"--no-collector.{name}"])
+        assert name not in exporter_main.enabled_collectors(args)
