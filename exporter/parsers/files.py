@@ -1,0 +1,54 @@
+"""Safe reads of single-value sysfs/procfs files.
+
+A value file can be absent (the kernel or firmware does not expose it: an absent series),
+unreadable, empty, or hold text that is not a number ("N/A (no PMA)" from mlx5 ports
+without a performance-management agent). Readers return either a value or a short,
+bounded reason string that collectors export as a label, so a bad file is visible and
+specific and never an exception that would cost the rest of the scrape.
+"""
+from __future__ import annotations
+
+import errno
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ReadProblem:
+    path: Path
+    reason: str      # absent | permission_denied | not_a_file | io_error | empty | no_pma | not_a_number
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+def read_text(path: Path) -> str | ReadProblem:
+    """The file's content with surrounding whitespace stripped, or why it could not be read."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except FileNotFoundError:
+        return ReadProblem(path, "absent")
+    except PermissionError:
+        return ReadProblem(path, "permission_denied")
+    except IsADirectoryError:
+        return ReadProblem(path, "not_a_file")
+    except OSError as exc:
+        # EINVAL/EIO are what some drivers return for counters the hardware lacks.
+        return ReadProblem(path, "unsupported" if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP) else "io_error")
+    text = raw.decode("utf-8", "replace").strip()
+    return text if text else ReadProblem(path, "empty")
+
+
+def parse_int(text: str, path: Path) -> int | ReadProblem:
+    if text.startswith("N/A"):
+        return ReadProblem(path, "no_pma")
+    try:
+        return int(text, 0) if text.startswith("0x") else int(text)
+    except ValueError:
+        return ReadProblem(path, "not_a_number")
+
+
+def read_int(path: Path) -> int | ReadProblem:
+    text = read_text(path)
+    return text if isinstance(text, ReadProblem) else parse_int(text, path)
