@@ -1,0 +1,383 @@
+"""`fabricscope stack`: the demo cluster, real Prometheus with the rules, real Alertmanager.
+
+One command for a newcomer: simulated GPU nodes (each a real exporter on its own port)
+are scraped by the Debian `prometheus` binary loaded with the repository's rules/*.yaml,
+which sends alerts to the Debian `prometheus-alertmanager` running
+alertmanager/alertmanager.yml. The sidecar webhook of that config points at the query
+sidecar when one is given (--webhook-url), else at a small local receiver that prints
+each notification, so the whole path from fault to notification is visible.
+
+The process helpers here (ManagedProcess, start_prometheus, start_alertmanager, the
+config renderers and WebhookReceiver) are also what the end-to-end tests use.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+log = logging.getLogger("fabricscope.stack")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RULES_DIR = REPO_ROOT / "rules"
+ALERTMANAGER_DIR = REPO_ROOT / "alertmanager"
+DEFAULT_SCENARIO = REPO_ROOT / "exporter" / "demo" / "scenarios" / "default.yaml"
+
+# Defaults outside 9100-9999 (allocated on the Prometheus default-port wiki), next to the
+# exporter's 19400 and the sidecar's 19500, so the stack never collides with a real
+# Prometheus (9090) or Alertmanager (9093) on the same machine.
+DEFAULT_PROMETHEUS_PORT = 19090
+DEFAULT_ALERTMANAGER_PORT = 19093
+DEFAULT_WEBHOOK_PORT = 19501
+SIDECAR_WEBHOOK_PATH = "/alerts/webhook"
+SCRAPE_JOB = "fabricscope"
+
+SETUP_HINT = "run `make setup` (installs the Debian packages prometheus and prometheus-alertmanager)"
+
+
+class StackError(Exception):
+    """A problem the user can fix (missing binary, port taken, bad file); printed as is."""
+
+
+# ---------------------------------------------------------------------------------------
+# Binaries and ports
+
+def find_binary(name: str) -> str:
+    """Absolute path of `name` from PATH or /usr/bin, or a StackError saying how to get it."""
+    found = shutil.which(name) or (f"/usr/bin/{name}" if os.access(f"/usr/bin/{name}", os.X_OK) else None)
+    if not found:
+        raise StackError(f"{name} not found on PATH or in /usr/bin; {SETUP_HINT}")
+    return found
+
+
+def ensure_port_free(host: str, port: int, what: str, flag: str | None = None) -> None:
+    """Fail early and clearly instead of letting a child process die on bind."""
+    if port == 0:
+        return
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            hint = f"; choose another with {flag}" if flag else ""
+            raise StackError(f"{what} port {host}:{port} is already in use ({exc.strerror}){hint}") from None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------------------
+# Child processes
+
+@dataclass
+class ManagedProcess:
+    """A child server process with a readiness URL; stop() always reaps it.
+
+    Output goes to `log_path` (not a pipe nobody reads, which would block the child once
+    the pipe buffer fills)."""
+    name: str
+    argv: list[str]
+    ready_url: str
+    log_path: Path
+    process: subprocess.Popen | None = None
+    _log_file: Any = field(default=None, repr=False)
+
+    def start(self, timeout: float = 60.0) -> "ManagedProcess":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.log_path, "ab")
+        # A new session so Ctrl-C in the terminal reaches only us; we stop the child
+        # ourselves, in order, after the things that depend on it.
+        self.process = subprocess.Popen(self.argv, stdout=self._log_file, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            code = self.process.poll()
+            if code is not None:
+                raise StackError(f"{self.name} exited with status {code} before it was ready; "
+                                 f"last output:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.ready_url, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise StackError(f"{self.name} not ready at {self.ready_url} after {timeout:.0f}s; "
+                                 f"last output:\n{self.log_tail()}")
+            time.sleep(0.2)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError as exc:
+            return f"(no log: {exc})"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def __enter__(self) -> "ManagedProcess":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+def start_prometheus(config_path: Path, data_dir: Path, host: str, port: int, log_path: Path,
+                     extra_args: list[str] | None = None, timeout: float = 60.0) -> ManagedProcess:
+    binary = find_binary("prometheus")
+    argv = [binary, f"--config.file={config_path}", f"--storage.tsdb.path={data_dir}",
+            f"--web.listen-address={host}:{port}", "--log.level=warn", *(extra_args or [])]
+    return ManagedProcess("prometheus", argv, f"http://{host}:{port}/-/ready", log_path).start(timeout)
+
+
+def start_alertmanager(config_path: Path, data_dir: Path, host: str, port: int, log_path: Path,
+                       extra_args: list[str] | None = None, timeout: float = 60.0) -> ManagedProcess:
+    binary = find_binary("prometheus-alertmanager")
+    argv = [binary, f"--config.file={config_path}", f"--storage.path={data_dir}",
+            f"--web.listen-address={host}:{port}", f"--web.external-url=http://{host}:{port}/",
+            # Empty: no gossip cluster (a single local Alertmanager needs no peers, and
+            # the default 0.0.0.0:9094 may be taken).
+            "--cluster.listen-address=", "--log.level=warn", *(extra_args or [])]
+    return ManagedProcess("alertmanager", argv, f"http://{host}:{port}/-/ready", log_path).start(timeout)
+
+
+# ---------------------------------------------------------------------------------------
+# Configuration
+
+def rule_files(rules_dir: Path = RULES_DIR) -> list[Path]:
+    """The rendered rule files Prometheus loads: every rules/*.yaml."""
+    return sorted(path.resolve() for path in Path(rules_dir).glob("*.yaml"))
+
+
+def file_sd_groups(targets: list[tuple[str, str]], cluster: str) -> list[dict[str, Any]]:
+    """Prometheus file_sd JSON: one group per node so each target carries its node label."""
+    return [{"targets": [address], "labels": {"cluster": cluster, "node": node}}
+            for node, address in targets]
+
+
+def prometheus_config(cluster: str, targets_file: Path, alertmanager_address: str,
+                      rules: list[Path], scrape_interval: str = "5s",
+                      evaluation_interval: str = "5s") -> dict[str, Any]:
+    return {
+        "global": {
+            "scrape_interval": scrape_interval,
+            "scrape_timeout": scrape_interval,
+            "evaluation_interval": evaluation_interval,
+            # Added to every alert sent to Alertmanager (routing groups by cluster).
+            "external_labels": {"cluster": cluster},
+        },
+        "rule_files": [str(path) for path in rules],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager_address]}]}]},
+        "scrape_configs": [{
+            "job_name": SCRAPE_JOB,
+            # The exporter sets `node` on every series itself; honouring it keeps one
+            # `node` label instead of node + exported_node. Targets still label `up`.
+            "honor_labels": True,
+            "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "5s"}],
+        }],
+    }
+
+
+def alertmanager_config(webhook_url: str, base_config: Path = ALERTMANAGER_DIR / "alertmanager.yml",
+                        timing: dict[str, str] | None = None) -> dict[str, Any]:
+    """The repository's Alertmanager config, made runnable from another directory.
+
+    Template globs become absolute (Alertmanager resolves them against the config file's
+    directory), every webhook URL becomes `webhook_url`, and `timing` (group_wait,
+    group_interval, repeat_interval) replaces those values on every route, which is how
+    the end-to-end test gets 1s grouping without a second copy of the routing tree."""
+    try:
+        config = yaml.safe_load(Path(base_config).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise StackError(f"cannot read Alertmanager config {base_config}: {exc}") from None
+    if not isinstance(config, dict) or "route" not in config:
+        raise StackError(f"{base_config}: not an Alertmanager config (no top-level route)")
+    base_dir = Path(base_config).resolve().parent
+    config["templates"] = [str(base_dir / glob) for glob in config.get("templates") or []]
+    for receiver in config.get("receivers") or []:
+        for webhook in receiver.get("webhook_configs") or []:
+            webhook["url"] = webhook_url
+    if timing:
+        config["route"].update(timing)
+        _override_route_timing(config["route"].get("routes") or [], timing)
+    return config
+
+
+def _override_route_timing(routes: list[dict[str, Any]], timing: dict[str, str]) -> None:
+    # Child routes inherit from their parent, so only values a child sets itself need
+    # replacing; the root gets them all.
+    for route in routes:
+        for key, value in timing.items():
+            if key in route:
+                route[key] = value
+        _override_route_timing(route.get("routes") or [], timing)
+
+
+def write_yaml(path: Path, data: Any) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    tmp.replace(path)
+    return path
+
+
+def write_json(path: Path, data: Any) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    # Atomic: Prometheus' file_sd watcher must never read a half-written file.
+    tmp.replace(path)
+    return path
+
+
+# ---------------------------------------------------------------------------------------
+# Local webhook receiver
+
+@dataclass
+class ReceivedNotification:
+    received_at: float        # time.time() when the POST arrived
+    payload: dict[str, Any]   # Alertmanager webhook payload (version "4")
+
+
+class WebhookReceiver:
+    """A tiny HTTP server that accepts Alertmanager webhook POSTs, records them and hands
+    each to `on_notification`. Bad requests get a 400 and are counted, never raised."""
+
+    MAX_BODY = 4 * 1024 * 1024
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, path: str = SIDECAR_WEBHOOK_PATH,
+                 on_notification: Callable[[ReceivedNotification], None] | None = None) -> None:
+        self.path = path
+        self.notifications: list[ReceivedNotification] = []
+        self.rejected = 0
+        self._lock = threading.Lock()
+        self._on_notification = on_notification
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server naming)
+                problem = receiver._accept(self)
+                body = json.dumps({"status": "error", "error": problem} if problem else {"status": "ok"}).encode()
+                self.send_response(400 if problem else 200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self._thread = threading.Thread(target=self.server.serve_forever, name="webhook-receiver", daemon=True)
+
+    def _accept(self, handler: BaseHTTPRequestHandler) -> str | None:
+        if handler.path.split("?", 1)[0] != self.path:
+            return f"unknown path {handler.path!r}; post to {self.path}"
+        try:
+            length = int(handler.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length <= 0 or length > self.MAX_BODY:
+            with self._lock:
+                self.rejected += 1
+            return f"Content-Length must be between 1 and {self.MAX_BODY}"
+        try:
+            payload = json.loads(handler.rfile.read(length))
+        except ValueError as exc:
+            payload, problem = None, f"body is not JSON: {exc}"
+        else:
+            problem = None if isinstance(payload, dict) and isinstance(payload.get("alerts"), list) \
+                else "body is not an Alertmanager webhook payload (no alerts list)"
+        if problem:
+            with self._lock:
+                self.rejected += 1
+            return problem
+        notification = ReceivedNotification(time.time(), payload)
+        with self._lock:
+            self.notifications.append(notification)
+        if self._on_notification is not None:
+            try:
+                self._on_notification(notification)
+            except Exception:
+                log.exception("webhook notification handler failed")
+        return None
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}{self.path}"
+
+    def alerts(self) -> list[tuple[float, dict[str, Any]]]:
+        """Every alert received so far, as (received_at, alert), in arrival order."""
+        with self._lock:
+            return [(n.received_at, alert) for n in self.notifications for alert in n.payload["alerts"]]
+
+    def start(self) -> "WebhookReceiver":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> "WebhookReceiver":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+def format_notification(notification: ReceivedNotification) -> str:
+    """One line per alert, as the stack prints them."""
+    lines = []
+    stamp = time.strftime("%H:%M:%S", time.localtime(notification.received_at))
+    receiver = notification.payload.get("receiver", "?")
+    for alert in notification.payload["alerts"]:
+        labels = dict(alert.get("labels") or {})
+        name = labels.pop("alertname", "?")
+        severity = labels.pop("severity", "?")
+        where = " ".join(f"{key}={value}" for key, value in sorted(labels.items()))
+        summary = (alert.get("annotations") or {}).get("summary", "")
+        lines.append(f"{stamp} [{receiver}] {str(alert.get('status', '?')).upper()} {name} ({severity}) "
+                     f"{where}{' - ' + summary if summary else ''}")
+    return "\n".join(lines)
