@@ -1,0 +1,320 @@
+"""Parse <sysfs>/class/infiniband/<device>/ into typed structs.
+
+Pure parsing: no metrics, no health logic. Absent files become None (an absent series);
+files that exist but cannot be used (empty, "N/A (no PMA)", garbage, a directory where a
+file belongs, permission denied) become a ReadProblem in the device's `problems` list and
+the value is skipped, so one bad file never costs the rest of the device or other devices.
+
+Attributes that cannot change without the device being re-probed (board_id, fw_ver,
+hca_type, node_guid, PCI placement, port list, link layer, counter file names) are read
+once per device identity and kept in a StaticCache; a re-probed device gets a new sysfs
+directory (new inode) and therefore a fresh read.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from .files import ReadProblem, parse_int, read_small_text
+
+
+@dataclass(frozen=True, slots=True)
+class CodedState:
+    """A `<code>: <NAME>` sysfs value such as "4: ACTIVE" or "5: LinkUp"."""
+    code: int
+    name: str
+
+
+@dataclass(slots=True)
+class PortCounters:
+    """IBTA PortCounters/PortCountersExtended as mlx5 exposes them in ports/<n>/counters/.
+
+    Every field is None when its file is absent. Files not listed here land in `other`.
+    """
+    excessive_buffer_overrun_errors: int | None = None   # counters/excessive_buffer_overrun_errors
+    link_downed: int | None = None                       # counters/link_downed
+    link_error_recovery: int | None = None               # counters/link_error_recovery
+    local_link_integrity_errors: int | None = None       # counters/local_link_integrity_errors
+    multicast_rcv_packets: int | None = None             # counters/multicast_rcv_packets
+    multicast_xmit_packets: int | None = None            # counters/multicast_xmit_packets
+    port_rcv_constraint_errors: int | None = None        # counters/port_rcv_constraint_errors
+    port_rcv_data: int | None = None                     # counters/port_rcv_data (4-byte words)
+    port_rcv_errors: int | None = None                   # counters/port_rcv_errors
+    port_rcv_packets: int | None = None                  # counters/port_rcv_packets
+    port_rcv_remote_physical_errors: int | None = None   # counters/port_rcv_remote_physical_errors
+    port_rcv_switch_relay_errors: int | None = None      # counters/port_rcv_switch_relay_errors
+    port_xmit_constraint_errors: int | None = None       # counters/port_xmit_constraint_errors
+    port_xmit_data: int | None = None                    # counters/port_xmit_data (4-byte words)
+    port_xmit_discards: int | None = None                # counters/port_xmit_discards
+    port_xmit_packets: int | None = None                 # counters/port_xmit_packets
+    port_xmit_wait: int | None = None                    # counters/port_xmit_wait (ticks)
+    symbol_error: int | None = None                      # counters/symbol_error
+    unicast_rcv_packets: int | None = None               # counters/unicast_rcv_packets
+    unicast_xmit_packets: int | None = None              # counters/unicast_xmit_packets
+    VL15_dropped: int | None = None                      # counters/VL15_dropped
+    # Any other counters/<name> file (newer kernels add some): name -> value.
+    other: dict[str, int] = field(default_factory=dict)
+
+    def items(self) -> list[tuple[str, int]]:
+        """(file name, value) for every counter that was read."""
+        present = [(name, value) for name in _COUNTER_FIELDS
+                   if (value := getattr(self, name)) is not None]
+        present.extend(self.other.items())
+        return present
+
+
+_COUNTER_FIELDS = tuple(f.name for f in fields(PortCounters) if f.name != "other")
+_COUNTER_FIELD_SET = frozenset(_COUNTER_FIELDS)
+
+
+@dataclass(slots=True)
+class InfiniBandPort:
+    device: str
+    port: int                                   # ports/<n>
+    state: CodedState | None = None             # ports/<n>/state          "4: ACTIVE"
+    phys_state: CodedState | None = None        # ports/<n>/phys_state     "5: LinkUp"
+    rate_bytes_per_second: float | None = None  # ports/<n>/rate           "400 Gb/sec (4X NDR)"
+    link_layer: str | None = None               # ports/<n>/link_layer     InfiniBand | Ethernet
+    netdev: str | None = None                   # ports/<n>/gid_attrs/ndevs/0, else device/net/<if>
+    counters: PortCounters = field(default_factory=PortCounters)   # ports/<n>/counters/*
+    # ports/<n>/hw_counters/*: driver- and firmware-specific names (mlx5 adds and renames
+    # them between releases), so a mapping rather than fixed fields.
+    hw_counters: dict[str, int] = field(default_factory=dict)
+    carrier_changes: int | None = None          # <sysfs>/class/net/<netdev>/carrier_changes (Ethernet link layer)
+
+
+@dataclass(frozen=True, slots=True)
+class PciFunction:
+    path: str                      # realpath of <device>/device, under <sysfs>/devices/
+    numa_node: int | None          # device/numa_node (-1 and absent -> None)
+    is_virtual_function: bool      # device/physfn exists (SR-IOV VF)
+
+
+@dataclass(slots=True)
+class InfiniBandDevice:
+    name: str
+    board_id: str | None = None    # board_id
+    fw_ver: str | None = None      # fw_ver
+    hca_type: str | None = None    # hca_type
+    node_guid: str | None = None   # node_guid
+    pci: PciFunction | None = None  # device -> ../../../<bdf>
+    ports: list[InfiniBandPort] = field(default_factory=list)
+    problems: list[ReadProblem] = field(default_factory=list)
+
+
+class ParseError(ValueError):
+    pass
+
+
+def parse_coded_state(text: str) -> CodedState:
+    code, sep, name = text.partition(":")
+    name = name.strip()
+    try:
+        value = int(code)
+    except ValueError:
+        raise ParseError(f"not a '<code>: <name>' state: {text!r}") from None
+    if not sep or not name:
+        raise ParseError(f"not a '<code>: <name>' state: {text!r}")
+    return CodedState(value, name)
+
+
+def parse_rate(text: str) -> float:
+    """'400 Gb/sec (4X NDR)' -> 50e9 bytes/s (the kernel prints gigabits per second)."""
+    number, _, unit = text.partition(" ")
+    if not unit.startswith("Gb/sec"):
+        raise ParseError(f"rate is not '<n> Gb/sec ...': {text!r}")
+    try:
+        gigabits = float(number)
+    except ValueError:
+        raise ParseError(f"rate is not '<n> Gb/sec ...': {text!r}") from None
+    return gigabits * 1e9 / 8
+
+
+@dataclass(slots=True)
+class _StaticPort:
+    port: int
+    path: str
+    link_layer: str | None
+    netdev: str | None
+    counter_files: tuple[str, ...]
+    hw_counter_files: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class _StaticDevice:
+    identity: tuple[int, int]
+    board_id: str | None
+    fw_ver: str | None
+    hca_type: str | None
+    node_guid: str | None
+    pci: PciFunction | None
+    ports: list[_StaticPort]
+    problems: list[ReadProblem]
+
+
+class StaticCache(dict):
+    """device name -> attributes read once per device identity (see module docstring)."""
+
+
+def read_infiniband(sysfs: Path | str, cache: StaticCache | None = None) -> list[InfiniBandDevice]:
+    """Every device under <sysfs>/class/infiniband, sorted by name. No class dir -> []."""
+    class_dir = os.path.join(sysfs, "class", "infiniband")
+    try:
+        entries = sorted(os.scandir(class_dir), key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    if cache is None:
+        cache = StaticCache()
+    seen = set()
+    devices = []
+    for entry in entries:
+        seen.add(entry.name)
+        devices.append(read_device(sysfs, entry, cache))
+    for gone in set(cache) - seen:
+        del cache[gone]
+    return devices
+
+
+def read_device(sysfs: Path | str, entry: os.DirEntry, cache: StaticCache) -> InfiniBandDevice:
+    # The class entry's inode changes when the kernel re-creates the device.
+    try:
+        st = entry.stat()
+        identity = (st.st_dev, st.st_ino)
+    except OSError:
+        identity = (0, entry.inode())
+    static = cache.get(entry.name)
+    if static is None or static.identity != identity:
+        static = cache[entry.name] = _read_static(sysfs, entry.path, identity)
+    device = InfiniBandDevice(entry.name, static.board_id, static.fw_ver, static.hca_type,
+                              static.node_guid, static.pci, problems=list(static.problems))
+    if static.pci is not None and static.pci.is_virtual_function:
+        return device  # VFs share the PF's physical port; the PF reports its health.
+    for sport in static.ports:
+        device.ports.append(_read_port(sysfs, entry.name, sport, device.problems))
+    return device
+
+
+def _read_optional_text(path: str, problems: list[ReadProblem]) -> str | None:
+    value = read_small_text(path)
+    if isinstance(value, ReadProblem):
+        if value.reason != "absent":
+            problems.append(value)
+        return None
+    return value
+
+
+def _read_static(sysfs, device_dir: str, identity) -> _StaticDevice:
+    problems: list[ReadProblem] = []
+    text = lambda name: _read_optional_text(os.path.join(device_dir, name), problems)  # noqa: E731
+    static = _StaticDevice(identity, text("board_id"), text("fw_ver"), text("hca_type"),
+                           text("node_guid"), _read_pci(device_dir, problems), [], problems)
+    ports_dir = os.path.join(device_dir, "ports")
+    try:
+        port_names = [e.name for e in os.scandir(ports_dir) if e.name.isdigit()]
+    except OSError as exc:
+        if not isinstance(exc, FileNotFoundError):
+            problems.append(ReadProblem(Path(ports_dir), "io_error"))
+        port_names = []
+    for name in sorted(port_names, key=int):
+        port_dir = os.path.join(ports_dir, name)
+        link_layer = _read_optional_text(os.path.join(port_dir, "link_layer"), problems)
+        static.ports.append(_StaticPort(
+            int(name), port_dir, link_layer, _netdev(device_dir, port_dir),
+            _list_files(os.path.join(port_dir, "counters"), problems),
+            _list_files(os.path.join(port_dir, "hw_counters"), problems)))
+    return static
+
+
+def _read_pci(device_dir: str, problems: list[ReadProblem]) -> PciFunction | None:
+    link = os.path.join(device_dir, "device")
+    if not os.path.exists(link):
+        return None
+    numa = read_small_text(os.path.join(link, "numa_node"))
+    numa_node = None
+    if not isinstance(numa, ReadProblem):
+        parsed = parse_int(numa, Path(link, "numa_node"))
+        if isinstance(parsed, ReadProblem):
+            problems.append(parsed)
+        elif parsed >= 0:
+            numa_node = parsed
+    elif numa.reason != "absent":
+        problems.append(numa)
+    return PciFunction(os.path.realpath(link), numa_node, os.path.lexists(os.path.join(link, "physfn")))
+
+
+def _netdev(device_dir: str, port_dir: str) -> str | None:
+    # gid_attrs/ndevs/0 names the netdev of GID 0 on RoCE (and IPoIB) ports; reading it
+    # fails with EINVAL on ports without one, which is not a problem worth reporting.
+    name = read_small_text(os.path.join(port_dir, "gid_attrs", "ndevs", "0"))
+    if not isinstance(name, ReadProblem):
+        return name
+    try:
+        names = sorted(os.listdir(os.path.join(device_dir, "device", "net")))
+    except OSError:
+        return None
+    return names[0] if names else None
+
+
+def _list_files(directory: str, problems: list[ReadProblem]) -> tuple[str, ...]:
+    try:
+        return tuple(sorted(e.name for e in os.scandir(directory)))
+    except FileNotFoundError:
+        return ()
+    except OSError as exc:
+        problems.append(ReadProblem(Path(directory), "not_a_file" if isinstance(exc, NotADirectoryError) else "io_error"))
+        return ()
+
+
+def _read_counter_dir(directory: str, names: tuple[str, ...], problems: list[ReadProblem]) -> dict[str, int]:
+    values: dict[str, int] = {}
+    for name in names:
+        path = f"{directory}/{name}"
+        text = read_small_text(path)
+        if text.__class__ is str:
+            # Fast path for the common all-digits case; parse_int handles the rest.
+            if text.isdigit():
+                values[name] = int(text)
+                continue
+            value = parse_int(text, Path(path))
+            if isinstance(value, ReadProblem):
+                problems.append(value)
+            else:
+                values[name] = value
+        elif text.reason != "absent":
+            problems.append(text)
+    return values
+
+
+def _read_port(sysfs, device: str, sport: _StaticPort, problems: list[ReadProblem]) -> InfiniBandPort:
+    port_dir = sport.path
+    port = InfiniBandPort(device, sport.port, link_layer=sport.link_layer, netdev=sport.netdev)
+    for attr, parse in (("state", parse_coded_state), ("phys_state", parse_coded_state),
+                        ("rate", parse_rate)):
+        path = f"{port_dir}/{attr}"
+        text = _read_optional_text(path, problems)
+        if text is None:
+            continue
+        try:
+            value = parse(text)
+        except ParseError:
+            problems.append(ReadProblem(Path(path), "malformed"))
+            continue
+        setattr(port, "rate_bytes_per_second" if attr == "rate" else attr, value)
+    counters = _read_counter_dir(f"{port_dir}/counters", sport.counter_files, problems)
+    known = {k: v for k, v in counters.items() if k in _COUNTER_FIELD_SET}
+    other = {k: v for k, v in counters.items() if k not in _COUNTER_FIELD_SET}
+    port.counters = PortCounters(**known, other=other)
+    port.hw_counters = _read_counter_dir(f"{port_dir}/hw_counters", sport.hw_counter_files, problems)
+    if sport.link_layer == "Ethernet" and sport.netdev:
+        path = os.path.join(sysfs, "class", "net", sport.netdev, "carrier_changes")
+        value = read_small_text(path)
+        if not isinstance(value, ReadProblem):
+            parsed = parse_int(value, Path(path))
+            if isinstance(parsed, ReadProblem):
+                problems.append(parsed)
+            else:
+                port.carrier_changes = parsed
+        elif value.reason != "absent":
+            problems.append(value)
+    return port
