@@ -13,6 +13,7 @@ import sys
 SUBCOMMANDS = {
     "exporter": ("exporter.main", "run the node exporter"),
     "demo": ("exporter.demo.main", "run the simulated demo cluster (one exporter per node)"),
+    "stack": ("fabricscope.stack", "run the demo stack: demo cluster, Prometheus with the rules, Alertmanager"),
 }
 
 
