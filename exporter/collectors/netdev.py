@@ -1,0 +1,122 @@
+"""Ethernet / RoCE interfaces from <sysfs>/class/net/<if>/.
+
+Every file in statistics/ becomes fabric_netdev_<stat>_total. Files that cannot be read
+are skipped and counted in fabric_netdev_read_errors{interface,reason}; the other
+interfaces and the other files of the same interface are still exported.
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from ..framework import Collector, register
+from ..parsers.files import ReadProblem, read_text
+from ..parsers.netdev import NetDevice, list_interfaces, parse_default_route_interfaces, read_net_device
+
+# Container hosts create one veth per pod; their counters are the CNI's business and
+# would multiply the series count by the pod count. Everything else is kept.
+DEFAULT_EXCLUDE = r"^veth"
+DEFAULT_INCLUDE = r""
+
+MEGABIT_BYTES = 1_000_000 / 8
+
+
+def _compile(flag: str, pattern: str | None) -> re.Pattern | None:
+    if not pattern:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"--collector.netdev.{flag} {pattern!r}: {exc}") from None
+
+
+@register
+class NetdevCollector(Collector):
+    name = "netdev"
+    description = "Ethernet/RoCE interface state and statistics from /sys/class/net."
+
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        parser.add_argument("--collector.netdev.device-include", dest="netdev_device_include", default=None,
+                            help="regex: only interfaces whose name matches (default: all)")
+        parser.add_argument("--collector.netdev.device-exclude", dest="netdev_device_exclude", default=None,
+                            help=f"regex: skip interfaces whose name matches (default {DEFAULT_EXCLUDE!r}; '' keeps all)")
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        section = ctx.section("netdev")
+        include = getattr(ctx.args, "netdev_device_include", None)
+        exclude = getattr(ctx.args, "netdev_device_exclude", None)
+        include = section.get("device_include", DEFAULT_INCLUDE) if include is None else include
+        exclude = section.get("device_exclude", DEFAULT_EXCLUDE) if exclude is None else exclude
+        self.include = _compile("device-include", include)
+        self.exclude = _compile("device-exclude", exclude)
+
+    def wanted(self, interface: str) -> bool:
+        if self.include is not None and not self.include.search(interface):
+            return False
+        return not (self.exclude is not None and self.exclude.search(interface))
+
+    def collect(self) -> Iterable[Metric]:
+        names = list_interfaces(self.ctx.sysfs)
+        if isinstance(names, ReadProblem):
+            # No /sys/class/net at all is not "zero interfaces": fail the scrape visibly.
+            raise OSError(str(names))
+        devices = [read_net_device(self.ctx.sysfs, name) for name in names if self.wanted(name)]
+        yield from expose(devices, self._default_route_interfaces())
+
+    def _default_route_interfaces(self) -> set[str] | None:
+        text = read_text(self.ctx.procfs / "net" / "route")
+        if isinstance(text, ReadProblem):
+            return None  # absent in some network namespaces; then the series is absent too
+        return parse_default_route_interfaces(text)
+
+
+def expose(devices: list[NetDevice], default_route: set[str] | None) -> Iterable[Metric]:
+    info = GaugeMetricFamily("fabric_netdev_info", "Interface attributes; always 1.",
+                             labels=["interface", "operstate", "driver", "address_family"])
+    up = GaugeMetricFamily("fabric_netdev_up", "1 if the interface operstate is up.", labels=["interface"])
+    carrier = CounterMetricFamily("fabric_netdev_carrier_changes", "Carrier up/down transitions (carrier_changes).",
+                                  labels=["interface"])
+    speed = GaugeMetricFamily("fabric_netdev_speed_bytes_per_second",
+                              "Negotiated link speed, converted from Mb/s to bytes/s; absent on virtual or unlinked interfaces.",
+                              labels=["interface"])
+    mtu = GaugeMetricFamily("fabric_netdev_mtu_bytes", "Interface MTU in bytes.", labels=["interface"])
+    errors = GaugeMetricFamily("fabric_netdev_read_errors",
+                               "Files of this interface that could not be read or parsed on this scrape.",
+                               labels=["interface", "reason"])
+    route = GaugeMetricFamily("fabric_netdev_default_route",
+                              "1 if the interface carries an IPv4 default route (/proc/net/route).", labels=["interface"])
+    stats: dict[str, CounterMetricFamily] = {}
+
+    for device in devices:
+        labels = [device.name]
+        info.add_metric([device.name, device.operstate or "unknown", device.driver or "", device.address_family], 1)
+        if device.operstate is not None:
+            up.add_metric(labels, 1.0 if device.operstate == "up" else 0.0)
+        if device.carrier_changes is not None:
+            carrier.add_metric(labels, device.carrier_changes)
+        if device.speed_mbps is not None:
+            speed.add_metric(labels, device.speed_mbps * MEGABIT_BYTES)
+        if device.mtu is not None:
+            mtu.add_metric(labels, device.mtu)
+        if default_route is not None:
+            route.add_metric(labels, 1.0 if device.name in default_route else 0.0)
+        for stat, value in device.statistics.items():
+            family = stats.get(stat)
+            if family is None:
+                family = stats[stat] = CounterMetricFamily(
+                    f"fabric_netdev_{stat}", f"Interface counter statistics/{stat}.", labels=["interface"])
+            family.add_metric(labels, value)
+        reasons: dict[str, int] = {}
+        for problem in device.problems:
+            reasons[problem.reason] = reasons.get(problem.reason, 0) + 1
+        for reason, count in sorted(reasons.items()):
+            errors.add_metric([device.name, reason], count)
+
+    yield from (info, up, carrier, speed, mtu, errors)
+    if default_route is not None:
+        yield route
+    yield from (stats[name] for name in sorted(stats))

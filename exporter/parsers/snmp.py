@@ -1,0 +1,86 @@
+"""<procfs>/net/snmp and <procfs>/net/netstat: pairs of "Proto: names" / "Proto: values" lines.
+
+Both files share one layout: a header line naming the fields of a section, followed by a
+line with the same prefix holding one integer per name. A section whose pair is broken
+(odd line count, prefix mismatch, different lengths, a non-integer) is reported as a
+SectionProblem and left out; the other sections of the file are still returned, so one
+odd line from a patched kernel does not hide the TCP counters.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SectionProblem:
+    section: str        # "Tcp", "TcpExt", ... or "?" when the line has no prefix
+    reason: str         # unpaired_line | prefix_mismatch | length_mismatch | not_a_number | no_prefix | duplicate_section
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.section}: {self.reason} ({self.detail})"
+
+
+@dataclass
+class SnmpFile:
+    sections: dict[str, dict[str, int]] = field(default_factory=dict)
+    problems: list[SectionProblem] = field(default_factory=list)
+
+    def get(self, section: str, name: str) -> int | None:
+        return self.sections.get(section, {}).get(name)
+
+
+def _split(line: str) -> tuple[str, list[str]] | None:
+    prefix, colon, rest = line.partition(":")
+    if not colon or not prefix or " " in prefix:
+        return None
+    return prefix, rest.split()
+
+
+def parse_snmp(text: str) -> SnmpFile:
+    result = SnmpFile()
+    lines = [line for line in text.splitlines() if line.strip()]
+    index = 0
+    while index < len(lines):
+        header = _split(lines[index])
+        if header is None:
+            result.problems.append(SectionProblem("?", "no_prefix", f"line {index + 1}: {lines[index][:60]!r}"))
+            index += 1
+            continue
+        section, names = header
+        values_line = _split(lines[index + 1]) if index + 1 < len(lines) else None
+        if values_line is None:
+            result.problems.append(SectionProblem(section, "unpaired_line", f"line {index + 1} has no value line"))
+            index += 1
+            continue
+        values_section, values = values_line
+        if values_section != section:
+            # The next line starts another section: this header lost its values. Resync there.
+            result.problems.append(SectionProblem(section, "prefix_mismatch",
+                                                  f"line {index + 1} header followed by {values_section!r}"))
+            index += 1
+            continue
+        index += 2
+        if len(names) != len(values):
+            result.problems.append(SectionProblem(section, "length_mismatch",
+                                                  f"{len(names)} names but {len(values)} values"))
+            continue
+        try:
+            parsed = {name: int(value) for name, value in zip(names, values)}
+        except ValueError:
+            bad = next(v for v in values if not _is_int(v))
+            result.problems.append(SectionProblem(section, "not_a_number", f"value {bad[:20]!r}"))
+            continue
+        if section in result.sections:
+            result.problems.append(SectionProblem(section, "duplicate_section", "seen twice; first kept"))
+            continue
+        result.sections[section] = parsed
+    return result
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
