@@ -41,7 +41,7 @@ PATTERNS: tuple[LogPattern, ...] = (
 )
 
 # "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus."
-XID_REGEX = r"NVRM: Xid \((?:PCI:)?[0-9A-Fa-f:.]+\): (\d{1,9})\b"
+XID_REGEX = r"NVRM: Xid \((?:PCI:)?[0-9A-Fa-f:.]+\): (\d+)"
 XID_REQUIRES = "NVRM: Xid"
 
 # Documented Xids exported under their own number; anything else is "other" so a

@@ -107,7 +107,10 @@ class Classifier:
         if XID_REQUIRES in message:
             found = self._xid.search(message)
             if found:
-                code = int(found.group(1))
+                digits = found.group(1)
+                # A garbled line can carry thousands of digits; int() of those is slow
+                # (and refused past 4300). No real Xid has more than a few.
+                code = int(digits) if len(digits) <= 9 else -1
                 return Match("xid", "nvrm", xid_label(code), xid_severity(code))
         for row, regex in self._rows:
             if row.requires in message and regex.search(message):
