@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: GPL-2.0
+/* TCP signals: smoothed RTT, connect latency, retransmits by peer address.
+ * Classic tracepoints (need tracefs mounted); their record layouts are read through
+ * CO-RE so a kernel that moved a field still loads. Metrics it feeds: see tcp.yaml.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include "fabric.h"
+
+#define AF_INET 2
+#define AF_INET6 10
+#define IPPROTO_TCP 6
+#define TCP_ESTABLISHED 1
+#define TCP_SYN_SENT 2
+#define TCP_CLOSE 7
+#define MAP_ID_CONNECT 0
+#define MAP_ID_RETRANS 1
+
+char LICENSE[] SEC("license") = "GPL";
+
+DECLARE_HIST(fabric_tcp_rtt_seconds);              /* microseconds */
+DECLARE_HIST(fabric_tcp_connect_latency_seconds);  /* microseconds */
+DECLARE_MAP_ERRORS(2);
+
+/* Peer address (IPv4 as v4-mapped IPv6); user space maps it to a cluster host name or
+ * "other", so the metric's label stays bounded. LRU bounds the kernel side. */
+struct peer_key {
+	__u8 addr[16];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct peer_key);
+	__type(value, __u64);
+} fabric_tcp_retransmits_total SEC(".maps");
+
+/* socket -> time it entered SYN_SENT. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u64);
+	__type(value, __u64);
+} connect_start SEC(".maps");
+
+SEC("tracepoint/tcp/tcp_probe")
+int tcp_probe(struct trace_event_raw_tcp_probe *ctx)
+{
+	__u32 srtt_us = BPF_CORE_READ(ctx, srtt);   /* tp->srtt_us >> 3: microseconds */
+
+	if (srtt_us)
+		hist_observe(&fabric_tcp_rtt_seconds, srtt_us);
+	return 0;
+}
+
+SEC("tracepoint/sock/inet_sock_set_state")
+int inet_sock_set_state(struct trace_event_raw_inet_sock_set_state *ctx)
+{
+	__u64 sk, now, *start;
+	int oldstate, newstate;
+
+	if (BPF_CORE_READ(ctx, protocol) != IPPROTO_TCP)
+		return 0;
+	sk = (__u64)BPF_CORE_READ(ctx, skaddr);
+	oldstate = BPF_CORE_READ(ctx, oldstate);
+	newstate = BPF_CORE_READ(ctx, newstate);
+	if (newstate == TCP_SYN_SENT) {
+		now = bpf_ktime_get_ns();
+		if (bpf_map_update_elem(&connect_start, &sk, &now, BPF_ANY))
+			map_error(&fabric_ebpf_map_update_errors_total, MAP_ID_CONNECT);
+		return 0;
+	}
+	if (oldstate != TCP_SYN_SENT)
+		return 0;
+	start = bpf_map_lookup_elem(&connect_start, &sk);
+	if (start && newstate == TCP_ESTABLISHED)
+		hist_observe(&fabric_tcp_connect_latency_seconds, (bpf_ktime_get_ns() - *start) / 1000);
+	bpf_map_delete_elem(&connect_start, &sk);
+	return 0;
+}
+
+/* Kernels before 6.x shared the tcp_event_sk_skb record for this event. */
+struct trace_event_raw_tcp_event_sk_skb___old {
+	__u16 family;
+	__u8 daddr[4];
+	__u8 daddr_v6[16];
+} __attribute__((preserve_access_index));
+
+SEC("tracepoint/tcp/tcp_retransmit_skb")
+int tcp_retransmit_skb(void *ctx)
+{
+	struct peer_key key = {};
+	__u16 family;
+	__u64 one = 1, *count;
+
+	if (bpf_core_type_exists(struct trace_event_raw_tcp_retransmit_skb)) {
+		struct trace_event_raw_tcp_retransmit_skb *r = ctx;
+
+		family = BPF_CORE_READ(r, family);
+		if (family == AF_INET) {
+			key.addr[10] = 0xff;
+			key.addr[11] = 0xff;
+			BPF_CORE_READ_INTO(&key.addr[12], r, daddr);
+		} else {
+			BPF_CORE_READ_INTO(&key.addr, r, daddr_v6);
+		}
+	} else {
+		struct trace_event_raw_tcp_event_sk_skb___old *r = ctx;
+
+		family = BPF_CORE_READ(r, family);
+		if (family == AF_INET) {
+			key.addr[10] = 0xff;
+			key.addr[11] = 0xff;
+			BPF_CORE_READ_INTO(&key.addr[12], r, daddr);
+		} else {
+			BPF_CORE_READ_INTO(&key.addr, r, daddr_v6);
+		}
+	}
+	count = bpf_map_lookup_elem(&fabric_tcp_retransmits_total, &key);
+	if (count) {
+		__sync_fetch_and_add(count, 1);
+		return 0;
+	}
+	if (bpf_map_update_elem(&fabric_tcp_retransmits_total, &key, &one, BPF_NOEXIST)) {
+		/* Lost a race with another CPU creating the entry: add to it instead. */
+		count = bpf_map_lookup_elem(&fabric_tcp_retransmits_total, &key);
+		if (count)
+			__sync_fetch_and_add(count, 1);
+		else
+			map_error(&fabric_ebpf_map_update_errors_total, MAP_ID_RETRANS);
+	}
+	return 0;
+}
