@@ -1,0 +1,193 @@
+"""`fabricscope stack`: config rendering, the local webhook receiver, clear failures, and
+the whole stack started as a user would and stopped with SIGTERM."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from fabricscope import stack
+from tests import procs
+
+REPO = Path(__file__).resolve().parent.parent
+FABRICSCOPE = [sys.executable, "-m", "fabricscope.cli"]
+
+
+# ----------------------------------------------------------------- config rendering
+
+def test_alertmanager_config_points_webhooks_and_templates_and_overrides_timing(tmp_path):
+    config = stack.alertmanager_config("http://127.0.0.1:1/hook",
+                                       timing={"group_wait": "1s", "group_interval": "2s"})
+    hooks = [hook["url"] for r in config["receivers"] for hook in r.get("webhook_configs") or []]
+    assert hooks == ["http://127.0.0.1:1/hook"]
+    assert config["templates"] == [str(REPO / "alertmanager" / "templates" / "*.tmpl")]
+    routes = [config["route"], *config["route"]["routes"]]
+    assert all(route.get("group_wait", "1s") == "1s" for route in routes)
+    assert all(route.get("group_interval", "2s") == "2s" for route in routes)
+    assert config["route"]["group_wait"] == "1s"
+    # Values not overridden are kept as the repository config has them.
+    original = yaml.safe_load((REPO / "alertmanager" / "alertmanager.yml").read_text())
+    assert config["route"]["repeat_interval"] == original["route"]["repeat_interval"]
+    # The rendered copy is a valid config from another directory.
+    path = stack.write_yaml(tmp_path / "am.yml", config)
+    check = subprocess.run([procs.require_binary("amtool"), "check-config", str(path)],
+                           capture_output=True, text=True)
+    assert check.returncode == 0 and "- 1 templates" in check.stdout, check.stdout + check.stderr
+
+
+def test_alertmanager_config_with_broken_base_file_names_it(tmp_path):
+    broken = tmp_path / "broken.yml"
+    broken.write_text("route: [unclosed\n")
+    with pytest.raises(stack.StackError, match="cannot read Alertmanager config .*broken.yml"):
+        stack.alertmanager_config("http://x/", base_config=broken)
+    not_am = tmp_path / "list.yml"
+    not_am.write_text("- 1\n")
+    with pytest.raises(stack.StackError, match="no top-level route"):
+        stack.alertmanager_config("http://x/", base_config=not_am)
+
+
+def test_prometheus_config_passes_promtool(tmp_path):
+    targets = stack.write_json(tmp_path / "targets.json",
+                               stack.file_sd_groups([("gpu-node-0", "127.0.0.1:1"), ("gpu-node-1", "127.0.0.1:2")], "demo"))
+    assert json.loads(targets.read_text()) == [
+        {"targets": ["127.0.0.1:1"], "labels": {"cluster": "demo", "node": "gpu-node-0"}},
+        {"targets": ["127.0.0.1:2"], "labels": {"cluster": "demo", "node": "gpu-node-1"}}]
+    config = stack.prometheus_config("demo", targets, "127.0.0.1:19093", stack.rule_files(), "1s", "1s")
+    assert config["global"]["external_labels"] == {"cluster": "demo"}
+    assert config["scrape_configs"][0]["job_name"] == "fabricscope"
+    path = stack.write_yaml(tmp_path / "prometheus.yml", config)
+    check = subprocess.run([procs.require_binary("promtool"), "check", "config", str(path)],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+# ----------------------------------------------------------------- webhook receiver
+
+def test_webhook_receiver_records_alerts_and_rejects_bad_posts():
+    seen = []
+    with stack.WebhookReceiver(on_notification=seen.append) as receiver:
+        payload = {"version": "4", "receiver": "sidecar", "status": "firing",
+                   "alerts": [{"status": "firing", "labels": {"alertname": "FabricX", "node": "n1", "severity": "warning"},
+                               "annotations": {"summary": "it broke"}}]}
+        assert requests.post(receiver.url, json=payload, timeout=5).status_code == 200
+        bad = [requests.post(receiver.url, data=b"{not json", timeout=5),
+               requests.post(receiver.url, json={"no": "alerts"}, timeout=5),
+               requests.post(receiver.url.replace("/alerts/webhook", "/other"), json=payload, timeout=5),
+               requests.post(receiver.url, data=b"", timeout=5)]
+        assert [r.status_code for r in bad] == [400, 400, 400, 400]
+        assert "not JSON" in bad[0].json()["error"]
+        assert [alert["labels"]["alertname"] for _, alert in receiver.alerts()] == ["FabricX"]
+        assert len(seen) == 1 and receiver.rejected == 3  # the wrong path is not counted as a payload
+        line = stack.format_notification(seen[0])
+        assert re.search(r"\[sidecar\] FIRING FabricX \(warning\) node=n1 - it broke$", line), line
+
+
+# ----------------------------------------------------------------- failures
+
+def run_stack(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([*FABRICSCOPE, "stack", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+def test_missing_binary_says_run_make_setup():
+    with pytest.raises(stack.StackError, match=r"prometheus-nonexistent not found .*make setup"):
+        stack.find_binary("prometheus-nonexistent")
+
+
+def test_taken_port_fails_clearly_and_starts_nothing(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_stack("--workdir", str(tmp_path), "--prometheus-port", str(port), "--alertmanager-port", "0")
+    assert result.returncode == 2
+    assert f"Prometheus port 127.0.0.1:{port} is already in use" in result.stderr
+    assert "--prometheus-port" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "prometheus.yml").exists()
+
+
+def test_bad_scenario_fails_clearly(tmp_path):
+    pytest.importorskip("exporter.demo.scenario", reason="exporter.demo.scenario (the scenario loader) missing")
+    scenario = tmp_path / "bad.yaml"
+    scenario.write_text("faults: [{kind: no_such_fault, at: 1s}]\n")
+    result = run_stack("--workdir", str(tmp_path), "--scenario", str(scenario),
+                       "--prometheus-port", "0", "--alertmanager-port", "0")
+    assert result.returncode == 2
+    assert "scenario:" in result.stderr and "no_such_fault" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# ----------------------------------------------------------------- the whole stack
+
+@pytest.mark.slow
+def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path):
+    pytest.importorskip("exporter.demo.cluster", reason="exporter.demo.cluster (DemoCluster) missing")
+    procs.require_binary("prometheus")
+    procs.require_binary("prometheus-alertmanager")
+    scenario = tmp_path / "healthy.yaml"
+    scenario.write_text(yaml.safe_dump({"seed": 1, "cluster": {"name": "stacktest", "nodes": 3,
+                                                               "gpus_per_node": 2, "hcas_per_node": 2},
+                                        "tick_seconds": 1, "faults": []}))
+    child = subprocess.Popen([*FABRICSCOPE, "stack", "--workdir", str(tmp_path / "work"), "--scenario", str(scenario),
+                              "--nodes", "2", "--prometheus-port", "0", "--alertmanager-port", "0",
+                              "--scrape-interval", "1s"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        banner = []
+        for line in child.stdout:
+            banner.append(line)
+            if line.startswith("Ctrl-C stops everything"):
+                break
+        text = "".join(banner)
+        assert child.poll() is None, text + child.stderr.read()
+        prometheus_url = re.search(r"^Prometheus:\s+(http://\S+)", text, re.M).group(1)
+        alertmanager_url = re.search(r"^Alertmanager:\s+(http://\S+)", text, re.M).group(1)
+        assert "cluster 'stacktest', 2 nodes" in text
+        assert re.search(r"gpu-node-0\s+http://127\.0\.0\.1:\d+/metrics", text)
+        assert re.search(r"gpu-node-1\s+http://127\.0\.0\.1:\d+/metrics", text)
+
+        def all_targets_up():
+            targets = requests.get(f"{prometheus_url}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
+            up = {(t["labels"]["node"], t["labels"]["cluster"]) for t in targets if t["health"] == "up"}
+            return up == {("gpu-node-0", "stacktest"), ("gpu-node-1", "stacktest")}
+
+        procs.wait_for(all_targets_up, 60, "Prometheus to scrape both simulated nodes")
+        # The exporter's own node label is kept (honor_labels), not renamed to exported_node.
+        result = requests.get(f"{prometheus_url}/api/v1/query", timeout=5,
+                              params={"query": "count by (node) (fabric_exporter_build_info)"}).json()
+        assert sorted(r["metric"]["node"] for r in result["data"]["result"]) == ["gpu-node-0", "gpu-node-1"]
+        rule_files = stack.rule_files()
+        groups = requests.get(f"{prometheus_url}/api/v1/rules", timeout=5).json()["data"]["groups"]
+        assert {Path(g["file"]).name for g in groups} == {p.name for p in rule_files}
+        am = requests.get(f"{alertmanager_url}/api/v2/status", timeout=5).json()
+        assert am["cluster"]["status"] == "disabled"
+        ams = requests.get(f"{prometheus_url}/api/v1/alertmanagers", timeout=5).json()["data"]["activeAlertmanagers"]
+        assert [a["url"] for a in ams] == [f"{alertmanager_url}/api/v2/alerts"]
+
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(30) == 0, child.stderr.read()
+        assert "fabricscope stack: stopped" in child.stderr.read()
+        for url in (prometheus_url, alertmanager_url):
+            with pytest.raises(requests.ConnectionError):
+                requests.get(f"{url}/-/ready", timeout=2)
+    finally:
+        if child.poll() is None:
+            # SIGTERM first: a SIGKILLed stack would leave its Prometheus and Alertmanager
+            # (own sessions) running.
+            child.terminate()
+            try:
+                child.wait(30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
