@@ -1,0 +1,1 @@
+"""NIC health semantics: thresholds, counter monitoring, roles, link state."""

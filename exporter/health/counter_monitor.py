@@ -1,0 +1,173 @@
+"""Delta and velocity evaluation of port counters, with latching, reset detection and recovery.
+
+Per port and monitored counter the monitor keeps the observed history as runs of equal
+value, [first_seen, last_seen, value], oldest first. A counter that does not move costs
+one run however often it is scraped, and the value at any instant inside a run is known
+exactly, so a velocity is measured between the newest sample and the value one full unit
+earlier, never extrapolated from a short pair of samples:
+
+  delta     judged on every scrape after the first: value - previous value > limit.
+  velocity  judged only once the history spans a full unit (1 s, 1 min or 1 h): the
+            increase since the latest known value at or before now - unit, scaled to one
+            unit (the span is >= one unit, so scaling only ever averages down).
+
+A breach latches: it stays flagged after the counter stops moving. It recovers when the
+counter resets (value went down: an admin cleared it with `perfquery -x`, or the driver
+reloaded), or, for a velocity threshold, when a full window is back at or under the limit.
+A reset re-baselines the counter; nothing is judged on that scrape.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping
+
+from .thresholds import CounterThreshold
+
+
+@dataclass(slots=True)
+class _Track:
+    runs: list[list[float]]                      # [first_seen, last_seen, value]
+    latched: set[str] = field(default_factory=set)   # CounterThreshold.key of latched breaches
+
+
+@dataclass(slots=True)
+class CounterVerdict:
+    """What one observation of one port's counters found."""
+    latched: list[CounterThreshold] = field(default_factory=list)  # breaches flagged now
+    breaches: list[CounterThreshold] = field(default_factory=list)  # newly breached this scrape
+    recoveries: list[str] = field(default_factory=list)            # counters whose breaches cleared
+    resets: list[str] = field(default_factory=list)                # counters that went down
+
+
+class CounterMonitor:
+    def __init__(self, thresholds: Iterable[CounterThreshold], clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.by_counter: dict[str, list[CounterThreshold]] = {}
+        for threshold in thresholds:
+            self.by_counter.setdefault(threshold.counter, []).append(threshold)
+        self.by_key = {t.key: t for ts in self.by_counter.values() for t in ts}
+        self._window = {c: max((t.unit_seconds for t in ts), default=0.0) for c, ts in self.by_counter.items()}
+        self._ports: dict[str, dict[str, _Track]] = {}
+        self.reset_counts: dict[tuple[str, str], int] = {}
+        self._persisted_changed = True
+
+    def forget(self, port_key: str | None = None) -> None:
+        """Drop history: for one port (device gone) or all (boot-ID change)."""
+        if port_key is None:
+            self._ports.clear()
+        else:
+            self._ports.pop(port_key, None)
+        self._persisted_changed = True
+
+    def observe(self, port_key: str, values: Mapping[str, int | None], now: float | None = None) -> CounterVerdict:
+        now = self.clock() if now is None else now
+        verdict = CounterVerdict()
+        tracks = self._ports.setdefault(port_key, {})
+        for counter, thresholds in self.by_counter.items():
+            value = values.get(counter)
+            if value is None:   # absent or unreadable this scrape: keep what we know
+                track = tracks.get(counter)
+                if track:
+                    verdict.latched.extend(self.by_key[k] for k in track.latched if k in self.by_key)
+                continue
+            track = tracks.get(counter)
+            if track is None:
+                tracks[counter] = _Track([[now, now, value]])
+                self._persisted_changed = True
+                continue
+            self._judge(port_key, counter, value, now, track, thresholds, verdict)
+            verdict.latched.extend(self.by_key[k] for k in sorted(track.latched) if k in self.by_key)
+        return verdict
+
+    def _judge(self, port_key, counter, value, now, track, thresholds, verdict) -> None:
+        last = track.runs[-1]
+        previous = last[2]
+        if value < previous:
+            # Counters only go down when they are cleared: re-baseline and recover.
+            verdict.resets.append(counter)
+            self.reset_counts[(port_key, counter)] = self.reset_counts.get((port_key, counter), 0) + 1
+            if track.latched:
+                verdict.recoveries.append(counter)
+                track.latched.clear()
+            track.runs = [[now, now, value]]
+            self._persisted_changed = True
+            return
+        if now < last[1]:
+            return  # wall clock stepped back: judge nothing until it passes the last sample
+        if value == previous:
+            last[1] = now
+        else:
+            track.runs.append([now, now, value])
+            self._persisted_changed = True
+        recovered = False
+        for threshold in thresholds:
+            if threshold.kind == "delta":
+                breached = value - previous > threshold.limit
+                if not breached:
+                    continue  # a delta breach only clears on a counter reset
+            else:
+                rate = _velocity(track.runs, now, value, threshold.unit_seconds)
+                if rate is None:
+                    continue  # not a full window yet: not judged
+                breached = rate > threshold.limit
+            if breached and threshold.key not in track.latched:
+                track.latched.add(threshold.key)
+                verdict.breaches.append(threshold)
+                self._persisted_changed = True
+            elif not breached and threshold.key in track.latched:
+                track.latched.discard(threshold.key)
+                recovered = True
+                self._persisted_changed = True
+        if recovered:
+            verdict.recoveries.append(counter)
+        _prune(track.runs, now - self._window[counter])
+
+    # Persistence: the newest run's first sample and the latched flags per counter. This
+    # changes only when a monitored counter moves or a breach flips, so a quiet port does
+    # not cause a state write on every scrape.
+    def persisted(self) -> dict:
+        return {port: {counter: {"t": t.runs[-1][0], "v": t.runs[-1][2], "latched": sorted(t.latched)}
+                       for counter, t in tracks.items()}
+                for port, tracks in self._ports.items()}
+
+    def take_changed(self) -> bool:
+        changed, self._persisted_changed = self._persisted_changed, False
+        return changed
+
+    def restore(self, data: dict) -> None:
+        self._ports.clear()
+        for port, counters in (data or {}).items():
+            if not isinstance(counters, dict):
+                continue
+            for counter, snap in counters.items():
+                try:
+                    t, v = float(snap["t"]), int(snap["v"])
+                    latched = {k for k in snap.get("latched", []) if k in self.by_key}
+                except (TypeError, KeyError, ValueError):
+                    continue   # one bad entry costs only that counter's history
+                if counter in self.by_counter:
+                    self._ports.setdefault(port, {})[counter] = _Track([[t, t, v]], latched)
+        self._persisted_changed = False
+
+
+def _velocity(runs: list[list[float]], now: float, value: int, unit: float) -> float | None:
+    """Increase per `unit` over a span of at least one unit, or None if history is shorter."""
+    target = now - unit
+    for first, last, old in reversed(runs):
+        if first <= target:
+            anchor = min(last, target)
+            return (value - old) * unit / (now - anchor)
+    return None
+
+
+def _prune(runs: list[list[float]], oldest_needed: float) -> None:
+    # Keep the newest run that starts at or before the widest window; older ones can
+    # never be an anchor again because targets only move forward.
+    keep = 0
+    for index in range(len(runs) - 1, -1, -1):
+        if runs[index][0] <= oldest_needed:
+            keep = index
+            break
+    if keep:
+        del runs[:keep]

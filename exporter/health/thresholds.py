@@ -1,0 +1,133 @@
+"""Counter thresholds: the defaults from the NIC health design and their YAML overrides.
+
+A threshold judges one counter, named as its file in ports/<n>/counters/ or
+ports/<n>/hw_counters/ (or `carrier_changes`, read from the port's netdev):
+
+  delta     breach when the increase since the previous scrape is > `threshold`
+  velocity  breach when the increase per `unit` (second | minute | hour), measured over
+            samples spanning at least one full unit, is > `threshold`
+
+Config (`--config.file`, section `infiniband`):
+
+    infiniband:
+      replace_default_thresholds: false   # true: only the list below applies
+      thresholds:
+        - counter: symbol_error           # required
+          type: velocity                  # delta | velocity (required)
+          threshold: 50                   # required, >= 0
+          unit: minute                    # velocity only: second | minute | hour (also 1s/1m/1h)
+          severity: non_fatal             # fatal | non_fatal (default non_fatal)
+        - counter: port_xmit_wait
+          severity: non_fatal
+          enabled: false                  # drop a default
+      roles: {mlx5_4: storage}            # optional role overrides (see nic_roles)
+
+An entry replaces the default with the same (counter, severity); `enabled: false`
+removes it. A counter may carry one fatal and one non-fatal threshold (symbol_error does).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Severity = Literal["fatal", "non_fatal"]
+
+UNITS = {"second": 1.0, "1s": 1.0, "s": 1.0, "minute": 60.0, "1m": 60.0, "m": 60.0,
+         "hour": 3600.0, "1h": 3600.0, "h": 3600.0}
+
+
+class ThresholdConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class CounterThreshold:
+    counter: str
+    kind: Literal["delta", "velocity"]
+    limit: float                  # breach when the delta / per-unit velocity is > limit
+    severity: Severity
+    unit_seconds: float = 0.0     # velocity window; 0 for delta
+
+    @property
+    def key(self) -> str:
+        return f"{self.counter}:{self.severity}"
+
+
+def _delta(counter, limit, severity="non_fatal"):
+    return CounterThreshold(counter, "delta", limit, severity)
+
+
+def _velocity(counter, limit, unit, severity="non_fatal"):
+    return CounterThreshold(counter, "velocity", limit, severity, UNITS[unit])
+
+
+DEFAULT_THRESHOLDS: tuple[CounterThreshold, ...] = (
+    # Fatal: the workload will fail or has failed.
+    _delta("link_downed", 0, "fatal"),
+    _delta("excessive_buffer_overrun_errors", 0, "fatal"),
+    _delta("local_link_integrity_errors", 0, "fatal"),
+    _delta("rnr_nak_retry_err", 0, "fatal"),
+    # IBTA BER 10E-12 at NDR rates: 120 symbol errors an hour means FEC is running out.
+    _velocity("symbol_error", 120, "hour", "fatal"),
+    # Non-fatal: degradation, the workload continues.
+    _velocity("symbol_error", 10, "second"),
+    _velocity("link_error_recovery", 5, "minute"),
+    _velocity("port_rcv_errors", 10, "second"),
+    _velocity("port_xmit_discards", 100, "second"),
+    _velocity("port_xmit_wait", 10000, "second"),
+    _velocity("out_of_sequence", 100, "second"),
+    _velocity("local_ack_timeout_err", 1, "second"),
+    _velocity("roce_slow_restart", 10, "second"),
+    _delta("carrier_changes", 2),
+)
+
+_KEYS = {"counter", "type", "threshold", "unit", "severity", "enabled"}
+
+
+def _parse_entry(index: int, entry: Any) -> tuple[str, CounterThreshold | None]:
+    where = f"infiniband.thresholds[{index}]"
+    if not isinstance(entry, dict):
+        raise ThresholdConfigError(f"{where}: must be a mapping, got {type(entry).__name__}")
+    unknown = set(entry) - _KEYS
+    if unknown:
+        raise ThresholdConfigError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_KEYS)}")
+    counter = entry.get("counter")
+    if not isinstance(counter, str) or not counter or "/" in counter:
+        raise ThresholdConfigError(f"{where}: `counter` must be a counter file name")
+    severity = entry.get("severity", "non_fatal")
+    if severity not in ("fatal", "non_fatal"):
+        raise ThresholdConfigError(f"{where}: severity must be fatal or non_fatal, got {severity!r}")
+    key = f"{counter}:{severity}"
+    if entry.get("enabled", True) is False:
+        return key, None
+    kind = entry.get("type")
+    if kind not in ("delta", "velocity"):
+        raise ThresholdConfigError(f"{where}: type must be delta or velocity, got {kind!r}")
+    limit = entry.get("threshold")
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit < 0:
+        raise ThresholdConfigError(f"{where}: threshold must be a number >= 0, got {limit!r}")
+    unit_seconds = 0.0
+    if kind == "velocity":
+        unit = entry.get("unit", "second")
+        if unit not in UNITS:
+            raise ThresholdConfigError(f"{where}: unit must be second, minute or hour, got {unit!r}")
+        unit_seconds = UNITS[unit]
+    elif "unit" in entry:
+        raise ThresholdConfigError(f"{where}: `unit` only applies to velocity thresholds")
+    return key, CounterThreshold(counter, kind, float(limit), severity, unit_seconds)
+
+
+def load_thresholds(section: dict[str, Any] | None) -> tuple[CounterThreshold, ...]:
+    """Defaults merged with the `infiniband` config section; raises ThresholdConfigError."""
+    section = section or {}
+    entries = section.get("thresholds", [])
+    if entries is None:
+        entries = []
+    if not isinstance(entries, list):
+        raise ThresholdConfigError("infiniband.thresholds must be a list")
+    replace = section.get("replace_default_thresholds", False)
+    merged: dict[str, CounterThreshold | None] = {} if replace else {t.key: t for t in DEFAULT_THRESHOLDS}
+    for index, entry in enumerate(entries):
+        key, threshold = _parse_entry(index, entry)
+        merged[key] = threshold
+    return tuple(t for t in merged.values() if t is not None)

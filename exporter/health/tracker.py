@@ -1,0 +1,192 @@
+"""Node-level InfiniBand health across scrapes, with persistent local state.
+
+Kept in <state_dir>/infiniband.json (atomic StateFile) so an exporter restart neither
+forgets a latched breach nor misses a link_downed that moved while it was down:
+
+  boot_id        <procfs>/sys/kernel/random/boot_id at the last scrape
+  known_devices  device -> {"ports": [...], "role": ...}   (disappearance detection)
+  ports          "dev/port" -> {"state": name, "fatal": bool}  (transitions, recovery)
+  down_transitions "dev/port" -> count of ACTIVE -> not ACTIVE
+  counters       CounterMonitor snapshots and latched breach flags
+
+A boot-ID change clears all of it (NICs may have been replaced during maintenance) and
+every port gets a baseline event again: `baseline` when healthy, fatal/non_fatal when not.
+Management NICs never produce fatal verdicts: their fatal conditions are downgraded to
+non_fatal, because losing the management path does not fail the training job.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+from ..parsers.files import ReadProblem, read_small_text
+from ..parsers.infiniband import InfiniBandDevice, InfiniBandPort
+from ..statefile import StateFile
+from .counter_monitor import CounterMonitor
+from .link_state import inhomogeneous_devices, is_active, is_link_healthy, is_state_fatal, uncabled_ports
+from .thresholds import CounterThreshold
+
+
+@dataclass(slots=True)
+class PortHealth:
+    fatal: bool = False
+    # (counter, effective severity) -> 0/1 for every threshold whose counter was seen.
+    breached: dict[tuple[str, str], int] = field(default_factory=dict)
+    uncabled: bool = False
+    inhomogeneous: bool = False
+
+
+@dataclass
+class NodeHealth:
+    ports: dict[tuple[str, int], PortHealth]
+    missing: dict[str, int]                                   # known device -> 0/1
+
+
+def counter_value(port: InfiniBandPort, counter: str) -> int | None:
+    if counter == "carrier_changes":
+        return port.carrier_changes
+    value = getattr(port.counters, counter, None) if not counter.startswith("_") else None
+    if value is None or not isinstance(value, int):
+        value = port.counters.other.get(counter)
+    if value is None:
+        value = port.hw_counters.get(counter)
+    return value
+
+
+class HealthTracker:
+    def __init__(self, state_file: StateFile, thresholds: tuple[CounterThreshold, ...], procfs: Path | str,
+                 clock: Callable[[], float]) -> None:
+        self.state_file = state_file
+        self.procfs = procfs
+        self.clock = clock
+        self.monitor = CounterMonitor(thresholds, clock)
+        self.events: dict[tuple[str, str, str], int] = {}      # (device, port, severity) -> count
+        self.boot_id_changes = 0
+        data = state_file.load()
+        self.load_problem = state_file.load_problem
+        try:
+            self._restore(data)
+        except (TypeError, ValueError, AttributeError):
+            # Valid JSON of the wrong shape is as useless as torn JSON: start clean, rewrite.
+            self.load_problem = "corrupt"
+            self._restore({})
+        self._dirty = self.load_problem is not None
+
+    def _restore(self, data: dict) -> None:
+        self.boot_id: str | None = data.get("boot_id")
+        if self.boot_id is not None and not isinstance(self.boot_id, str):
+            raise TypeError("boot_id")
+        self.known_devices: dict[str, dict] = {str(k): dict(v) for k, v in data.get("known_devices", {}).items()}
+        self.port_states: dict[str, dict] = {str(k): dict(v) for k, v in data.get("ports", {}).items()}
+        self.down_transitions: dict[str, int] = {str(k): int(v) for k, v in data.get("down_transitions", {}).items()}
+        self.monitor.restore(data.get("counters", {}))
+
+    def _count(self, device: str, port, severity: str) -> None:
+        key = (device, str(port), severity)
+        self.events[key] = self.events.get(key, 0) + 1
+
+    def _check_boot(self) -> None:
+        boot = read_small_text(os.path.join(self.procfs, "sys", "kernel", "random", "boot_id"))
+        if isinstance(boot, ReadProblem):
+            return   # not Linux, or procfs not mounted: nothing to compare
+        if self.boot_id is not None and boot != self.boot_id:
+            self.boot_id_changes += 1
+            self.known_devices.clear()
+            self.port_states.clear()
+            self.down_transitions.clear()
+            self.monitor.forget()
+        if boot != self.boot_id:
+            self.boot_id = boot
+            self._dirty = True
+
+    def update(self, devices: list[InfiniBandDevice], roles: Mapping[str, str]) -> NodeHealth:
+        now = self.clock()
+        self._check_boot()
+        ports: dict[tuple[str, int], PortHealth] = {}
+        monitored = tuple(self.monitor.by_counter)
+        present = set()
+        for device in devices:
+            present.add(device.name)
+            role = roles.get(device.name, "unknown")
+            management = role == "management"
+            known = {"ports": [p.port for p in device.ports], "role": role}
+            if self.known_devices.get(device.name) != known:
+                self.known_devices[device.name] = known
+                self._dirty = True
+            for port in device.ports:
+                ports[(device.name, port.port)] = self._update_port(device.name, port, management, monitored, now)
+        missing = {}
+        for name, info in self.known_devices.items():
+            gone = name not in present
+            missing[name] = int(gone)
+            if gone:
+                for number in info.get("ports", []):
+                    entry = self.port_states.setdefault(f"{name}/{number}", {})
+                    if not entry.get("fatal"):
+                        entry["fatal"] = True
+                        self._dirty = True
+                        self._count(name, number, "non_fatal" if info.get("role") == "management" else "fatal")
+        for device, number in uncabled_ports(devices, roles):
+            ports[(device, number)].uncabled = True
+        for name in inhomogeneous_devices(devices, roles):
+            for (device, _), health in ports.items():
+                if device == name:
+                    health.inhomogeneous = True
+        self._save()
+        return NodeHealth(ports, missing)
+
+    def _update_port(self, device: str, port: InfiniBandPort, management: bool, monitored, now) -> PortHealth:
+        key = f"{device}/{port.port}"
+        fatal_severity = "non_fatal" if management else "fatal"
+        values = {c: counter_value(port, c) for c in monitored}
+        verdict = self.monitor.observe(key, values, now)
+        state_fatal = is_state_fatal(port)
+        counter_fatal = any(t.severity == "fatal" for t in verdict.latched)
+        health = PortHealth(fatal=(state_fatal or counter_fatal) and not management)
+        for threshold in self.monitor.by_key.values():
+            if values[threshold.counter] is None and threshold not in verdict.latched:
+                continue
+            severity = fatal_severity if threshold.severity == "fatal" else "non_fatal"
+            label = (threshold.counter, severity)
+            health.breached[label] = max(health.breached.get(label, 0), int(threshold in verdict.latched))
+        for threshold in verdict.breaches:
+            self._count(device, port.port, fatal_severity if threshold.severity == "fatal" else "non_fatal")
+        for _ in verdict.recoveries:
+            self._count(device, port.port, "recovery")
+
+        state_name = port.state.name if port.state is not None else None
+        previous = self.port_states.get(key)
+        unhealthy = state_fatal or not is_link_healthy(port)
+        if previous is None:
+            # First sight of this port (fresh state or after a reboot): a baseline verdict.
+            self._count(device, port.port, (fatal_severity if state_fatal else "non_fatal") if unhealthy else "baseline")
+        else:
+            if previous.get("state") in ("ACTIVE", "ACTIVE_DEFER") and state_name is not None and not is_active(port):
+                self.down_transitions[key] = self.down_transitions.get(key, 0) + 1
+            if state_fatal and not previous.get("fatal"):
+                self._count(device, port.port, fatal_severity)
+            elif previous.get("fatal") and is_link_healthy(port):
+                self._count(device, port.port, "recovery")
+        current = {"state": state_name if state_name is not None else (previous or {}).get("state"),
+                   "fatal": state_fatal if state_name is not None else bool((previous or {}).get("fatal"))}
+        if current != previous:
+            self.port_states[key] = current
+            self._dirty = True
+        return health
+
+    def _save(self) -> None:
+        # At most one write per scrape, and none when nothing persisted has changed.
+        if self.monitor.take_changed():
+            self._dirty = True
+        if not self._dirty:
+            return
+        ok = self.state_file.save({
+            "boot_id": self.boot_id,
+            "known_devices": self.known_devices,
+            "ports": self.port_states,
+            "down_transitions": self.down_transitions,
+            "counters": self.monitor.persisted(),
+        })
+        self._dirty = not ok   # retry next scrape after a failed write
