@@ -177,12 +177,12 @@ def read_infiniband(sysfs: Path | str, cache: StaticCache | None = None) -> list
 
 
 def read_device(sysfs: Path | str, entry: os.DirEntry, cache: StaticCache) -> InfiniBandDevice:
-    # The class entry's inode changes when the kernel re-creates the device.
+    # The kernel re-creates both the class link and the device directory when a device is
+    # re-probed (firmware reset, driver reload), so either inode changing means "new device".
     try:
-        st = entry.stat()
-        identity = (st.st_dev, st.st_ino)
+        identity = (entry.inode(), entry.stat().st_ino)
     except OSError:
-        identity = (0, entry.inode())
+        identity = (entry.inode(), 0)
     static = cache.get(entry.name)
     if static is None or static.identity != identity:
         static = cache[entry.name] = _read_static(sysfs, entry.path, identity)
