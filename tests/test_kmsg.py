@@ -201,7 +201,7 @@ def test_restart_does_not_recount(node):
     assert plain(samples, "fabric_kernel_log_lines_total") == FIXTURE_RECORDS
     assert xid(samples, "79", "fatal") == 1
     assert event(samples, "command_timeout", "fatal") == 1
-    assert plain(samples, "fabric_state_file_problem", collector="kmsg", problem="missing") is None
+    assert plain(samples, "fabric_state_file_problem", collector="kmsg", problem="missing") == 0
     # Even when the stored file offset is lost, the sequence cursor prevents recounting.
     state_path = node / "state" / "kmsg.json"
     stored = json.loads(state_path.read_text())
@@ -288,7 +288,7 @@ def test_corrupt_state_file_is_reported_and_recovered(node):
     assert plain(samples, "fabric_kernel_log_lines_total") == FIXTURE_RECORDS
     assert json.loads(state_path.read_text())["last_sequence"] == 22012
     samples = Scraper(context(node)).scrape()
-    assert plain(samples, "fabric_state_file_problem", collector="kmsg", problem="corrupt") is None
+    assert plain(samples, "fabric_state_file_problem", collector="kmsg", problem="corrupt") == 0
     assert plain(samples, "fabric_kernel_log_lines_total") == FIXTURE_RECORDS
 
 
@@ -366,3 +366,12 @@ def test_real_dev_kmsg(tmp_path):
     again = plain(second.scrape(), "fabric_kernel_log_lines_total")
     second.close()
     assert lines <= again < 2 * lines or lines < 4
+
+
+def test_unreadable_state_is_reported(node):
+    (node / "state" / "kmsg.json").mkdir(parents=True)   # a directory cannot be read as a file
+    samples = Scraper(context(node)).scrape()
+    assert plain(samples, "fabric_state_file_problem", collector="kmsg", problem="unreadable") == 1
+    assert plain(samples, "fabric_state_file_problem", collector="kmsg", problem="corrupt") == 0
+    assert plain(samples, "fabric_state_file_write_errors_total", collector="kmsg") == 1
+    assert plain(samples, "fabric_kernel_log_lines_total") == FIXTURE_RECORDS

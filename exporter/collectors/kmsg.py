@@ -34,6 +34,7 @@ MAX_DEVICE_RECORDS_PER_SCRAPE = 200_000
 DEVICE_READ_SIZE = 16 * 1024
 # Enough of a file's start to notice it was replaced by one that grew past our offset.
 HEAD_BYTES = 64
+STATE_PROBLEMS = ("missing", "corrupt", "unreadable")
 
 
 @dataclass
@@ -280,8 +281,8 @@ class KmsgCollector(Collector):
         yield read_errors
         problem = GaugeMetricFamily("fabric_state_file_problem", "1 when the collector's persistent state could not be loaded at start.",
                                     labels=["collector", "problem"])
-        if self.load_problem is not None:
-            problem.add_metric(collector + [self.load_problem], 1)
+        for name in STATE_PROBLEMS:   # all three, 0 or 1, as every stateful collector exports them
+            problem.add_metric(collector + [name], 1.0 if self.load_problem == name else 0.0)
         yield problem
         yield _single_counter("fabric_state_file_write_errors", "Failed atomic state writes.",
                               collector, self.state_file.write_errors)
