@@ -1,0 +1,133 @@
+"""Kernel signals from eBPF: TCP RTT/connect latency/retransmits, scheduler, syscalls.
+
+Reads a MapSource: the kernel's BPF maps (libbpf CO-RE objects built from exporter/bpf/)
+or, in the demo, a simulation holding the same raw structures. When eBPF cannot run
+here (not root, no BTF, no libbpf, objects missing, refused by the verifier) the
+collector stays cheap: fabric_ebpf_available{reason} 0 and nothing else, logged once.
+
+Config section `ebpf` (all optional):
+  peers: {10.0.0.12: gpu-node-3, ...}   peer IP -> host label of fabric_tcp_retransmits_total
+  processes: [python, tritonserver]     process names always counted under their own name
+  gpu_device_prefix: /dev/nvidia        a process holding such an fd is counted by name
+  gpu_device_majors: [195, 508]         GPU char-device majors (default: nvidia* in /proc/devices)
+  process_scan_interval_seconds: 15
+  enable_stats: true                    account program run count/time (BPF_ENABLE_STATS)
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import threading
+from pathlib import Path
+from typing import Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from ..ebpf import reasons
+from ..ebpf.declarations import load_declarations
+from ..ebpf.families import MapConverter
+from ..framework import Collector, register
+
+log = logging.getLogger("fabricscope.exporter.ebpf")
+
+
+@register
+class EbpfCollector(Collector):
+    name = "ebpf"
+    description = "TCP, scheduler and syscall signals from eBPF programs (libbpf CO-RE)."
+
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        parser.add_argument("--collector.ebpf.object-dir", dest="ebpf_object_dir", default=None,
+                            help="directory holding the compiled *.bpf.o (default: next to the sources)")
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self._lock = threading.Lock()
+        config = ctx.section("ebpf")
+        self._decls = load_declarations()
+        self._source = ctx.sources.get("bpf")
+        if self._source is None:
+            self._source = self._kernel_source(config)
+        self._converter = MapConverter(self._decls, self._peers(config))
+        reason, message = self._source.availability()
+        if reason == reasons.OK:
+            attached = sorted(p for p, ok in self._source.programs().items() if ok)
+            log.info("eBPF ready: %d programs attached (%s)", len(attached), ", ".join(attached))
+        else:
+            log.warning("eBPF unavailable (%s): %s; exporting fabric_ebpf_available 0", reason, message)
+
+    def _kernel_source(self, config: dict):
+        from ..ebpf.kernel_source import KernelMapSource
+        from ..ebpf.processes import ProcessTracker
+
+        object_dir = getattr(self.ctx.args, "ebpf_object_dir", None) or config.get("object_dir")
+        majors = config.get("gpu_device_majors")
+        tracker = ProcessTracker(
+            procfs=self.ctx.procfs,
+            device_prefix=str(config.get("gpu_device_prefix", "/dev/nvidia")),
+            allow_comms=frozenset(map(str, config.get("processes") or ())),
+            explicit_majors=[int(m) for m in majors] if majors is not None else None,
+            interval_seconds=float(config.get("process_scan_interval_seconds", 15)),
+        )
+        return KernelMapSource(self._decls, Path(object_dir) if object_dir else None, self.ctx.sysfs,
+                               self.ctx.procfs, tracker, enable_stats=bool(config.get("enable_stats", True)))
+
+    def _peers(self, config: dict) -> dict[str, str]:
+        """Source-known peers plus ebpf.peers; an entry that is not an IP is logged and skipped."""
+        peers = dict(self._source.peers())
+        configured = config.get("peers") or {}
+        if not isinstance(configured, dict):
+            log.error("config ebpf.peers must be a mapping of IP -> host name, got %s; ignored",
+                      type(configured).__name__)
+            configured = {}
+        for ip, host in configured.items():
+            try:
+                ipaddress.ip_address(str(ip).strip())
+            except ValueError:
+                log.error("config ebpf.peers: %r is not an IP address; entry ignored", ip)
+                continue
+            peers[str(ip).strip()] = str(host)
+        return peers
+
+    @property
+    def source(self):
+        return self._source
+
+    def collect(self) -> Iterable[Metric]:
+        with self._lock:
+            reason, _message = self._source.availability()
+            available = GaugeMetricFamily("fabric_ebpf_available",
+                                          "1 if eBPF programs are loaded; reason says why not otherwise.",
+                                          labels=["reason"])
+            available.add_metric([reason], 1.0 if reason == reasons.OK else 0.0)
+            yield available
+            if reason != reasons.OK:
+                return
+            self._source.refresh()
+            yield from self._self_metrics()
+            yield from self._converter.families(self._source)
+
+    def _self_metrics(self) -> Iterable[Metric]:
+        attached = GaugeMetricFamily("fabric_ebpf_program_attached", "1 if the BPF program is attached.",
+                                     labels=["program"])
+        for program, ok in sorted(self._source.programs().items()):
+            attached.add_metric([program], 1.0 if ok else 0.0)
+        yield attached
+        stats = self._source.program_stats()
+        if stats is None:
+            return   # the kernel is not accounting (BPF_ENABLE_STATS refused): absent, not 0
+        runs = CounterMetricFamily("fabric_ebpf_program_run_count", "Times the BPF program ran "
+                                   "(kernel run-time statistics).", labels=["program"])
+        run_time = CounterMetricFamily("fabric_ebpf_program_run_seconds", "Time spent running the BPF "
+                                       "program (kernel run-time statistics, ns / 1e9).", labels=["program"])
+        for program, (count, ns) in sorted(stats.items()):
+            runs.add_metric([program], count)
+            run_time.add_metric([program], ns / 1e9)
+        yield runs
+        yield run_time
+
+    def close(self) -> None:
+        with self._lock:
+            if self.ctx.sources.get("bpf") is None:
+                self._source.close()

@@ -1,0 +1,67 @@
+"""The metric declarations beside each BPF program (exporter/bpf/<object>.yaml).
+
+Each declaration names the object, its programs, and for every metric the map that feeds
+it (map name == metric name), its type and how its key decodes into labels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from .objects import SOURCE_DIR
+
+METRIC_TYPES = {"log2_histogram", "counter"}
+
+
+@dataclass(frozen=True)
+class LabelDecl:
+    name: str
+    decoder: str
+
+
+@dataclass(frozen=True)
+class MetricDecl:
+    name: str
+    type: str
+    help: str
+    unit_seconds: float = 1.0
+    labels: tuple[LabelDecl, ...] = ()
+
+
+@dataclass(frozen=True)
+class ObjectDecl:
+    object: str
+    programs: tuple[str, ...]
+    needs_tracefs: bool
+    map_errors: tuple[str, ...]
+    metrics: tuple[MetricDecl, ...]
+
+
+def parse_declaration(data: dict, origin: str = "<declaration>") -> ObjectDecl:
+    if not isinstance(data, dict):
+        raise ValueError(f"{origin}: top level must be a mapping")
+    try:
+        metrics = []
+        for m in data["metrics"]:
+            if m["type"] not in METRIC_TYPES:
+                raise ValueError(f"{origin}: metric {m['name']}: type {m['type']!r} not in {sorted(METRIC_TYPES)}")
+            labels = tuple(LabelDecl(str(lab["name"]), str(lab["decoder"])) for lab in m.get("labels") or ())
+            metrics.append(MetricDecl(name=str(m["name"]), type=m["type"], help=str(m.get("help", "")),
+                                      unit_seconds=float(m.get("unit_seconds", 1.0)), labels=labels))
+        return ObjectDecl(object=str(data["object"]), programs=tuple(map(str, data["programs"])),
+                          needs_tracefs=bool(data.get("needs_tracefs", False)),
+                          map_errors=tuple(map(str, data.get("map_errors") or ())), metrics=tuple(metrics))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{origin}: malformed declaration ({exc!r})") from exc
+
+
+def load_declarations(directory: Path = SOURCE_DIR) -> list[ObjectDecl]:
+    """Every <name>.yaml in `directory` that has a matching <name>.bpf.c."""
+    decls = []
+    for path in sorted(directory.glob("*.yaml")):
+        if not (directory / f"{path.stem}.bpf.c").exists():
+            continue
+        decls.append(parse_declaration(yaml.safe_load(path.read_text()), str(path)))
+    return decls

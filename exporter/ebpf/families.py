@@ -1,0 +1,103 @@
+"""Raw BPF maps -> Prometheus metric families, per the declarations beside the programs.
+
+One code path for the kernel and the demo: a MapSource hands over kernel-shaped bytes,
+this module decodes keys to labels, log2 slots to second-based buckets, and keeps
+counters monotonic across LRU eviction (counters.py).
+"""
+from __future__ import annotations
+
+import logging
+import struct
+from typing import Iterable
+
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+
+from .counters import LabelCounters
+from .declarations import MetricDecl, ObjectDecl
+from .decoders import STATIC_DECODERS, Decoder, decode_key, peer_decoder
+from .histogram import parse_log2_hist, to_prometheus_buckets
+from .source import MapSource
+
+log = logging.getLogger("fabricscope.ebpf")
+
+MAP_ERRORS_MAP = "fabric_ebpf_map_update_errors_total"
+
+
+class MapConverter:
+    def __init__(self, decls: list[ObjectDecl], peers: dict[str, str] | None = None) -> None:
+        self.decls = decls
+        self._decoders = dict(STATIC_DECODERS)
+        self._decoders["peer"] = peer_decoder(peers or {})
+        self._counters: dict[str, LabelCounters] = {}
+        self._read_errors: dict[str, int] = {}
+        self._logged: set[str] = set()
+        for decl in decls:
+            for metric in decl.metrics:
+                for label in metric.labels:
+                    if label.decoder not in self._decoders:
+                        raise ValueError(f"{decl.object}: metric {metric.name}: unknown decoder {label.decoder!r}")
+
+    def families(self, source: MapSource) -> Iterable[Metric]:
+        map_errors = CounterMetricFamily("fabric_ebpf_map_update_errors",
+                                         "Kernel-side map updates that failed (map full): events lost.",
+                                         labels=["map"])
+        for decl in self.decls:
+            for metric in decl.metrics:
+                try:
+                    items = source.read_map(decl.object, metric.name)
+                except KeyError:
+                    continue   # object not loaded: absent series, never a fake 0
+                try:
+                    yield self._convert(metric, items)
+                except (ValueError, struct.error) as exc:
+                    self._read_errors[metric.name] = self._read_errors.get(metric.name, 0) + 1
+                    if metric.name not in self._logged:
+                        self._logged.add(metric.name)
+                        log.error("eBPF map %s could not be decoded: %s", metric.name, exc)
+            self._map_errors(source, decl, map_errors)
+        yield map_errors
+        read_errors = CounterMetricFamily("fabric_ebpf_map_read_errors",
+                                          "Scrapes on which a map's contents could not be decoded.",
+                                          labels=["map"])
+        for name, count in sorted(self._read_errors.items()):
+            read_errors.add_metric([name], count)
+        yield read_errors
+
+    def _convert(self, metric: MetricDecl, items: list[tuple[bytes, bytes]]) -> Metric:
+        if metric.type == "log2_histogram":
+            return self._histogram(metric, items)
+        return self._counter(metric, items)
+
+    def _histogram(self, metric: MetricDecl, items: list[tuple[bytes, bytes]]) -> Metric:
+        name = metric.name.removesuffix("_seconds") + "_seconds"
+        family = HistogramMetricFamily(name, metric.help, labels=[])
+        for _key, value in items[:1]:   # one-slot per-CPU array (key 0)
+            buckets, total = to_prometheus_buckets(parse_log2_hist(value), metric.unit_seconds)
+            family.add_metric([], buckets, total)
+        return family
+
+    def _counter(self, metric: MetricDecl, items: list[tuple[bytes, bytes]]) -> Metric:
+        decoders: list[Decoder] = [self._decoders[label.decoder] for label in metric.labels]
+        readings = []
+        for key, value in items:
+            if len(value) != 8:
+                raise ValueError(f"counter value is {len(value)} bytes, expected 8")
+            labels = decode_key(key, decoders) if decoders else ()
+            readings.append((key, labels, struct.unpack("<Q", value)[0]))
+        totals = self._counters.setdefault(metric.name, LabelCounters()).update(readings)
+        family = CounterMetricFamily(metric.name.removesuffix("_total"), metric.help,
+                                     labels=[label.name for label in metric.labels])
+        for labels, total in sorted(totals.items()):
+            family.add_metric(list(labels), total)
+        return family
+
+    def _map_errors(self, source: MapSource, decl: ObjectDecl, family: CounterMetricFamily) -> None:
+        try:
+            items = source.read_map(decl.object, MAP_ERRORS_MAP)
+        except KeyError:
+            return
+        for key, value in items:
+            (index,) = struct.unpack("<I", key)
+            (count,) = struct.unpack("<Q", value)
+            if index < len(decl.map_errors):
+                family.add_metric([decl.map_errors[index]], count)

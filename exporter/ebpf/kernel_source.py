@@ -1,0 +1,140 @@
+"""The real MapSource: BPF objects loaded into this kernel.
+
+Startup does the expensive work once (preflight, tracefs, load, attach); a scrape only
+reads maps. Any failure becomes a bounded reason plus one log line: the objects that
+did load keep serving, and when none did the collector reports the first reason.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from . import reasons
+from .declarations import ObjectDecl
+from .objects import object_path
+from .processes import ProcessTracker
+from .reasons import BpfUnavailable
+from .tracefs import ensure_tracefs
+
+log = logging.getLogger("fabricscope.ebpf")
+
+
+class KernelMapSource:
+    def __init__(self, decls: list[ObjectDecl], object_dir: Path | None, sysfs: Path, procfs: Path,
+                 tracker: ProcessTracker | None, enable_stats: bool = True) -> None:
+        self.decls = decls
+        self.object_dir = object_dir
+        self.sysfs = sysfs
+        self.procfs = procfs
+        self.tracker = tracker
+        self._objects: dict[str, object] = {}           # object name -> BpfObject
+        self._attached: dict[str, bool] = {p: False for d in decls for p in d.programs}
+        self._object_problems: dict[str, tuple[str, str]] = {}
+        self._stats = None
+        self._lock = threading.Lock()
+        self._reason, self._message = reasons.DISABLED, "not started"
+        self._start(enable_stats)
+
+    def _start(self, enable_stats: bool) -> None:
+        problem = reasons.preflight(self.sysfs)
+        if problem:
+            self._reason, self._message = problem
+            return
+        try:
+            from .libbpf import library
+            library()
+        except BpfUnavailable as exc:
+            self._reason, self._message = exc.reason, exc.message
+            return
+        tracefs_ok, tracefs_message = None, ""
+        for decl in self.decls:
+            if decl.needs_tracefs and tracefs_ok is None:
+                tracefs_ok, tracefs_message = ensure_tracefs(self.sysfs)
+                log.info("%s", tracefs_message)
+            if decl.needs_tracefs and not tracefs_ok:
+                self._object_problems[decl.object] = (reasons.NO_TRACEFS, tracefs_message)
+                continue
+            try:
+                self._objects[decl.object] = self._load(decl)
+            except BpfUnavailable as exc:
+                self._object_problems[decl.object] = (exc.reason, exc.message)
+                log.error("eBPF object %s unavailable (%s): %s", decl.object, exc.reason, exc.message)
+        if self._objects:
+            self._reason, self._message = reasons.OK, ""
+        elif self._object_problems:
+            self._reason, self._message = next(iter(self._object_problems.values()))
+        else:
+            self._reason, self._message = reasons.OBJECT_MISSING, "no BPF program declarations found"
+        if self._objects and enable_stats:
+            from .libbpf import enable_bpf_stats
+            try:
+                self._stats = enable_bpf_stats()
+            except BpfUnavailable as exc:
+                log.info("BPF run-time statistics unavailable: %s", exc)
+
+    def _load(self, decl: ObjectDecl):
+        from .libbpf import BpfObject
+        obj = BpfObject.load(object_path(decl.object, self.object_dir))
+        failures = []
+        for program in decl.programs:
+            try:
+                obj.attach(program)
+                self._attached[program] = True
+            except (BpfUnavailable, KeyError) as exc:
+                failures.append(exc)
+                log.error("eBPF program %s.%s not attached: %s", decl.object, program, exc)
+        if failures and not any(self._attached[p] for p in decl.programs):
+            obj.close()
+            first = failures[0]
+            raise first if isinstance(first, BpfUnavailable) else BpfUnavailable(reasons.ATTACH_FAILED, str(first))
+        return obj
+
+    def availability(self) -> tuple[str, str]:
+        return self._reason, self._message
+
+    def object_problems(self) -> dict[str, tuple[str, str]]:
+        return dict(self._object_problems)
+
+    def programs(self) -> dict[str, bool]:
+        return dict(self._attached)
+
+    def program_stats(self) -> dict[str, tuple[int, int]] | None:
+        if self._stats is None:
+            from .libbpf import bpf_stats_enabled
+            if not bpf_stats_enabled(self.procfs):
+                return None
+        stats: dict[str, tuple[int, int]] = {}
+        with self._lock:
+            for obj in self._objects.values():
+                stats.update(obj.program_stats())
+        return stats
+
+    def read_map(self, obj: str, map_name: str) -> list[tuple[bytes, bytes]]:
+        with self._lock:
+            loaded = self._objects.get(obj)
+            if loaded is None:
+                raise KeyError(obj)
+            return loaded.map(map_name).items()
+
+    def peers(self) -> dict[str, str]:
+        return {}
+
+    def refresh(self) -> None:
+        syscalls = self._objects.get("syscalls")
+        if syscalls is None or self.tracker is None:
+            return
+        try:
+            self.tracker.sync(syscalls.map("tracked_tgids"), syscalls.map("gpu_majors"))
+        except Exception:   # tracking is best effort; the counters keep counting as "other"
+            log.exception("syncing tracked processes failed")
+
+    def close(self) -> None:
+        with self._lock:
+            for obj in self._objects.values():
+                obj.close()
+            self._objects.clear()
+            self._attached = {p: False for p in self._attached}
+            if self._stats is not None:
+                self._stats.close()
+                self._stats = None
