@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The values of the `op` label. ncclBcast is reported as Broadcast (same collective).
+OPS = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "AllToAll", "Send", "Recv")
+
 
 @dataclass(frozen=True)
 class NcclCall:

@@ -1,0 +1,132 @@
+"""NCCL collectives per (communicator, rank, op): uprobes, the ingest API, or the demo.
+
+The tracker (exporter/nccl/tracker.py) does the accounting; this module wires its event
+sources and maps its snapshot to metric families. Config section `nccl`:
+  hang_multiplier (3.0), min_completed (5), window (20), max_comms (128),
+  max_series (4096), idle_evict_seconds (3600): see NcclTracker;
+  uprobes (true): attach to libnccl in running processes;
+  rescan_seconds (2.0): how often to look for new processes;
+  bpf_object: path of nccl.bpf.o (default: exporter/bpf/nccl.bpf.o).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from ..framework import Collector, register
+from ..nccl.ingest import IngestRoutes
+from ..nccl.tracker import NcclTracker
+
+log = logging.getLogger("fabricscope.exporter.nccl")
+
+DEFAULT_OBJECT = Path(__file__).resolve().parent.parent / "bpf" / "nccl.bpf.o"
+LABELS = ["comm", "rank", "op"]
+
+
+@register
+class NcclCollector(Collector):
+    name = "nccl"
+    description = "NCCL collectives from uprobes on libnccl and POST /nccl/operations; hang detection."
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        section = ctx.section("nccl")
+        self.source = ctx.sources.get("nccl")
+        clock = getattr(self.source, "clock", time.time)
+        self.tracker = NcclTracker.from_config(section, clock=clock)
+        self.ingest = IngestRoutes(self.tracker)
+        self.uprobes = None
+        if self.source is not None:
+            self.source.attach(self.tracker)          # the demo: simulated calls
+        elif section.get("uprobes", True):
+            from ..nccl.uprobe import UprobeSource
+
+            self.uprobes = UprobeSource(ctx.procfs, ctx.sysfs, Path(section.get("bpf_object", DEFAULT_OBJECT)),
+                                        rescan_seconds=float(section.get("rescan_seconds", 2.0)))
+            self.uprobes.attach(self.tracker)
+
+    def routes(self):
+        return self.ingest.routes()
+
+    def close(self) -> None:
+        if self.uprobes is not None:
+            self.uprobes.close()
+
+    def collect(self) -> Iterable[Metric]:
+        snap = self.tracker.snapshot()
+        info = GaugeMetricFamily("fabric_nccl_comm_info", "Communicator membership of a local rank; always 1.",
+                                 labels=["comm", "rank", "nranks"])
+        for comm, rank, nranks in snap.comms:
+            info.add_metric([comm, str(rank), str(nranks)], 1.0)
+        calls = CounterMetricFamily("fabric_nccl_calls", "Collective calls entered.", labels=LABELS)
+        nbytes = CounterMetricFamily("fabric_nccl_bytes", "Bytes of the calls: count x datatype size "
+                                     "(AllGather: per-rank send count).", labels=LABELS)
+        enqueue = HistogramMetricFamily("fabric_nccl_enqueue_seconds", "API entry to return (enqueue time, "
+                                        "not completion: NCCL calls are asynchronous).", labels=LABELS)
+        duration = HistogramMetricFamily("fabric_nccl_operation_duration_seconds", "Completed operations: "
+                                         "start to the rank's next call on the comm, or to `end` when "
+                                         "ingested.", labels=LABELS)
+        last = GaugeMetricFamily("fabric_nccl_last_call_timestamp_seconds", "When the rank last entered this "
+                                 "collective (UNIX seconds).", labels=LABELS)
+        average = GaugeMetricFamily("fabric_nccl_completed_average_seconds", "Rolling average duration of the "
+                                    f"last {self.tracker.window} completed operations.", labels=LABELS)
+        for op in snap.ops:
+            labels = [op.comm, str(op.rank), op.op]
+            calls.add_metric(labels, op.calls)
+            nbytes.add_metric(labels, op.nbytes)
+            enqueue.add_metric(labels, op.enqueue, op.enqueue_sum)
+            duration.add_metric(labels, op.duration, op.duration_sum)
+            last.add_metric(labels, op.last_call)
+            if op.completed_average is not None:
+                average.add_metric(labels, op.completed_average)
+        inflight = GaugeMetricFamily("fabric_nccl_inflight_elapsed_seconds", "Elapsed time of the operation "
+                                     "in flight (absent when none).", labels=LABELS)
+        hanging = GaugeMetricFamily("fabric_nccl_hanging", f"1 when the in-flight operation's elapsed time "
+                                    f"exceeds {self.tracker.hang_multiplier:g}x the rolling average.",
+                                    labels=LABELS)
+        active = {(a.comm, a.rank, a.op): a for a in snap.active}
+        for a in snap.active:
+            inflight.add_metric([a.comm, str(a.rank), a.op], a.elapsed)
+        for op in snap.ops:
+            current = active.get((op.comm, op.rank, op.op))
+            hanging.add_metric([op.comm, str(op.rank), op.op], 1.0 if current and current.hanging else 0.0)
+        yield from (info, calls, nbytes, enqueue, duration, last, average, inflight, hanging)
+        yield from self._housekeeping(snap)
+        if self.uprobes is not None:
+            yield from self._uprobe_families()
+
+    def _housekeeping(self, snap) -> Iterable[Metric]:
+        evicted = CounterMetricFamily("fabric_nccl_comms_evicted", "Communicators dropped from memory: idle "
+                                      "past idle_evict_seconds, or over max_comms/max_series.", labels=["reason"])
+        for reason, count in sorted(snap.evicted.items()):
+            evicted.add_metric([reason], count)
+        dropped = CounterMetricFamily("fabric_nccl_calls_dropped", "Calls not tracked because max_series was "
+                                      "reached by a single communicator.", value=snap.dropped_calls)
+        requests = CounterMetricFamily("fabric_nccl_ingest_requests", "POST /nccl/operations requests.",
+                                       labels=["result"])
+        for result, count in sorted(self.ingest.requests.items()):
+            requests.add_metric([result], count)
+        yield from (evicted, dropped, requests)
+
+    def _uprobe_families(self) -> Iterable[Metric]:
+        status = self.uprobes.status()
+        available = GaugeMetricFamily("fabric_nccl_uprobes_available", "1 if the NCCL uprobe program is "
+                                      "loaded; reason says why not otherwise.", labels=["reason"])
+        available.add_metric([status.reason], 1.0 if status.reason == "ok" else 0.0)
+        attached = GaugeMetricFamily("fabric_nccl_probe_attached", "1 if uprobes are attached to this NCCL "
+                                     "library file.", labels=["library"])
+        for library, ok in sorted(status.libraries.items()):
+            attached.add_metric([library], 1.0 if ok else 0.0)
+        traced = GaugeMetricFamily("fabric_nccl_processes_traced", "Processes that map a probed NCCL library.",
+                                   value=status.processes_traced)
+        lost = CounterMetricFamily("fabric_nccl_events_lost", "Uprobe events dropped in the kernel because "
+                                   "the ring buffer was full.", value=status.events_lost)
+        invalid = CounterMetricFamily("fabric_nccl_events_invalid", "Uprobe events that could not be used.",
+                                      labels=["reason"])
+        for reason, count in sorted(status.invalid.items()):
+            invalid.add_metric([reason], count)
+        yield from (available, attached, traced, lost, invalid)

@@ -1,0 +1,413 @@
+"""NCCL through uprobes: discovery, attach/detach per library file, event decoding.
+
+exporter/bpf/nccl.bpf.c emits one `struct nccl_event` per collective entry, collective
+return, communicator init and communicator destroy. This module:
+- decodes those records (decode_event, pure) and applies them to an NcclTracker
+  (EventHandler): comm pointer -> (comm id hash, rank, nranks), entry/return pairing per
+  thread, bytes = count x datatype size;
+- finds libnccl.so* in every process's maps (libtorch_cuda.so where NCCL is linked in
+  statically and still exports ncclAllReduce), attaches once per library *file* (uprobes
+  are per inode, so one attach covers every process mapping it), rescans periodically
+  for new processes, and detaches a library when no process maps it any more.
+Every failure is a metric and a log line; nothing here raises into the exporter.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import discovery
+from .commid import comm_label, fold_words, splitmix64, unique_id_hash
+from .events import OPS, NcclCall
+
+log = logging.getLogger("fabricscope.exporter.nccl")
+
+# struct nccl_event in exporter/bpf/nccl.bpf.c
+EVENT = struct.Struct("<QQQQIIHHiiiiI128s")
+EV_COLL_ENTER, EV_COLL_RETURN, EV_COMM_INIT, EV_COMM_END = 1, 2, 3, 4
+INIT_RANK, INIT_ALL, INIT_SPLIT, INIT_SCALABLE = 1, 2, 3, 4
+
+# ncclDataType_t -> bytes per element (nccl.h): Int8/Char, Uint8, Int32/Int, Uint32,
+# Int64, Uint64, Float16/Half, Float32/Float, Float64/Double, Bfloat16, Float8e4m3, Float8e5m2.
+DATATYPE_BYTES = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2, 10: 1, 11: 1}
+
+# (symbol, BPF program, retprobe). A library gets every one it exports.
+PROBES = [
+    ("ncclAllReduce", "nccl_allreduce_enter", False),
+    ("ncclAllGather", "nccl_allgather_enter", False),
+    ("ncclReduceScatter", "nccl_reducescatter_enter", False),
+    ("ncclBroadcast", "nccl_broadcast_enter", False),
+    ("ncclBcast", "nccl_bcast_enter", False),
+    ("ncclReduce", "nccl_reduce_enter", False),
+    ("ncclAllToAll", "nccl_alltoall_enter", False),
+    ("ncclAlltoAll", "nccl_alltoall_enter", False),
+    ("ncclSend", "nccl_send_enter", False),
+    ("ncclRecv", "nccl_recv_enter", False),
+    ("ncclCommInitRank", "nccl_comm_init_rank_enter", False),
+    ("ncclCommInitRankConfig", "nccl_comm_init_rank_enter", False),
+    ("ncclCommInitRankScalable", "nccl_comm_init_scalable_enter", False),
+    ("ncclCommInitAll", "nccl_comm_init_all_enter", False),
+    ("ncclCommSplit", "nccl_comm_split_enter", False),
+    ("ncclCommDestroy", "nccl_comm_end_enter", False),
+    ("ncclCommAbort", "nccl_comm_end_enter", False),
+]
+_COLLECTIVES = {"ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast", "ncclBcast",
+                "ncclReduce", "ncclAllToAll", "ncclAlltoAll", "ncclSend", "ncclRecv"}
+_INITS = {"ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommInitRankScalable", "ncclCommInitAll",
+          "ncclCommSplit"}
+
+
+@dataclass(frozen=True)
+class NcclEvent:
+    ts_ns: int
+    comm: int
+    count: int
+    aux: int
+    pid: int
+    tid: int
+    kind: int
+    op: int
+    dtype: int
+    peer: int
+    rank: int
+    nranks: int
+    unique_id: bytes
+
+
+def decode_event(raw: bytes) -> NcclEvent:
+    if len(raw) < EVENT.size:
+        raise ValueError(f"event record of {len(raw)} bytes, expected {EVENT.size}")
+    (ts, comm, count, aux, pid, tid, kind, op, dtype, peer, rank, nranks, _pad,
+     unique_id) = EVENT.unpack_from(raw)
+    return NcclEvent(ts, comm, count, aux, pid, tid, kind, op, dtype, peer, rank, nranks, unique_id)
+
+
+@dataclass
+class _CommRef:
+    label: str
+    rank: int
+    nranks: int
+
+
+class EventHandler:
+    """Applies decoded events to the tracker. Single-threaded (the ring-buffer poller)."""
+
+    def __init__(self, tracker, monotonic_to_wall=None) -> None:
+        self.tracker = tracker
+        # bpf_ktime_get_ns is CLOCK_MONOTONIC; wall = monotonic + offset.
+        self._offset = monotonic_to_wall if monotonic_to_wall is not None else time.time() - time.monotonic()
+        self.comms: dict[tuple[int, int], _CommRef] = {}      # (pid, comm pointer) -> comm
+        self.open_calls: dict[tuple[int, int], tuple[str, int]] = {}   # (pid, tid) -> (comm, rank)
+        self.invalid: dict[str, int] = {}
+        self.events = 0
+        self._counts_lock = threading.Lock()     # counters are read from scrape threads
+
+    def resync_clock(self) -> None:
+        self._offset = time.time() - time.monotonic()
+
+    def _wall(self, ts_ns: int) -> float:
+        return ts_ns / 1e9 + self._offset
+
+    def _invalid(self, reason: str) -> None:
+        with self._counts_lock:
+            self.invalid[reason] = self.invalid.get(reason, 0) + 1
+
+    def counts(self) -> tuple[int, dict[str, int]]:
+        with self._counts_lock:
+            return self.events, dict(self.invalid)
+
+    def handle_raw(self, raw: bytes) -> None:
+        try:
+            event = decode_event(raw)
+        except ValueError:
+            self._invalid("short_record")
+            return
+        self.handle(event)
+
+    def handle(self, event: NcclEvent) -> None:
+        self.events += 1
+        if event.kind == EV_COLL_ENTER:
+            self._enter(event)
+        elif event.kind == EV_COLL_RETURN:
+            if self.open_calls.pop((event.pid, event.tid), None) is None:
+                self._invalid("unpaired_return")     # the entry was lost or predates attach
+                return
+            self.tracker.call_returned((event.pid, event.tid), self._wall(event.ts_ns))
+        elif event.kind == EV_COMM_INIT:
+            self._init(event)
+        elif event.kind == EV_COMM_END:
+            ref = self.comms.pop((event.pid, event.comm), None)
+            if ref is not None:
+                self.tracker.drop_inflight(ref.label, ref.rank)
+        else:
+            self._invalid("unknown_kind")
+
+    def _comm(self, pid: int, pointer: int) -> _CommRef:
+        ref = self.comms.get((pid, pointer))
+        if ref is None:
+            # Initialised before we attached: no unique id, rank or size to be had.
+            ref = _CommRef(label="unknown-" + comm_label(fold_words([pid, pointer]))[:8], rank=-1, nranks=0)
+            self.comms[(pid, pointer)] = ref
+        return ref
+
+    def _enter(self, event: NcclEvent) -> None:
+        if not 0 <= event.op < len(OPS):
+            self._invalid("unknown_op")
+            return
+        size = DATATYPE_BYTES.get(event.dtype)
+        if size is None:
+            self._invalid("unknown_datatype")
+            size = 0
+        ref = self._comm(event.pid, event.comm)
+        call = NcclCall(op=OPS[event.op], comm=ref.label, rank=ref.rank, nranks=ref.nranks,
+                        nbytes=event.count * size, start=self._wall(event.ts_ns))
+        self.open_calls[(event.pid, event.tid)] = (ref.label, ref.rank)
+        self.tracker.call_entered(call, token=(event.pid, event.tid))
+
+    def _init(self, event: NcclEvent) -> None:
+        if event.op in (INIT_RANK, INIT_SCALABLE):
+            label = comm_label(unique_id_hash(event.unique_id))
+            rank, nranks = event.rank, event.nranks
+        elif event.op == INIT_ALL:
+            # One process, all devices: NCCL makes its own unique id; the clique is named by
+            # the process and its first communicator.
+            label = comm_label(fold_words([event.pid, event.aux]))
+            rank, nranks = event.rank, event.nranks
+        elif event.op == INIT_SPLIT:
+            parent = self._comm(event.pid, event.aux)
+            label = comm_label(splitmix64(int(parent.label[-16:], 16) ^ splitmix64(event.peer & (2**64 - 1)))
+                               if not parent.label.startswith("unknown-") else fold_words([event.pid, event.comm]))
+            # The new rank and size are decided inside NCCL, not visible in the arguments.
+            rank, nranks = -1, 0
+        else:
+            self._invalid("unknown_init")
+            return
+        self.comms[(event.pid, event.comm)] = _CommRef(label, rank, nranks)
+        if rank >= 0:
+            self.tracker.register_comm(label, rank, nranks)
+
+    def process_exited(self, pid: int) -> None:
+        for key in [k for k in self.open_calls if k[0] == pid]:
+            del self.open_calls[key]
+            self.tracker.forget_token(key)
+        for key in [k for k in self.comms if k[0] == pid]:
+            ref = self.comms.pop(key)
+            self.tracker.drop_inflight(ref.label, ref.rank)
+
+
+@dataclass
+class _Library:
+    ref: discovery.LibraryRef
+    links: list = field(default_factory=list)
+    symbols: list[str] = field(default_factory=list)
+    error: str | None = None
+    pids: set[int] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class UprobeStatus:
+    reason: str                         # ok, or why uprobes are not running
+    libraries: dict[str, bool]          # library path -> attached
+    processes_traced: int
+    events_lost: int                    # dropped in the kernel: ring buffer full
+    invalid: dict[str, int]
+    events: int
+
+
+class UprobeSource:
+    """Background thread: rescan processes, attach/detach, poll the ring buffer."""
+
+    def __init__(self, procfs: Path, sysfs: Path, object_path: Path, rescan_seconds: float = 2.0) -> None:
+        self.procfs = Path(procfs)
+        self.sysfs = Path(sysfs)
+        self.object_path = Path(object_path)
+        self.rescan_seconds = rescan_seconds
+        self.reason = "starting"
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._obj = None
+        self._ring = None
+        self._handler: EventHandler | None = None
+        self._libraries: dict[tuple[int, int], _Library] = {}
+        self._pids: set[int] = set()
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    def attach(self, tracker) -> None:
+        self._handler = EventHandler(tracker)
+        if not self._load():
+            return
+        self._thread = threading.Thread(target=self._run, name="nccl-uprobes", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> bool:
+        if platform.machine() not in ("x86_64", "AMD64"):
+            return self._unavailable("unsupported_arch", f"NCCL uprobes decode x86-64 arguments; this is "
+                                                         f"{platform.machine()}")
+        try:
+            from ..ebpf import reasons
+            from ..ebpf.libbpf import BpfObject, BpfUnavailable
+        except ImportError as exc:
+            return self._unavailable("no_libbpf", str(exc))
+        problem = reasons.preflight(self.sysfs)
+        if problem:
+            return self._unavailable(*problem)
+        try:
+            self._obj = BpfObject.load(self.object_path)
+            self._ring = self._obj.ring_buffer("nccl_events", self._handler.handle_raw)
+        except (BpfUnavailable, KeyError) as exc:
+            if self._obj is not None:
+                self._obj.close()
+                self._obj = None
+            return self._unavailable(getattr(exc, "reason", "bad_object"), str(exc))
+        self.reason = "ok"
+        log.info("NCCL uprobes loaded from %s; scanning %s every %.1fs", self.object_path, self.procfs,
+                 self.rescan_seconds)
+        return True
+
+    def _unavailable(self, reason: str, message: str) -> bool:
+        self.reason = reason
+        log.warning("NCCL uprobes unavailable (%s): %s", reason, message)
+        return False
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with self._lock:
+            for library in self._libraries.values():
+                self._detach(library)
+            self._libraries.clear()
+            if self._obj is not None:
+                self._obj.close()          # also frees the ring buffer
+                self._obj = None
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        next_scan = 0.0
+        while not self._stop.is_set():
+            if time.monotonic() >= next_scan:
+                try:
+                    self.rescan()
+                except Exception:          # a scan bug must not end tracing
+                    log.exception("NCCL process scan failed")
+                self._handler.resync_clock()
+                next_scan = time.monotonic() + self.rescan_seconds
+            rc = self._ring.poll(200)
+            if rc < 0 and rc != -4:        # -EINTR is harmless
+                log.warning("NCCL ring buffer poll failed: %s", os.strerror(-rc))
+                self._stop.wait(0.5)
+
+    def poll_once(self, timeout_ms: int = 100) -> None:
+        """Drain pending events now (tests and benches; the thread does this on its own)."""
+        if self._ring is not None:
+            self._ring.poll(timeout_ms)
+
+    def rescan(self) -> None:
+        found: dict[tuple[int, int], tuple[discovery.LibraryRef, set[int]]] = {}
+        for pid in discovery.process_ids(self.procfs):
+            maps = discovery.read_maps(self.procfs, pid)
+            if maps is None:
+                continue
+            for ref in self._libraries_of(pid, maps):
+                entry = found.setdefault((ref.dev, ref.inode), (ref, set()))
+                entry[1].add(pid)
+        with self._lock:
+            for key, (ref, pids) in found.items():
+                library = self._libraries.get(key)
+                if library is None:
+                    library = self._libraries[key] = _Library(ref=ref)
+                    self._attach(library)
+                library.pids = pids
+            for key in [k for k in self._libraries if k not in found]:
+                library = self._libraries.pop(key)
+                log.info("no process maps %s any more: detaching", library.ref.path)
+                self._detach(library)
+            traced = set().union(*(lib.pids for lib in self._libraries.values())) if self._libraries else set()
+            for pid in self._pids - traced:
+                self._handler.process_exited(pid)
+            self._pids = traced
+
+    def _libraries_of(self, pid: int, maps: str) -> list[discovery.LibraryRef]:
+        nccl, fallback = discovery.nccl_candidates(discovery.mapped_files(maps))
+        refs = [ref for ref in (discovery.resolve(self.procfs, pid, path) for path in nccl) if ref]
+        if refs:
+            return refs
+        for path in fallback:
+            ref = discovery.resolve(self.procfs, pid, path)
+            if ref is None:
+                continue
+            try:
+                if discovery.PROBE_SYMBOL in discovery.exported_functions(ref.host_path):
+                    refs.append(ref)
+            except (OSError, ValueError) as exc:
+                log.debug("cannot read symbols of %s: %s", ref.host_path, exc)
+        return refs
+
+    def _attach(self, library: _Library) -> None:
+        from ..ebpf.libbpf import BpfUnavailable
+
+        try:
+            exported = discovery.exported_functions(library.ref.host_path)
+        except (OSError, ValueError) as exc:
+            library.error = f"cannot read symbols: {exc}"
+            log.warning("NCCL library %s: %s", library.ref.path, library.error)
+            return
+        if discovery.PROBE_SYMBOL not in exported:
+            library.error = f"{discovery.PROBE_SYMBOL} is not exported"
+            log.warning("NCCL library %s: %s", library.ref.path, library.error)
+            return
+        for symbol, program, _ in PROBES:
+            if symbol not in exported:
+                continue
+            try:
+                library.links.append(self._obj.attach_uprobe(program, library.ref.host_path, symbol))
+                if symbol in _COLLECTIVES:
+                    library.links.append(self._obj.attach_uprobe("nccl_coll_return", library.ref.host_path,
+                                                                 symbol, retprobe=True))
+                elif symbol in _INITS:
+                    library.links.append(self._obj.attach_uprobe("nccl_comm_init_return", library.ref.host_path,
+                                                                 symbol, retprobe=True))
+                library.symbols.append(symbol)
+            except (BpfUnavailable, KeyError) as exc:
+                library.error = str(exc)
+                log.warning("NCCL uprobe on %s:%s failed: %s", library.ref.path, symbol, exc)
+        if "ncclAllReduce" not in library.symbols:
+            self._detach(library)
+            library.error = library.error or "ncclAllReduce could not be probed"
+            return
+        log.info("NCCL uprobes attached to %s (%d functions)", library.ref.path, len(library.symbols))
+
+    def _detach(self, library: _Library) -> None:
+        for link in library.links:
+            link.destroy()
+        library.links = []
+        library.symbols = []
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    @property
+    def attached(self) -> bool:
+        return self._obj is not None
+
+    def status(self) -> UprobeStatus:
+        lost = 0
+        with self._lock:
+            if self._obj is not None:
+                try:
+                    value = self._obj.map("nccl_events_lost").lookup(b"\0" * 4)
+                    lost = struct.unpack("<Q", value)[0] if value else 0
+                except Exception as exc:        # reading a counter must not fail the scrape
+                    log.debug("cannot read nccl_events_lost: %s", exc)
+            libraries = {lib.ref.path: bool(lib.links) for lib in self._libraries.values()}
+            events, invalid = self._handler.counts() if self._handler else (0, {})
+            return UprobeStatus(reason=self.reason, libraries=libraries, processes_traced=len(self._pids),
+                                events_lost=lost, invalid=invalid, events=events)

@@ -1,0 +1,12 @@
+"""NVML access for the nvlink collector: a backend interface, the real pynvml backend."""
+from .backend import ERROR_TYPES, GpuInfo, LinkReading, NvmlBackend, NvmlDeviceError, NvmlUnavailable
+
+__all__ = ["ERROR_TYPES", "GpuInfo", "LinkReading", "NvmlBackend", "NvmlDeviceError", "NvmlUnavailable",
+           "open_backend"]
+
+
+def open_backend() -> NvmlBackend:
+    """The host's NVML, or NvmlUnavailable(reason)."""
+    from .real import PynvmlBackend
+
+    return PynvmlBackend()
