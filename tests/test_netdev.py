@@ -3,16 +3,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from exporter.collectors.netdev import NetdevCollector
+from exporter.collectors.netdev import DEFAULT_ETHTOOL_INCLUDE, NetdevCollector
 from exporter.context import Context
 from exporter.framework import ScrapeCollector, build_collectors, load_collector_modules
-from exporter.parsers.netdev import list_interfaces, parse_default_route_interfaces, read_net_device
+from exporter.parsers.netdev import (list_interfaces, parse_default_route_interfaces, read_ethtool_statistics,
+                                     read_net_device)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "node"
 
@@ -158,3 +160,42 @@ def test_real_sysfs_loopback():
     assert "rx_bytes" in device.statistics
     registry = scrape(Context(node=""))
     assert value(registry, "fabric_netdev_mtu_bytes", interface="lo") == device.mtu
+
+
+def test_ethtool_counters_only_for_the_real_sysfs():
+    # A fixture root describes another machine: no ioctls on this one's interfaces.
+    registry = scrape(fixture_ctx(config={"netdev": {"ethtool_include": "."}}))
+    assert not [s for f in registry.collect() for s in f.samples if s.name.startswith("fabric_netdev_ethtool")]
+    assert NetdevCollector(fixture_ctx()).ethtool_include is None
+
+
+def _physical_interface_with_ethtool_stats() -> tuple[str, str] | None:
+    for name in (list_interfaces(Path("/sys")) or []) if os.path.isdir("/sys/class/net") else []:
+        if read_net_device(Path("/sys"), name).driver is None:
+            continue
+        counters = read_ethtool_statistics(name)
+        if isinstance(counters, list) and counters:
+            return name, counters[0][0]
+    return None
+
+
+def test_ethtool_counters_on_this_host():
+    found = _physical_interface_with_ethtool_stats()
+    if found is None:
+        pytest.skip("no physical interface with ethtool statistics on this host")
+    interface, counter = found
+    registry = scrape(Context(node="", config={"netdev": {"ethtool_include": f"^{counter}$"}}))
+    assert registry.get_sample_value("fabric_netdev_ethtool_counter_total",
+                                     {"interface": interface, "counter": counter}) >= 0
+    # The default allow-list keeps a virtio or e1000 NIC's per-queue counters out.
+    registry = scrape(Context(node=""))
+    exported = {s.labels["counter"] for f in registry.collect() for s in f.samples
+                if s.name == "fabric_netdev_ethtool_counter_total"}
+    assert all(re.match(DEFAULT_ETHTOOL_INCLUDE, name) for name in exported)
+
+
+def test_ethtool_on_missing_and_virtual_interfaces():
+    assert read_ethtool_statistics("fsnosuchif0").reason == "ethtool_failed"
+    assert read_ethtool_statistics("a-name-longer-than-ifnamsiz").reason == "ethtool_failed"
+    if os.path.isdir("/sys/class/net/lo"):
+        assert read_ethtool_statistics("lo") is None   # loopback has no driver statistics

@@ -7,13 +7,15 @@ interfaces and the other files of the same interface are still exported.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..framework import Collector, register
 from ..parsers.files import ReadProblem, read_text
-from ..parsers.netdev import NetDevice, list_interfaces, parse_default_route_interfaces, read_net_device
+from ..parsers.netdev import (NetDevice, list_interfaces, parse_default_route_interfaces, read_ethtool_statistics,
+                              read_net_device)
 
 # Container hosts create one veth per pod; their counters are the CNI's business and
 # would multiply the series count by the pod count. Everything else is kept.
@@ -21,6 +23,16 @@ DEFAULT_EXCLUDE = r"^veth"
 DEFAULT_INCLUDE = r""
 
 MEGABIT_BYTES = 1_000_000 / 8
+
+# Driver counters (ethtool -S) that sysfs statistics/ lacks and a RoCE operator needs:
+# mlx5 buffer/PFC drops and pauses, physical-layer errors, transceiver module events.
+# An allow-list, because an mlx5 port has several hundred, most of them per queue.
+DEFAULT_ETHTOOL_INCLUDE = (
+    r"^(rx_out_of_buffer|rx_discards_phy|tx_discards_phy|rx_pause_ctrl_phy|tx_pause_ctrl_phy"
+    r"|rx_prio[0-7]_(pause|discards)|tx_prio[0-7]_pause|rx_buffer_passed_thres_phy"
+    r"|rx_crc_errors_phy|rx_symbol_err_phy|rx_pcs_symbol_err_phy|rx_corrected_bits_phy|link_down_events_phy"
+    r"|module_(unplug|bus_stuck|high_temp|bad_shorted))$"
+)
 
 
 def _compile(flag: str, pattern: str | None) -> re.Pattern | None:
@@ -43,6 +55,10 @@ class NetdevCollector(Collector):
                             help="regex: only interfaces whose name matches (default: all)")
         parser.add_argument("--collector.netdev.device-exclude", dest="netdev_device_exclude", default=None,
                             help=f"regex: skip interfaces whose name matches (default {DEFAULT_EXCLUDE!r}; '' keeps all)")
+        parser.add_argument("--collector.netdev.ethtool-include", dest="netdev_ethtool_include", default=None,
+                            help="regex: driver counters (ethtool -S) to export for physical interfaces, read only "
+                                 "when --path.sysfs is the host's /sys (default: RoCE drop/pause/PHY/module "
+                                 "counters; '' disables)")
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
@@ -53,6 +69,12 @@ class NetdevCollector(Collector):
         exclude = section.get("device_exclude", DEFAULT_EXCLUDE) if exclude is None else exclude
         self.include = _compile("device-include", include)
         self.exclude = _compile("device-exclude", exclude)
+        ethtool = getattr(ctx.args, "netdev_ethtool_include", None)
+        ethtool = section.get("ethtool_include", DEFAULT_ETHTOOL_INCLUDE) if ethtool is None else ethtool
+        # An injected sysfs root describes another machine (a fixture, the demo, a host
+        # mount in a container): ioctls on this namespace's interfaces would not match it.
+        real_sysfs = Path(ctx.sysfs).resolve() == Path("/sys")
+        self.ethtool_include = _compile("ethtool-include", ethtool) if real_sysfs else None
 
     def wanted(self, interface: str) -> bool:
         if self.include is not None and not self.include.search(interface):
@@ -66,6 +88,30 @@ class NetdevCollector(Collector):
             raise OSError(str(names))
         devices = [read_net_device(self.ctx.sysfs, name) for name in names if self.wanted(name)]
         yield from expose(devices, self._default_route_interfaces())
+        if self.ethtool_include is not None:
+            yield from self._ethtool(devices)
+
+    def _ethtool(self, devices: list[NetDevice]) -> list[Metric]:
+        family = CounterMetricFamily("fabric_netdev_ethtool_counter",
+                                     "Driver counter from ethtool -S (allow-listed by --collector.netdev.ethtool-include).",
+                                     labels=["interface", "counter"])
+        failed = GaugeMetricFamily("fabric_netdev_ethtool_read_errors",
+                                   "1 if the ethtool statistics ioctl failed for the interface on this scrape.",
+                                   labels=["interface"])
+        for device in devices:
+            if device.driver is None:   # virtual interfaces: nothing beyond statistics/
+                continue
+            counters = read_ethtool_statistics(device.name)
+            if isinstance(counters, ReadProblem):
+                failed.add_metric([device.name], 1)
+                continue
+            seen = set()
+            for name, value in counters or ():
+                # Some drivers repeat a name; the first is the one ethtool -S shows first.
+                if name not in seen and self.ethtool_include.search(name):
+                    seen.add(name)
+                    family.add_metric([device.name, name], value)
+        return [family, failed]
 
     def _default_route_interfaces(self) -> set[str] | None:
         text = read_text(self.ctx.procfs / "net" / "route")

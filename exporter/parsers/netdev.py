@@ -35,6 +35,8 @@ _STAT_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 # virtual interfaces and links that are down answer EINVAL for speed.
 _NO_VALUE = {"absent", "unsupported"}
 
+IFNAMSIZ = 16   # interface names are at most 15 bytes plus NUL
+
 
 @dataclass
 class NetDevice:
@@ -148,3 +150,30 @@ def parse_default_route_interfaces(text: str) -> set[str]:
             found.add(columns[iface_col])
     return found
 
+
+
+def read_ethtool_statistics(interface: str) -> list[tuple[str, int]] | ReadProblem | None:
+    """The driver's `ethtool -S` counters for an interface of this network namespace.
+
+    None when the driver has none (virtual interfaces); a ReadProblem when the ioctl
+    failed. Only meaningful on the host's real /sys: the ioctl addresses the interface by
+    name in the exporter's own namespace, not in an injected sysfs root.
+    """
+    try:
+        from pyroute2.ethtool.ioctl import IoctlEthtool, NotSupportedError
+    except ImportError:
+        return None
+    if not 0 < len(interface.encode()) < IFNAMSIZ:   # no such interface can exist; pyroute2 would raise
+        return ReadProblem(Path(interface), "ethtool_failed")
+    try:
+        ethtool = IoctlEthtool(interface)
+    except OSError:
+        return ReadProblem(Path(interface), "ethtool_failed")
+    try:
+        return [(str(name), int(value)) for name, value in ethtool.get_statistics()]
+    except NotSupportedError:
+        return None
+    except (OSError, AssertionError):   # pyroute2 asserts the kernel returned as many values as names
+        return ReadProblem(Path(interface), "ethtool_failed")
+    finally:
+        ethtool.close()
