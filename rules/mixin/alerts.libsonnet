@@ -1,0 +1,397 @@
+// Alerting rules. Every alert: CamelCase with the `Fabric` prefix, a `severity` label
+// (critical pages, warning tickets, info routes nowhere), a one-sentence summary, a
+// templated description and a runbook_url (docs/runbooks/<AlertName>.md).
+local util = import 'util.libsonnet';
+
+{
+  local cfg = $._config,
+  local th = cfg.thresholds,
+  local w = cfg.windows,
+  local forOf = cfg['for'],
+  local sev = cfg.severities,
+  local by = function(labels) util.by(cfg, labels),
+  local num = util.num,
+  local host = by([cfg.nodeLabel]),
+
+  local alert(name, severity, expr, forDuration, summary, description, keepFiringFor=null) = {
+    alert: name,
+    expr: expr,
+    'for': forDuration,
+    labels: { severity: severity },
+    annotations: {
+      summary: summary,
+      description: description,
+      runbook_url: cfg.runbookUrlBase + name + '.md',
+    },
+  } + (if keepFiringFor == null then {} else { keep_firing_for: keepFiringFor }),
+
+  // ---- TCP microbursts (seed §14.2) --------------------------------------------------
+  local microburst(multiplier, severity) = alert(
+    'FabricTcpMicroburst',
+    severity,
+    |||
+      (
+        node:fabric_tcp_rtt_seconds:p99_1m
+        / on (%(host)s)
+        (node:fabric_tcp_rtt_seconds_p99:avg5m > 0)
+      ) > %(m)s
+      and on (%(host)s)
+      node:fabric_tcp_rtt_seconds:p99_1m > %(floor)s
+    ||| % { host: host, m: num(multiplier), floor: num(th.microburstMinP99Seconds) },
+    forOf.microburst,
+    'TCP round-trip latency on a GPU node jumped far above its recent baseline.',
+    'p99 TCP RTT on {{ $labels.node }} is {{ printf "%.2f" $value }}x its average over the previous '
+    + w.tcpBaseline + ' (alert at ' + num(multiplier) + 'x; p99 above '
+    + num(th.microburstMinP99Seconds) + 's).',
+    keepFiringFor=cfg.keepFiringFor.microburst,
+  ),
+
+  // ---- InfiniBand (seed 003) ---------------------------------------------------------
+  // A port that is not ACTIVE now but was ACTIVE within the look-back. The state label
+  // changes with the value, so match the two sides ignoring it.
+  local ibPortDownExpr = |||
+    fabric_infiniband_port_state != 4
+    and ignoring (state)
+    max_over_time(fabric_infiniband_port_state{state="ACTIVE"}[%s])
+  ||| % w.ibWasActive,
+
+  local ncclRank = '{{ $labels.rank }}',
+
+  prometheusAlerts+:: {
+    groups+: [
+      {
+        name: 'fabric-tcp.alerts',
+        interval: cfg.intervals.tcp,
+        rules: [
+          microburst(th.microburstMultiplier, sev.microburst),
+          microburst(th.microburstCriticalMultiplier, sev.microburstCritical),
+        ],
+      },
+      {
+        name: 'fabric-nccl.alerts',
+        interval: cfg.intervals.nccl,
+        rules: [
+          alert(
+            'FabricNcclHang',
+            sev.ncclHang,
+            |||
+              fabric_nccl_inflight_elapsed_seconds
+              > %(m)s * (fabric_nccl_completed_average_seconds > 0)
+              and
+              fabric_nccl_inflight_elapsed_seconds > %(floor)s
+            ||| % { m: num(th.ncclHangMultiplier), floor: num(th.ncclHangMinElapsedSeconds) },
+            forOf.ncclHang,
+            'An NCCL collective has been in flight far longer than its recent average.',
+            '{{ $labels.op }} on comm {{ $labels.comm }} rank ' + ncclRank
+            + ' ({{ $labels.node }}) has been in flight for {{ $value | humanizeDuration }}, more than '
+            + num(th.ncclHangMultiplier) + 'x the average of its last 20 completed operations.',
+          ),
+        ] + [
+          alert(
+            'FabricNcclRankStalled',
+            tier.severity,
+            |||
+              (time() - comm_rank:fabric_nccl_last_call_timestamp_seconds:max) > %(stalled)s
+              and on (%(comm)s)
+              (time() - comm:fabric_nccl_last_call_timestamp_seconds:max) < %(peers)s
+            ||| % { stalled: num(tier.seconds), comm: by(['comm']), peers: num(th.ncclPeersActiveSeconds) },
+            forOf.ncclRankStalled,
+            'An NCCL rank stopped issuing collectives while the other ranks of its communicator continue.',
+            'Rank ' + ncclRank + ' of comm {{ $labels.comm }} on {{ $labels.node }} has issued no NCCL call for '
+            + '{{ $value | humanizeDuration }} (alert at ' + num(tier.seconds)
+            + 's) while other ranks of the communicator called within the last '
+            + num(th.ncclPeersActiveSeconds) + 's.',
+          )
+          for tier in [
+            { severity: sev.ncclRankStalled, seconds: th.ncclRankStalledSeconds },
+            { severity: sev.ncclRankStalledCritical, seconds: th.ncclRankStalledCriticalSeconds },
+          ]
+        ] + [
+          alert(
+            'FabricNcclStragglerRank',
+            sev.straggler,
+            // The value is the signed deviation; the filters work on its magnitude
+            // because the straggler can be the one *fast* rank (its peers wait for it).
+            |||
+              comm_rank:fabric_nccl_operation_duration_seconds:deviation
+              and
+              abs(comm_rank:fabric_nccl_operation_duration_seconds:deviation)
+                > on (%(comm)s) group_left ()
+              (%(k)s * comm:fabric_nccl_operation_duration_seconds:mad)
+              and
+              abs(comm_rank:fabric_nccl_operation_duration_seconds:deviation)
+                > on (%(comm)s) group_left ()
+              (%(rel)s * comm:fabric_nccl_operation_duration_seconds:median)
+              and
+              abs(comm_rank:fabric_nccl_operation_duration_seconds:deviation) > %(abs)s
+              and on (%(comm)s)
+              (comm:fabric_nccl_operation_duration_seconds:ranks >= %(ranks)s)
+            ||| % {
+              comm: by(['comm', 'op']),
+              k: num(th.stragglerMadMultiplier),
+              rel: num(th.stragglerMinRelativeDeviation),
+              abs: num(th.stragglerMinDeviationSeconds),
+              ranks: num(th.stragglerMinRanks),
+            },
+            forOf.straggler,
+            'One NCCL rank deviates from the median of its communicator by many median absolute deviations.',
+            'Rank ' + ncclRank + ' ({{ $labels.node }}) of comm {{ $labels.comm }}: mean {{ $labels.op }} duration '
+            + 'is {{ $value | humanizeDuration }} off the communicator median over ' + w.ncclRate + ' ('
+            + '{{ if gt $value 0.0 }}longer than its peers: the rank is slow inside the collective, look at its links and GPU'
+            + '{{ else }}shorter than its peers: it arrives last, so the others wait for it; look at what delays this rank before the call{{ end }}).',
+          ),
+        ],
+      },
+      {
+        name: 'fabric-infiniband.alerts',
+        interval: cfg.intervals.infiniband,
+        rules: [
+          alert(
+            'FabricInfinibandPortDown',
+            sev.ibPortDown,
+            ibPortDownExpr,
+            forOf.ibPortDown,
+            'An InfiniBand/RoCE port that was active is no longer active.',
+            'Port {{ $labels.device }}:{{ $labels.port }} on {{ $labels.node }} is {{ $labels.state }} '
+            + '(state code {{ $value }}); it was ACTIVE within the last ' + w.ibWasActive + '.',
+          ),
+          alert(
+            'FabricInfinibandDeviceMissing',
+            sev.ibDeviceMissing,
+            'fabric_infiniband_device_missing == 1',
+            forOf.ibDeviceMissing,
+            'An InfiniBand/RoCE device the node had disappeared.',
+            'Device {{ $labels.device }} on {{ $labels.node }} was present before and is gone from /sys/class/infiniband.',
+          ),
+          alert(
+            'FabricInfinibandPortFatal',
+            sev.ibPortFatal,
+            // FabricInfinibandPortDown already pages for a port that went down; this
+            // one covers the rest (phys Disabled, down since boot, fatal counters).
+            |||
+              fabric_infiniband_port_fatal == 1
+              unless ignoring (state)
+              (
+                %s
+              )
+            ||| % std.strReplace(std.rstripChars(ibPortDownExpr, '\n'), '\n', '\n  '),
+            forOf.ibPortFatal,
+            'The exporter reports an InfiniBand/RoCE port in a fatal condition.',
+            'Port {{ $labels.device }}:{{ $labels.port }} on {{ $labels.node }} is fatal '
+            + '(state DOWN, phys_state Disabled or a fatal counter breach).',
+          ),
+          alert(
+            'FabricInfinibandFatalCounterBreach',
+            sev.ibFatalCounter,
+            'fabric_infiniband_port_counter_breached{severity="fatal"} == 1',
+            forOf.ibFatalCounter,
+            'An InfiniBand/RoCE port counter crossed a fatal threshold.',
+            'Counter {{ $labels.counter }} on {{ $labels.device }}:{{ $labels.port }} ({{ $labels.node }}) breached its fatal threshold.',
+          ),
+          alert(
+            'FabricInfinibandDegraded',
+            sev.ibDegraded,
+            'fabric_infiniband_port_counter_breached{severity="non_fatal"} == 1',
+            forOf.ibDegraded,
+            'An InfiniBand/RoCE port counter crossed a degradation threshold.',
+            'Counter {{ $labels.counter }} on {{ $labels.device }}:{{ $labels.port }} ({{ $labels.node }}) breached its non-fatal threshold; the link still works but is degrading.',
+          ),
+          alert(
+            'FabricInfinibandPreFailureBER',
+            sev.ibBer,
+            'increase(fabric_infiniband_port_counter_total{counter="symbol_error"}[%s]) > %s'
+            % [w.ibBer, num(th.ibSymbolErrorsPerHour)],
+            forOf.ibBer,
+            'Symbol errors on an InfiniBand port exceed the IBTA 10^-12 bit-error-rate boundary.',
+            '{{ $labels.device }}:{{ $labels.port }} on {{ $labels.node }} counted {{ $value | printf "%.0f" }} symbol errors in the last '
+            + w.ibBer + ' (boundary ' + num(th.ibSymbolErrorsPerHour) + '): the link is likely to fail once FEC is exhausted.',
+          ),
+          alert(
+            'FabricInfinibandLinkFlap',
+            sev.ibFlap,
+            |||
+              max by (%(port)s) (
+                increase(fabric_infiniband_port_down_transitions_total[%(w)s])
+                or
+                increase(fabric_infiniband_port_counter_total{counter="link_downed"}[%(w)s])
+              ) >= %(n)s
+            ||| % { port: by([cfg.nodeLabel, 'device', 'port']), w: w.ibFlap, n: num(th.ibFlapDownTransitions) },
+            forOf.ibFlap,
+            'An InfiniBand/RoCE link keeps going down and coming back.',
+            '{{ $labels.device }}:{{ $labels.port }} on {{ $labels.node }} went down {{ $value | printf "%.0f" }} times in the last '
+            + w.ibFlap + ' (alert at ' + num(th.ibFlapDownTransitions) + ').',
+          ),
+          alert(
+            'FabricInfinibandRepeatedDegradation',
+            sev.ibRepeatedDegradation,
+            'increase(fabric_infiniband_port_health_events_total{severity="non_fatal"}[%s]) >= %s'
+            % [w.ibRepeatedDegradation, num(th.ibRepeatedNonFatalEvents)],
+            forOf.ibRepeatedDegradation,
+            'An InfiniBand/RoCE port keeps reporting non-fatal degradation.',
+            '{{ $labels.device }}:{{ $labels.port }} on {{ $labels.node }} raised {{ $value | printf "%.0f" }} non-fatal health events in the last '
+            + w.ibRepeatedDegradation + ' (escalated at ' + num(th.ibRepeatedNonFatalEvents) + ').',
+          ),
+          alert(
+            'FabricInfinibandPortAnomaly',
+            sev.ibAnomaly,
+            'fabric_infiniband_port_anomaly == 1',
+            forOf.ibAnomaly,
+            'An InfiniBand/RoCE port looks miswired or unlike its siblings.',
+            'Port {{ $labels.device }}:{{ $labels.port }} on {{ $labels.node }} fails the {{ $labels.check }} check.',
+          ),
+        ],
+      },
+      {
+        name: 'fabric-nvlink.alerts',
+        interval: cfg.intervals.nvlink,
+        rules: [
+          alert(
+            'FabricNvlinkLinkDown',
+            sev.nvlinkDown,
+            'fabric_nvlink_state == 0 and max_over_time(fabric_nvlink_state[%s]) == 1' % w.ibWasActive,
+            forOf.nvlinkDown,
+            'An NVLink link that was active is inactive.',
+            'NVLink {{ $labels.link }} of GPU {{ $labels.gpu }} on {{ $labels.node }} is inactive; it was active within the last '
+            + w.ibWasActive + '.',
+          ),
+          alert(
+            'FabricNvlinkErrors',
+            sev.nvlinkErrors,
+            std.join('\nor\n', [
+              'rate(fabric_nvlink_errors_total{type="%s"}[%s]) > %s'
+              % [type, w.nvlinkErrorRate, num(th.nvlinkErrorRates[type])]
+              for type in std.objectFields(th.nvlinkErrorRates)
+            ]) + '\n',
+            forOf.nvlinkErrors,
+            'An NVLink link is counting errors faster than its threshold.',
+            'NVLink {{ $labels.link }} of GPU {{ $labels.gpu }} on {{ $labels.node }} counts {{ $value | printf "%.3g" }} {{ $labels.type }} errors per second.',
+          ),
+          alert(
+            'FabricNvlinkThroughputCollapse',
+            sev.nvlinkCollapse,
+            |||
+              gpu_link:fabric_nvlink_bytes:rate5m
+              < %(f)s * (gpu_link:fabric_nvlink_bytes:rate30m_before > %(busy)s)
+              and on (%(gpu)s)
+              (gpu:fabric_nvlink_bytes:rate5m > %(gpuBusy)s)
+            ||| % {
+              f: num(th.nvlinkCollapseFraction),
+              busy: num(th.nvlinkBusyBytesPerSecond),
+              gpu: by([cfg.nodeLabel, 'gpu']),
+              gpuBusy: num(th.nvlinkGpuStillBusyBytesPerSecond),
+            },
+            forOf.nvlinkCollapse,
+            'Traffic on a busy NVLink link collapsed while the other links of its GPU stay busy.',
+            'NVLink {{ $labels.link }} of GPU {{ $labels.gpu }} on {{ $labels.node }} carries {{ $value | humanize }}B/s, under '
+            + num(th.nvlinkCollapseFraction * 100) + '% of its average over the ' + w.nvlinkBaseline + ' before.',
+          ),
+        ],
+      },
+      {
+        name: 'fabric-kernel.alerts',
+        interval: cfg.intervals.kernel,
+        rules: [
+          alert(
+            rule.name,
+            rule.severity,
+            // A counter born with its first event has no increase; the second clause
+            // catches a series that did not exist one window ago.
+            |||
+              increase(%(m)s{severity="%(s)s"}[%(w)s]) > 0
+              or
+              (%(m)s{severity="%(s)s"} > 0 unless %(m)s{severity="%(s)s"} offset %(w)s)
+            ||| % { m: rule.metric, s: rule.seriesSeverity, w: rule.window },
+            forOf.kernelLog,
+            rule.summary,
+            rule.description,
+          )
+          for rule in [
+            {
+              name: 'FabricKernelLogFatal',
+              severity: sev.kernelLogFatal,
+              metric: 'fabric_kernel_log_events_total',
+              seriesSeverity: 'fatal',
+              window: w.kernelLogFatal,
+              summary: 'The kernel logged a deterministic NIC/driver failure.',
+              description: '{{ $labels.source }} on {{ $labels.node }} logged "{{ $labels.pattern }}" in the last ' + w.kernelLogFatal + ': a fatal hardware or driver condition.',
+            },
+            {
+              name: 'FabricKernelLogNonFatal',
+              severity: sev.kernelLogNonFatal,
+              metric: 'fabric_kernel_log_events_total',
+              seriesSeverity: 'non_fatal',
+              window: w.kernelLogNonFatal,
+              summary: 'The kernel logged a NIC/driver warning.',
+              description: '{{ $labels.source }} on {{ $labels.node }} logged "{{ $labels.pattern }}" in the last ' + w.kernelLogNonFatal + '.',
+            },
+            {
+              name: 'FabricGpuXidFatal',
+              severity: sev.xidFatal,
+              metric: 'fabric_kernel_log_xid_events_total',
+              seriesSeverity: 'fatal',
+              window: w.kernelLogFatal,
+              summary: 'The NVIDIA driver reported a critical Xid error.',
+              description: 'Xid {{ $labels.xid }} on {{ $labels.node }} in the last ' + w.kernelLogFatal + ': the GPU needs attention before it takes work again.',
+            },
+            {
+              name: 'FabricGpuXidNonFatal',
+              severity: sev.xidNonFatal,
+              metric: 'fabric_kernel_log_xid_events_total',
+              seriesSeverity: 'non_fatal',
+              window: w.kernelLogNonFatal,
+              summary: 'The NVIDIA driver reported a non-critical Xid error.',
+              description: 'Xid {{ $labels.xid }} on {{ $labels.node }} in the last ' + w.kernelLogNonFatal + '.',
+            },
+          ]
+        ],
+      },
+      {
+        name: 'fabric-pipeline.alerts',
+        interval: cfg.intervals.pipeline,
+        rules: [
+          alert(
+            'FabricExporterDown',
+            sev.exporterDown,
+            '%s == 0' % util.selector('up', cfg.selectors.exporter),
+            forOf.exporterDown,
+            'Prometheus cannot scrape the fabricscope exporter of a node.',
+            'The exporter target {{ $labels.instance }} ({{ $labels.node }}) has been down for ' + forOf.exporterDown
+            + ': fabric faults on that node go unseen.',
+          ),
+          alert(
+            'FabricCollectorFailing',
+            sev.collectorFailing,
+            'fabric_scrape_collector_success == 0',
+            forOf.collectorFailing,
+            'A fabricscope collector fails on every scrape.',
+            'Collector {{ $labels.collector }} on {{ $labels.node }} has failed for ' + forOf.collectorFailing
+            + '; its metrics are missing.',
+          ),
+          alert(
+            'FabricEbpfUnavailable',
+            sev.ebpfUnavailable,
+            |||
+              fabric_ebpf_available == 0
+              and ignoring (reason)
+              (max_over_time(fabric_ebpf_available[%s]) == 1)
+            ||| % w.ebpfWasAvailable,
+            forOf.ebpfUnavailable,
+            'eBPF telemetry stopped on a node where it was working.',
+            'eBPF on {{ $labels.node }} is unavailable ({{ $labels.reason }}) after working within the last '
+            + w.ebpfWasAvailable + ': TCP RTT, scheduler and NCCL uprobe metrics are missing.',
+          ),
+          alert(
+            'FabricRuleGroupIterationsMissed',
+            sev.ruleGroupMissed,
+            'increase(%s[%s]) > 0'
+            % [util.selector('prometheus_rule_group_iterations_missed_total', cfg.selectors.prometheus), w.ruleGroupMissed],
+            forOf.ruleGroupMissed,
+            'Prometheus skipped rule-group evaluations because they took longer than their interval.',
+            'Rule group {{ $labels.rule_group }} on {{ $labels.instance }} missed {{ $value | printf "%.0f" }} evaluations in the last '
+            + w.ruleGroupMissed + '; detection there is running late.',
+          ),
+        ],
+      },
+    ],
+  },
+}

@@ -1,0 +1,158 @@
+// Everything an operator (or a test harness) may want to change lives here: selectors,
+// thresholds, windows, for-durations, evaluation intervals, severities and the runbook
+// base URL. recording.libsonnet and alerts.libsonnet only read `$._config`.
+//
+// Override any leaf without editing this file:
+//   jsonnet -S -m out --tla-code overrides='{"for": {"ncclHang": "10s"}}' rules/render.jsonnet
+// (render.jsonnet deep-merges `overrides` and refuses keys that do not exist here).
+{
+  _config+:: {
+    // Labels that identify where a series comes from. `cluster` is a target label or
+    // an external label; aggregations keep it so one Prometheus can watch many clusters.
+    clusterLabel: 'cluster',
+    nodeLabel: 'node',
+
+    // Selectors (PromQL label matchers without braces).
+    selectors: {
+      // The fabricscope exporter's scrape job, for `up` and the self-metrics.
+      exporter: 'job="fabricscope"',
+      // Prometheus' own metrics (rule-group health); empty matches any job.
+      prometheus: '',
+    },
+
+    runbookUrlBase: 'https://github.com/fabricscope/fabricscope/blob/main/docs/runbooks/',
+
+    // Rule-group evaluation intervals. Short where the signal is short-lived
+    // (microbursts, hangs), a minute elsewhere.
+    intervals: {
+      tcp: '30s',
+      nccl: '30s',
+      infiniband: '1m',
+      nvlink: '1m',
+      kernel: '1m',
+      pipeline: '1m',
+    },
+
+    // Range windows used inside expressions.
+    windows: {
+      tcpRate: '1m',  // p99 RTT is computed over this rate window
+      tcpBaseline: '5m',  // rolling average of the p99 (seed §14.2: 5 minutes)
+      ncclRate: '5m',  // per-rank mean duration window for straggler detection
+      ibBer: '1h',  // IBTA BER boundary is expressed per hour
+      ibFlap: '10m',  // "link_downed 3+ times in 10 minutes"
+      ibRepeatedDegradation: '1h',
+      ibWasActive: '6h',  // a port/link counts as "was up" if seen up within this
+      nvlinkErrorRate: '5m',
+      nvlinkRate: '5m',
+      nvlinkBaseline: '30m',
+      kernelLogFatal: '30m',  // how long a fatal log line keeps its alert raised
+      kernelLogNonFatal: '30m',
+      ebpfWasAvailable: '1h',
+      ruleGroupMissed: '10m',
+    },
+
+    thresholds: {
+      // Seed §14.2 EBPF_MICROBURST_MULTIPLIER: p99 > 3.0 × rolling 5-minute average.
+      microburstMultiplier: 3.0,
+      microburstCriticalMultiplier: 6.0,
+      // Below this p99 (seconds) a multiple of a tiny baseline is noise, not a burst.
+      microburstMinP99Seconds: 0.001,
+      // Seed §14.3: hanging when elapsed > 3 × rolling average of the last 20 completed ops.
+      ncclHangMultiplier: 3.0,
+      // An op in flight for less than this is never called a hang, however small the
+      // average (a scrape that lands mid-operation sees a few milliseconds).
+      ncclHangMinElapsedSeconds: 10,
+      // A rank that issued nothing for this long while its peers did.
+      ncclRankStalledSeconds: 120,
+      ncclRankStalledCriticalSeconds: 600,
+      // "Its peers continue": the comm's newest call is at most this old.
+      ncclPeersActiveSeconds: 60,
+      // Straggler: |x - median| > k × MAD (raw MAD, not scaled by 1.4826)...
+      stragglerMadMultiplier: 5,
+      // ...and more than this fraction of the median (MAD ≈ 0 when ranks agree)...
+      stragglerMinRelativeDeviation: 0.05,
+      // ...and more than this many seconds.
+      stragglerMinDeviationSeconds: 0.001,
+      // Fewer ranks than this and a median is not a cohort.
+      stragglerMinRanks: 3,
+      // IBTA 10^-12 BER boundary: 120 symbol errors per hour.
+      ibSymbolErrorsPerHour: 120,
+      ibFlapDownTransitions: 3,
+      ibRepeatedNonFatalEvents: 3,
+      // NVLink error counter rates (per second) by error type.
+      nvlinkErrorRates: {
+        crc_flit: 1,
+        crc_data: 0.1,
+        replay: 1,
+        recovery: 0.01,
+      },
+      // Collapse: now below this fraction of the 30-minute average...
+      nvlinkCollapseFraction: 0.1,
+      // ...when that average was above this (bytes/s, tx+rx): the link was busy...
+      nvlinkBusyBytesPerSecond: 1e9,
+      // ...and the GPU's other links still carry at least this much (bytes/s), so the
+      // end of a job (every link goes quiet together) is not a collapse.
+      nvlinkGpuStillBusyBytesPerSecond: 1e9,
+    },
+
+    'for': {
+      microburst: '0s',
+      ncclHang: '1m',
+      ncclRankStalled: '1m',
+      straggler: '10m',
+      ibPortDown: '1m',
+      ibDeviceMissing: '1m',
+      ibPortFatal: '1m',
+      ibFatalCounter: '1m',
+      ibDegraded: '5m',
+      ibBer: '15m',
+      ibFlap: '0s',
+      ibRepeatedDegradation: '0s',
+      ibAnomaly: '15m',
+      nvlinkDown: '1m',
+      nvlinkErrors: '10m',
+      nvlinkCollapse: '10m',
+      kernelLog: '0s',
+      exporterDown: '5m',
+      collectorFailing: '5m',
+      ebpfUnavailable: '5m',
+      ruleGroupMissed: '0s',
+    },
+
+    // Event-like conditions clear on their own within a minute; keep them raised long
+    // enough for Alertmanager to notify (its group_wait is up to a minute).
+    keepFiringFor: {
+      microburst: '5m',
+    },
+
+    severities: {
+      microburst: 'warning',
+      microburstCritical: 'critical',
+      ncclHang: 'critical',
+      ncclRankStalled: 'warning',
+      ncclRankStalledCritical: 'critical',
+      straggler: 'warning',
+      ibPortDown: 'critical',
+      ibDeviceMissing: 'critical',
+      ibPortFatal: 'critical',
+      ibFatalCounter: 'critical',
+      ibDegraded: 'warning',
+      ibBer: 'warning',
+      ibFlap: 'critical',
+      // Seed 003: repeated non-fatal events are escalated to fatal by the analyzer.
+      ibRepeatedDegradation: 'critical',
+      ibAnomaly: 'warning',
+      nvlinkDown: 'critical',
+      nvlinkErrors: 'warning',
+      nvlinkCollapse: 'warning',
+      kernelLogFatal: 'critical',
+      kernelLogNonFatal: 'warning',
+      xidFatal: 'critical',
+      xidNonFatal: 'warning',
+      exporterDown: 'critical',
+      collectorFailing: 'warning',
+      ebpfUnavailable: 'warning',
+      ruleGroupMissed: 'warning',
+    },
+  },
+}

@@ -1,0 +1,32 @@
+// The fabricscope monitoring mixin: config + recording rules + alerts.
+//   prometheusRules   recording rule groups
+//   prometheusAlerts  alerting rule groups
+//   withOverrides(o)  the same mixin with `o` deep-merged into _config
+(import 'config.libsonnet')
++ (import 'recording.libsonnet')
++ (import 'alerts.libsonnet')
++ {
+  local mixin = self,
+
+  // Refuse override keys the config does not have and values of another type, so a
+  // typo in a test harness fails loudly instead of silently rendering production
+  // settings. Returns true or raises.
+  local check(base, overrides, path) =
+    if std.type(overrides) != 'object' then
+      error 'config override at %s must be an object, got %s' % [if path == '' then '(top)' else path, std.type(overrides)]
+    else
+      std.foldl(function(ok, key)
+        local where = if path == '' then key else path + '.' + key;
+        if !std.objectHas(base, key) then
+          error 'unknown config key: %s (known: %s)' % [where, std.join(', ', std.objectFields(base))]
+        else if std.type(base[key]) == 'object' then
+          ok && check(base[key], overrides[key], where)
+        else if std.type(overrides[key]) != std.type(base[key]) then
+          error 'config key %s must be a %s, got %s' % [where, std.type(base[key]), std.type(overrides[key])]
+        else ok,
+        std.objectFields(overrides), true),
+
+  withOverrides(overrides)::
+    assert check(mixin._config, overrides, '');
+    mixin { _config:: std.mergePatch(mixin._config, overrides) },
+}

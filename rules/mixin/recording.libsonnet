@@ -1,0 +1,116 @@
+// Recording rules: level:metric:operations. Names are fixed (dashboards, the query
+// sidecar and the alerts read them); the windows behind them come from _config and the
+// defaults are the ones the names spell out.
+local util = import 'util.libsonnet';
+
+{
+  local cfg = $._config,
+  local by = function(labels) util.by(cfg, labels),
+
+  prometheusRules+:: {
+    groups+: [
+      {
+        name: 'fabric-tcp.rules',
+        interval: cfg.intervals.tcp,
+        rules: [
+          {
+            // p99 smoothed RTT per host over the rate window. Hosts with no RTT samples
+            // in the window get no value (rather than NaN), so the rolling average below
+            // is taken over real measurements only.
+            record: 'node:fabric_tcp_rtt_seconds:p99_1m',
+            expr: |||
+              histogram_quantile(0.99, sum by (%(le)s) (rate(fabric_tcp_rtt_seconds_bucket[%(w)s])))
+              and on (%(host)s)
+              (sum by (%(host)s) (rate(fabric_tcp_rtt_seconds_count[%(w)s])) > 0)
+            ||| % { le: by([cfg.nodeLabel, 'le']), host: by([cfg.nodeLabel]), w: cfg.windows.tcpRate },
+          },
+          {
+            // The baseline a burst is compared with: the average p99 over the 5 minutes
+            // *before* the current rate window, so a burst never inflates its own
+            // baseline (seed §14.2: p99 > 3× the rolling 5-minute average).
+            record: 'node:fabric_tcp_rtt_seconds_p99:avg5m',
+            expr: 'avg_over_time(node:fabric_tcp_rtt_seconds:p99_1m[%s] offset %s)'
+                  % [cfg.windows.tcpBaseline, cfg.windows.tcpRate],
+          },
+        ],
+      },
+      {
+        name: 'fabric-nccl.rules',
+        interval: cfg.intervals.nccl,
+        rules: [
+          {
+            // Mean completed-operation duration per rank and op over the window.
+            record: 'comm_rank:fabric_nccl_operation_duration_seconds:mean5m',
+            expr: |||
+              sum by (%(rank)s) (rate(fabric_nccl_operation_duration_seconds_sum[%(w)s]))
+              /
+              (sum by (%(rank)s) (rate(fabric_nccl_operation_duration_seconds_count[%(w)s])) > 0)
+            ||| % { rank: by(['comm', 'op', 'rank', cfg.nodeLabel]), w: cfg.windows.ncclRate },
+          },
+          {
+            // Median across the ranks of a communicator (step 1 of the MAD, seed 002).
+            record: 'comm:fabric_nccl_operation_duration_seconds:median',
+            expr: 'quantile by (%s) (0.5, comm_rank:fabric_nccl_operation_duration_seconds:mean5m)'
+                  % by(['comm', 'op']),
+          },
+          {
+            // Signed deviation of each rank from its communicator's median (seconds).
+            record: 'comm_rank:fabric_nccl_operation_duration_seconds:deviation',
+            expr: |||
+              comm_rank:fabric_nccl_operation_duration_seconds:mean5m
+              - on (%(comm)s) group_left
+              comm:fabric_nccl_operation_duration_seconds:median
+            ||| % { comm: by(['comm', 'op']) },
+          },
+          {
+            // Median absolute deviation (step 2): median of |x - median| across ranks.
+            record: 'comm:fabric_nccl_operation_duration_seconds:mad',
+            expr: 'quantile by (%s) (0.5, abs(comm_rank:fabric_nccl_operation_duration_seconds:deviation))'
+                  % by(['comm', 'op']),
+          },
+          {
+            // Ranks that completed operations in the window (the size of the cohort).
+            record: 'comm:fabric_nccl_operation_duration_seconds:ranks',
+            expr: 'count by (%s) (comm_rank:fabric_nccl_operation_duration_seconds:mean5m)'
+                  % by(['comm', 'op']),
+          },
+          {
+            // When each rank last entered any collective.
+            record: 'comm_rank:fabric_nccl_last_call_timestamp_seconds:max',
+            expr: 'max by (%s) (fabric_nccl_last_call_timestamp_seconds)'
+                  % by(['comm', 'rank', cfg.nodeLabel]),
+          },
+          {
+            // When any rank of the communicator last entered a collective.
+            record: 'comm:fabric_nccl_last_call_timestamp_seconds:max',
+            expr: 'max by (%s) (comm_rank:fabric_nccl_last_call_timestamp_seconds:max)'
+                  % by(['comm']),
+          },
+        ],
+      },
+      {
+        name: 'fabric-nvlink.rules',
+        interval: cfg.intervals.nvlink,
+        rules: [
+          {
+            // Bytes per second over one link, both directions.
+            record: 'gpu_link:fabric_nvlink_bytes:rate5m',
+            expr: 'sum by (%s) (rate({__name__=~"fabric_nvlink_(transmit|receive)_bytes_total"}[%s]))'
+                  % [by([cfg.nodeLabel, 'gpu', 'link']), cfg.windows.nvlinkRate],
+          },
+          {
+            // The link's average over the 30 minutes before the current window: what
+            // "busy" meant for this link before a collapse.
+            record: 'gpu_link:fabric_nvlink_bytes:rate30m_before',
+            expr: 'sum by (%s) (rate({__name__=~"fabric_nvlink_(transmit|receive)_bytes_total"}[%s] offset %s))'
+                  % [by([cfg.nodeLabel, 'gpu', 'link']), cfg.windows.nvlinkBaseline, cfg.windows.nvlinkRate],
+          },
+          {
+            record: 'gpu:fabric_nvlink_bytes:rate5m',
+            expr: 'sum by (%s) (gpu_link:fabric_nvlink_bytes:rate5m)' % by([cfg.nodeLabel, 'gpu']),
+          },
+        ],
+      },
+    ],
+  },
+}

@@ -1,0 +1,18 @@
+// Renders the mixin to the rule files Prometheus loads:
+//   jsonnet -S -m <outdir> [--tla-code overrides='{...}'] rules/render.jsonnet
+// `overrides` is deep-merged into mixin/config.libsonnet's _config (see docs/rules.md).
+local mixin = import 'mixin/mixin.libsonnet';
+
+local header = |||
+  # Generated from rules/mixin/*.libsonnet by `make -C rules render`. Do not edit:
+  # change the mixin and re-render.
+|||;
+
+local manifest(rules) = header + std.manifestYamlDoc(rules, indent_array_in_object=false, quote_keys=false);
+
+function(overrides={})
+  local m = mixin.withOverrides(overrides);
+  {
+    'fabricscope-recording.yaml': manifest(m.prometheusRules),
+    'fabricscope-alerts.yaml': manifest(m.prometheusAlerts),
+  }
