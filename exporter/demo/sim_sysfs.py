@@ -50,6 +50,7 @@ BACKGROUND_HW_ERRORS = {
 # RoCE congestion control is busy on a healthy Ethernet fabric: ECN marks and CNPs flow.
 ROCE_CONGESTION = {"np_ecn_marked_roce_packets": 40.0, "np_cnp_sent": 40.0, "rp_cnp_handled": 35.0}
 
+XMIT_WAIT_PER_SECOND = 1200.0
 AVERAGE_PACKET_BYTES = 4160          # 4 KiB MTU payload plus headers
 BYTES_PER_WRITE_REQUEST = 65536      # NCCL's RDMA writes arrive in large messages
 
@@ -155,7 +156,7 @@ class SimSysfs:
         storage = self.topology.function(self.topology.hca_bdfs[-1])
         self.netdevs = {
             "lo": NetDevice("lo", "sys/devices/virtual/net/lo", 65536, None, "00:00:00:00:00:00", 1, 772,
-                            rng.uniform(2e5, 8e5), 0.0),
+                            rng.uniform(2e5, 8e5), 0.0, carrier_up=0),
             "eth0": NetDevice("eth0", f"sys/{mgmt.path}/net/eth0", 1500, 25000, _mac(rng, 0xb4, 0x96, 0x91), 2, 1,
                               rng.uniform(3e6, 9e6), rng.uniform(2e6, 6e6)),
             "eth1": NetDevice("eth1", f"sys/{storage.path}/net/eth1", 9000, 200000, _mac(rng, 0x94, 0x6d, 0xae), 3, 1,
@@ -180,9 +181,9 @@ class SimSysfs:
         c["unicast_rcv_packets"] += rx_packets
         c["multicast_xmit_packets"] += mcast_tx
         c["multicast_rcv_packets"] += mcast_rx
-        # port_xmit_wait ticks while the port has data but no credits: a healthy,
-        # loaded fabric accumulates some of it.
-        c["port_xmit_wait"] += int(tx_packets * rng.uniform(0.02, 0.05))
+        # port_xmit_wait ticks while the port has data but no credits: a healthy, loaded
+        # fabric accumulates some, well under the 10000/s congestion threshold.
+        c["port_xmit_wait"] += int(XMIT_WAIT_PER_SECOND * dt * rng.uniform(0.5, 1.5))
         hw["rx_write_requests"] += rx // BYTES_PER_WRITE_REQUEST
         hw["rx_read_requests"] += occasional(rng, 25.0, dt)
         hw["rx_atomic_requests"] += occasional(rng, 0.5, dt)

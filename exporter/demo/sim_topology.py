@@ -8,6 +8,9 @@ an Intel E810 on another; neither shares a switch with a GPU.
 
 Two sockets in NPS2 mode give four NUMA nodes: GPUs 0-3 on node 0, GPUs 4-7 on node 2,
 the management NIC on node 1 and the storage NIC on node 3.
+
+Bus numbers agree with the simulated NVML (exporter/demo/sources/nvml.py): GPU g at
+0000:<0x18 + 0x10*g>:00.0 and its HCA one bus below, the four NVSwitches at c0-c3.
 """
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ from dataclasses import dataclass, field
 VENDOR_MELLANOX, VENDOR_NVIDIA, VENDOR_INTEL, VENDOR_BROADCOM = "0x15b3", "0x10de", "0x8086", "0x1000"
 CLASS_INFINIBAND, CLASS_ETHERNET, CLASS_3D, CLASS_BRIDGE = "0x020700", "0x020000", "0x030200", "0x060400"
 DEVICE_CONNECTX7, DEVICE_H100_SXM, DEVICE_E810 = "0x1021", "0x2330", "0x1593"
-DEVICE_ROOT_PORT, DEVICE_PEX_SWITCH = "0x352a", "0xc030"
+DEVICE_ROOT_PORT, DEVICE_PEX_SWITCH, DEVICE_NVSWITCH = "0x352a", "0xc030", "0x22a3"
+CLASS_OTHER_BRIDGE = "0x068000"
 CORES_PER_NUMA = 28
 
 
@@ -63,7 +67,7 @@ def build_topology(gpus: int, hcas: int) -> NodeTopology:
     half = (pairs + 1) // 2
     for i in range(pairs):
         socket = 0 if i < half else 1
-        root = 0x15 + (i % half) * 0x11 + socket * 0x80
+        root = 0x14 + 0x10 * i      # root port, switch up/down, then HCA (root+3), GPU (root+4)
         numa = 2 * socket
         domain = f"devices/pci0000:{root:02x}"
         root_port = f"{domain}/{_bdf(root, 1)}"
@@ -97,7 +101,7 @@ def build_topology(gpus: int, hcas: int) -> NodeTopology:
     ]
     hca_bdfs.append(storage)
     # Management NIC: NUMA node 1.
-    mgmt_root = 0x60
+    mgmt_root = 0xa0
     management = _bdf(mgmt_root + 1)
     mgmt_port = f"devices/pci0000:{mgmt_root:02x}/{_bdf(mgmt_root, 1)}"
     functions += [
@@ -105,4 +109,13 @@ def build_topology(gpus: int, hcas: int) -> NodeTopology:
         PciFunction(management, f"{mgmt_port}/{management}", VENDOR_INTEL, DEVICE_E810, CLASS_ETHERNET, 1, "ice",
                     link_speed="16.0 GT/s PCIe"),
     ]
+    # NVSwitches (what each GPU's NVLinks lead to), one root port each on NUMA node 2.
+    for k in range(4):
+        port = f"devices/pci0000:bf/{_bdf(0xbf, 1 + k)}"
+        nvswitch = _bdf(0xc0 + k)
+        functions += [
+            PciFunction(_bdf(0xbf, 1 + k), port, VENDOR_INTEL, DEVICE_ROOT_PORT, CLASS_BRIDGE, 2, "pcieport"),
+            PciFunction(nvswitch, f"{port}/{nvswitch}", VENDOR_NVIDIA, DEVICE_NVSWITCH, CLASS_OTHER_BRIDGE, 2,
+                        "nvidia-nvswitch", link_speed="16.0 GT/s PCIe", link_width=2),
+        ]
     return NodeTopology(tuple(functions), tuple(hca_bdfs), tuple(gpu_bdfs), management)
