@@ -1,0 +1,152 @@
+"""POST /nccl/operations and GET /nccl/operations/active over real HTTP (start_exporter)."""
+from __future__ import annotations
+
+import http.client
+import json
+import time
+
+import pytest
+import requests
+
+from exporter.context import Context
+from exporter.main import start_exporter
+from exporter.nccl.ingest import IngestError, parse_operations
+
+NOW = time.time()
+
+
+def record(**overrides):
+    base = {"op": "AllReduce", "comm": "job-42", "rank": 0, "nranks": 2, "bytes": 4096, "start": NOW - 10,
+            "end": NOW - 9.9}
+    base.update(overrides)
+    return {k: v for k, v in base.items() if v is not ...}
+
+
+@pytest.fixture
+def exporter(port, tmp_path):
+    ctx = Context(state_dir=tmp_path, node="n1", config={"nccl": {"uprobes": False, "min_completed": 3}})
+    running = start_exporter(ctx, ["nccl"], f"127.0.0.1:{port}")
+    yield f"http://127.0.0.1:{port}"
+    running.stop()
+
+
+def metric(base, name, **labels):
+    text = requests.get(base + "/metrics", timeout=5).text
+    wanted = ",".join(f'{k}="{v}"' for k, v in sorted({**labels, "node": "n1"}.items()))
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{wanted}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def post(base, payload=None, data=None):
+    body = data if data is not None else json.dumps(payload)
+    return requests.post(base + "/nccl/operations", data=body, headers={"Content-Type": "application/json"},
+                         timeout=5)
+
+
+def test_single_record_and_batch_are_accepted(exporter):
+    assert post(exporter, record()).status_code == 202
+    batch = [record(start=NOW - 8 + i, end=NOW - 8 + i + 0.1, rank=1) for i in range(3)]
+    response = post(exporter, batch)
+    assert response.status_code == 202 and response.json() == {"accepted": 3}
+    assert metric(exporter, "fabric_nccl_calls_total", comm="job-42", rank="1", op="AllReduce") == 3
+    assert metric(exporter, "fabric_nccl_bytes_total", comm="job-42", rank="1", op="AllReduce") == 3 * 4096
+    assert metric(exporter, "fabric_nccl_completed_average_seconds", comm="job-42", rank="1",
+                  op="AllReduce") == pytest.approx(0.1)
+    assert metric(exporter, "fabric_nccl_comm_info", comm="job-42", rank="1", nranks="2") == 1
+    assert metric(exporter, "fabric_nccl_ingest_requests_total", result="accepted") == 2
+
+
+@pytest.mark.parametrize("payload, field, message", [
+    (record(op="AllReduceX"), "op", "op 'AllReduceX' is not one of"),
+    (record(op=...), "op", "missing field 'op'"),
+    (record(comm=""), "comm", "comm must be 1-64 characters"),
+    (record(comm="a b"), "comm", "comm must be 1-64 characters"),
+    (record(rank=-1), "rank", "rank must be >= 0"),
+    (record(rank=2), "rank", "rank 2 must be below nranks 2"),
+    (record(rank="0"), "rank", "rank must be an integer"),
+    (record(nranks=0), "nranks", "nranks must be >= 1"),
+    (record(nranks=True), "nranks", "nranks must be an integer"),
+    (record(bytes=-5), "bytes", "bytes must be >= 0"),
+    (record(bytes=1.5), "bytes", "bytes must be an integer"),
+    (record(start="yesterday"), "start", "start must be a number of UNIX seconds"),
+    (record(start=NOW * 1000), "start", "looks like milliseconds"),
+    (record(start=12.0), "start", "is not a UNIX timestamp in seconds"),
+    (record(end=NOW - 20), "end", "is before start"),
+    (record(duration_ms=3), "duration_ms", "unknown field 'duration_ms'"),
+])
+def test_each_validation_error_names_the_field_and_record(exporter, payload, field, message):
+    response = post(exporter, [record(), payload])
+    assert response.status_code == 400
+    body = response.json()
+    assert body["index"] == 1 and body["field"] == field and message in body["error"]
+
+
+def test_rejected_batch_stores_nothing_and_keeps_what_was_stored(exporter):
+    assert post(exporter, record(rank=1)).status_code == 202
+    response = post(exporter, [record(rank=1, start=NOW - 5, end=NOW - 4.9), record(rank=1, nranks=3)])
+    assert response.status_code == 400
+    assert response.json()["field"] == "nranks" and "disagrees with nranks 2" in response.json()["error"]
+    assert metric(exporter, "fabric_nccl_calls_total", comm="job-42", rank="1", op="AllReduce") == 1
+    assert metric(exporter, "fabric_nccl_ingest_requests_total", result="rejected") == 1
+
+
+@pytest.mark.parametrize("data, message", [
+    ('{"op": "AllReduce", "comm": "job-42", "ra', "invalid JSON at line 1 column"),
+    ("", "empty body"),
+    ("[]", "empty list"),
+    ("42", "expected a JSON object or a list of objects, got int"),
+    ("[1]", "record 0: expected an object, got int"),
+])
+def test_malformed_bodies_get_clear_errors(exporter, data, message):
+    assert post(exporter, record()).status_code == 202
+    response = post(exporter, data=data)
+    assert response.status_code == 400 and message in response.json()["error"]
+    assert metric(exporter, "fabric_nccl_calls_total", comm="job-42", rank="0", op="AllReduce") == 1
+
+
+def test_truncated_json_body(exporter):
+    """A body cut off mid-record (a client killed while sending, a proxy limit): a clear
+    400, and the operations already stored stay."""
+    assert post(exporter, record()).status_code == 202
+    host, port = exporter.rsplit("/", 1)[1].split(":")
+    body = b'[{"op": "AllReduce", "comm": "job-42", "rank": 0, "nranks": 2, "bytes": 1'
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.putrequest("POST", "/nccl/operations")
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Content-Length", str(len(body)))
+    conn.endheaders()
+    conn.send(body)
+    response = conn.getresponse()
+    payload = json.loads(response.read())
+    conn.close()
+    assert response.status == 400 and payload["error"].startswith("invalid JSON at line 1 column")
+    assert metric(exporter, "fabric_nccl_calls_total", comm="job-42", rank="0", op="AllReduce") == 1
+
+
+def test_get_active_reports_hanging_with_elapsed_and_average(exporter):
+    start = time.time() - 20
+    completed = [record(rank=0, start=start + i, end=start + i + 0.5) for i in range(3)]
+    open_op = record(rank=0, start=start + 10, end=None)       # no end: in flight since 10 s
+    other = [record(rank=1, start=start + i, end=start + i + 0.5) for i in range(3)]
+    fresh = record(rank=1, start=time.time() - 0.1, end=None)   # in flight, young
+    assert post(exporter, completed + [open_op] + other + [fresh]).status_code == 202
+    response = requests.get(exporter + "/nccl/operations/active", timeout=5)
+    assert response.status_code == 200
+    operations = {op["rank"]: op for op in response.json()["operations"]}
+    assert operations[0]["hanging"] is True and operations[0]["elapsed_seconds"] > 9
+    assert operations[0]["average_seconds"] == pytest.approx(0.5)
+    assert operations[1]["hanging"] is False
+    assert metric(exporter, "fabric_nccl_hanging", comm="job-42", rank="0", op="AllReduce") == 1
+    assert metric(exporter, "fabric_nccl_hanging", comm="job-42", rank="1", op="AllReduce") == 0
+    assert metric(exporter, "fabric_nccl_inflight_elapsed_seconds", comm="job-42", rank="0", op="AllReduce") > 9
+
+
+def test_wrong_method_is_405(exporter):
+    assert requests.get(exporter + "/nccl/operations", timeout=5).status_code == 405
+
+
+def test_parser_rejects_non_utf8():
+    with pytest.raises(IngestError, match="not UTF-8"):
+        parse_operations(b'{"op": "\xff"}')

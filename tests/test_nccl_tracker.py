@@ -1,0 +1,171 @@
+"""NcclTracker: rolling average, hang boundary, minimum count, in-flight rules, eviction."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from exporter.nccl.events import NcclCall
+from exporter.nccl.tracker import ConflictError, NcclTracker
+
+T0 = 1_800_000_000.0
+
+
+class Clock:
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def call(start, op="AllReduce", comm="c1", rank=0, nranks=2, nbytes=1024, end=None):
+    return NcclCall(op=op, comm=comm, rank=rank, nranks=nranks, nbytes=nbytes, start=start, end=end)
+
+
+def ops_of(tracker):
+    return {(o.comm, o.rank, o.op): o for o in tracker.snapshot().ops}
+
+
+def test_rolling_average_is_exactly_the_last_20_completed():
+    clock = Clock()
+    tracker = NcclTracker(clock=clock)
+    # 30 completed operations: durations 1..30 s; only 11..30 may count.
+    tracker.record_batch([call(T0 + 100 * i, end=T0 + 100 * i + (i + 1)) for i in range(30)])
+    op = ops_of(tracker)[("c1", 0, "AllReduce")]
+    assert op.calls == 30
+    assert op.completed_average == pytest.approx(sum(range(11, 31)) / 20)
+    assert dict(op.duration)["+Inf"] == 30
+
+
+def test_next_call_completes_the_previous_operation():
+    clock = Clock()
+    tracker = NcclTracker(clock=clock)
+    tracker.call_entered(call(T0), token=("p", 1))
+    tracker.call_returned(("p", 1), T0 + 0.001)
+    assert [a.op for a in tracker.active_operations()] == ["AllReduce"]
+    # A call of another type on the same comm and rank ends the AllReduce: call-to-call.
+    tracker.call_entered(call(T0 + 0.5, op="AllGather"), token=("p", 1))
+    ops = ops_of(tracker)
+    assert ops[("c1", 0, "AllReduce")].completed_average == pytest.approx(0.5)
+    assert ops[("c1", 0, "AllReduce")].enqueue_sum == pytest.approx(0.001, abs=1e-6)
+    active = tracker.active_operations()
+    assert [(a.op, a.api_returned) for a in active] == [("AllGather", False)]   # blocked in the API
+
+
+def test_other_ranks_and_comms_do_not_complete_each_other():
+    tracker = NcclTracker(clock=Clock(T0 + 10))
+    tracker.record_batch([call(T0, rank=0), call(T0 + 1, rank=1), call(T0 + 2, comm="c2", rank=0)])
+    assert sorted((a.comm, a.rank) for a in tracker.active_operations()) == [("c1", 0), ("c1", 1), ("c2", 0)]
+
+
+def seeded(clock, completed, duration=1.0):
+    tracker = NcclTracker(clock=clock, min_completed=5)
+    tracker.record_batch([call(T0 + 10 * i, end=T0 + 10 * i + duration) for i in range(completed)])
+    tracker.record(call(T0 + 1000))            # in flight from T0+1000
+    return tracker
+
+
+def test_hanging_boundary_is_strictly_above_3x_average():
+    clock = Clock(T0 + 1000 + 3.0)             # elapsed == 3 x 1.0: not yet
+    tracker = seeded(clock, completed=5)
+    [active] = tracker.active_operations()
+    assert active.elapsed == pytest.approx(3.0) and active.average == pytest.approx(1.0)
+    assert not active.hanging
+    clock.now = T0 + 1000 + 3.01
+    assert tracker.active_operations()[0].hanging
+
+
+def test_no_judgement_before_minimum_completed_count():
+    clock = Clock(T0 + 1000 + 100.0)           # 100x the average
+    tracker = seeded(clock, completed=4)
+    [active] = tracker.active_operations()
+    assert active.completed == 4 and not active.hanging
+
+
+def test_hang_multiplier_from_config():
+    clock = Clock(T0 + 1000 + 4.0)
+    tracker = NcclTracker.from_config({"hang_multiplier": 5, "min_completed": 2}, clock=clock)
+    tracker.record_batch([call(T0 + i * 10, end=T0 + i * 10 + 1) for i in range(3)] + [call(T0 + 1000)])
+    assert not tracker.active_operations()[0].hanging
+    clock.now = T0 + 1000 + 5.5
+    assert tracker.active_operations()[0].hanging
+
+
+def test_ingested_start_then_end_completes_precisely_without_double_counting():
+    tracker = NcclTracker(clock=Clock(T0 + 5))
+    tracker.record(call(T0))
+    tracker.record(call(T0, end=T0 + 0.25))
+    op = ops_of(tracker)[("c1", 0, "AllReduce")]
+    assert op.calls == 1 and op.completed_average == pytest.approx(0.25)
+    assert tracker.active_operations() == []
+
+
+def test_nranks_conflict_rejects_the_whole_batch():
+    tracker = NcclTracker(clock=Clock())
+    tracker.record(call(T0, nranks=4))
+    with pytest.raises(ConflictError) as info:
+        tracker.record_batch([call(T0 + 1, nranks=4, rank=1), call(T0 + 2, nranks=8)])
+    assert info.value.index == 1 and info.value.field == "nranks"
+    assert ops_of(tracker)[("c1", 0, "AllReduce")].calls == 1
+    assert ("c1", 1, "AllReduce") not in ops_of(tracker)
+
+
+def test_idle_communicators_are_evicted():
+    clock = Clock()
+    tracker = NcclTracker(clock=clock, idle_evict_seconds=60)
+    tracker.record(call(T0, comm="old"))
+    clock.now = T0 + 50
+    tracker.record(call(T0 + 50, comm="new"))
+    clock.now = T0 + 61
+    snap = tracker.snapshot()
+    assert {o.comm for o in snap.ops} == {"new"}
+    assert snap.evicted["idle"] == 1
+
+
+def test_capacity_evicts_least_recently_active_comm():
+    clock = Clock()
+    tracker = NcclTracker(clock=clock, max_comms=2)
+    for i, comm in enumerate(["a", "b", "c"]):
+        clock.now = T0 + i
+        tracker.record(call(T0 + i, comm=comm))
+    snap = tracker.snapshot()
+    assert {o.comm for o in snap.ops} == {"b", "c"} and snap.evicted["capacity"] == 1
+
+
+def test_series_limit_bounds_memory():
+    tracker = NcclTracker(clock=Clock(), max_series=3, max_comms=10)
+    tracker.record_batch([call(T0 + i, rank=i, nranks=10) for i in range(5)])
+    snap = tracker.snapshot()
+    assert len(snap.ops) == 3 and snap.dropped_calls == 2
+
+
+def test_dropped_rank_is_no_longer_in_flight():
+    tracker = NcclTracker(clock=Clock())
+    tracker.call_entered(call(T0), token=(7, 7))
+    tracker.drop_inflight("c1", 0)
+    tracker.forget_token((7, 7))
+    assert tracker.active_operations() == []
+
+
+def test_concurrent_feeding_loses_nothing():
+    tracker = NcclTracker(clock=Clock())
+
+    def feed(rank):
+        for i in range(2000):
+            tracker.call_entered(call(T0 + i, rank=rank, nranks=4), token=(rank, 0))
+            tracker.call_returned((rank, 0), T0 + i + 1e-5)
+
+    threads = [threading.Thread(target=feed, args=(r,)) for r in range(4)]
+    for thread in threads:
+        thread.start()
+    while any(t.is_alive() for t in threads):
+        tracker.snapshot()
+    assert sum(o.calls for o in tracker.snapshot().ops) == 8000
+
+
+def test_invalid_parameters_are_refused():
+    with pytest.raises(ValueError, match="hang_multiplier"):
+        NcclTracker(hang_multiplier=1.0)
+    with pytest.raises(ValueError, match="min_completed"):
+        NcclTracker(min_completed=30, window=20)
