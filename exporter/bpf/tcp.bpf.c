@@ -101,7 +101,7 @@ int tcp_retransmit_skb(void *ctx)
 		if (family == AF_INET) {
 			key.addr[10] = 0xff;
 			key.addr[11] = 0xff;
-			BPF_CORE_READ_INTO(&key.addr[12], r, daddr);
+			bpf_core_read(&key.addr[12], 4, &r->daddr);   /* 4 bytes, not sizeof(u8) */
 		} else {
 			BPF_CORE_READ_INTO(&key.addr, r, daddr_v6);
 		}
@@ -112,7 +112,7 @@ int tcp_retransmit_skb(void *ctx)
 		if (family == AF_INET) {
 			key.addr[10] = 0xff;
 			key.addr[11] = 0xff;
-			BPF_CORE_READ_INTO(&key.addr[12], r, daddr);
+			bpf_core_read(&key.addr[12], 4, &r->daddr);   /* 4 bytes, not sizeof(u8) */
 		} else {
 			BPF_CORE_READ_INTO(&key.addr, r, daddr_v6);
 		}
