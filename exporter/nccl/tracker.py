@@ -187,7 +187,9 @@ class NcclTracker:
             if self._open(call, api_returned=token is None) and token is not None:
                 self._pending[token] = (call.comm, call.rank, call.op, call.start)
 
-    def call_returned(self, token: Hashable, when: float) -> None:
+    def call_returned(self, token: Hashable, enqueue_seconds: float) -> None:
+        """The API call of `token` returned after enqueue_seconds (entry -> return, taken
+        from the source's own clock: nanoseconds survive no round trip through UNIX time)."""
         with self._lock:
             pending = self._pending.pop(token, None)
             if pending is None:
@@ -198,7 +200,7 @@ class NcclTracker:
                 return
             stats = state.stats.get((rank, op))
             if stats is not None:
-                stats.enqueue.observe(max(0.0, when - start))
+                stats.enqueue.observe(max(0.0, enqueue_seconds))
             inflight = state.inflight.get(rank)
             if inflight is not None and abs(inflight.start - start) < _SAME_START:
                 inflight.api_returned = True

@@ -103,7 +103,7 @@ class EventHandler:
         # bpf_ktime_get_ns is CLOCK_MONOTONIC; wall = monotonic + offset.
         self._offset = monotonic_to_wall if monotonic_to_wall is not None else time.time() - time.monotonic()
         self.comms: dict[tuple[int, int], _CommRef] = {}      # (pid, comm pointer) -> comm
-        self.open_calls: dict[tuple[int, int], tuple[str, int]] = {}   # (pid, tid) -> (comm, rank)
+        self.open_calls: dict[tuple[int, int], int] = {}   # (pid, tid) -> entry ts_ns
         self.invalid: dict[str, int] = {}
         self.events = 0
         self._counts_lock = threading.Lock()     # counters are read from scrape threads
@@ -135,10 +135,11 @@ class EventHandler:
         if event.kind == EV_COLL_ENTER:
             self._enter(event)
         elif event.kind == EV_COLL_RETURN:
-            if self.open_calls.pop((event.pid, event.tid), None) is None:
+            entered = self.open_calls.pop((event.pid, event.tid), None)
+            if entered is None:
                 self._invalid("unpaired_return")     # the entry was lost or predates attach
                 return
-            self.tracker.call_returned((event.pid, event.tid), self._wall(event.ts_ns))
+            self.tracker.call_returned((event.pid, event.tid), (event.ts_ns - entered) / 1e9)
         elif event.kind == EV_COMM_INIT:
             self._init(event)
         elif event.kind == EV_COMM_END:
@@ -167,7 +168,7 @@ class EventHandler:
         ref = self._comm(event.pid, event.comm)
         call = NcclCall(op=OPS[event.op], comm=ref.label, rank=ref.rank, nranks=ref.nranks,
                         nbytes=event.count * size, start=self._wall(event.ts_ns))
-        self.open_calls[(event.pid, event.tid)] = (ref.label, ref.rank)
+        self.open_calls[(event.pid, event.tid)] = event.ts_ns
         self.tracker.call_entered(call, token=(event.pid, event.tid))
 
     def _init(self, event: NcclEvent) -> None:

@@ -123,14 +123,14 @@ class NcclSimSource:
         self.tracker.call_entered(NcclCall(op="AllReduce", comm=self.comm, rank=rank.rank, nranks=self.nranks,
                                            nbytes=GRADIENT_BYTES, start=start), token=token)
         if blocks:
-            rank.blocked_token = token
+            rank.blocked_token = (token, start)
         else:
-            jitter = self.rng.uniform(0.8, 1.2)
-            self.tracker.call_returned(token, start + ENQUEUE_SECONDS * jitter)
+            self.tracker.call_returned(token, ENQUEUE_SECONDS * self.rng.uniform(0.8, 1.2))
 
     def _resume(self, rank: _Rank) -> None:
         if rank.blocked_token is not None:
-            self.tracker.call_returned(rank.blocked_token, self.clock())
+            token, start = rank.blocked_token
+            self.tracker.call_returned(token, self.clock() - start)
             rank.blocked_token = None
         rank.stopped = False
         rank.next_call = max(rank.next_call, self.now)

@@ -1,0 +1,297 @@
+"""NCCL uprobes: event decoding, comm ids, discovery, and (as root) the real BPF path
+against a fake libnccl.so.2 built here with NCCL's exact signatures."""
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from exporter.context import Context
+from exporter.nccl import discovery
+from exporter.nccl.commid import comm_label, splitmix64, unique_id_hash
+from exporter.nccl.tracker import NcclTracker
+from exporter.nccl.uprobe import (EV_COLL_ENTER, EV_COLL_RETURN, EV_COMM_END, EV_COMM_INIT, EVENT, INIT_ALL,
+                                  INIT_RANK, INIT_SPLIT, EventHandler, decode_event)
+
+FAKE_DIR = Path(__file__).resolve().parent / "nccl_fake"
+FAKE_UNIQUE_ID = bytes((i * 37 + 11) & 0xFF for i in range(128))    # ncclGetUniqueId in fake_nccl.c
+
+
+# ---- pure parts ----------------------------------------------------------------------------
+
+def test_splitmix64_reference_value_and_full_id_fold():
+    assert splitmix64(0) == 0xE220A8397B1DCDAF          # first output of SplitMix64 seeded with 0
+    other = bytearray(FAKE_UNIQUE_ID)
+    other[100] ^= 1                                    # differs only far past the first 8 bytes
+    assert unique_id_hash(FAKE_UNIQUE_ID) != unique_id_hash(bytes(other))
+    with pytest.raises(ValueError, match="128 bytes"):
+        unique_id_hash(b"short")
+
+
+def event(kind, op=0, comm=0x1000, count=0, aux=0, pid=10, tid=11, dtype=7, peer=-1, rank=0, nranks=0,
+          uid=b"\0" * 128, ts=5_000_000_000):
+    return EVENT.pack(ts, comm, count, aux, pid, tid, kind, op, dtype, peer, rank, nranks, 0, uid)
+
+
+def handler_with_comm():
+    tracker = NcclTracker(clock=lambda: 1e9 + 100)
+    handler = EventHandler(tracker, monotonic_to_wall=1e9)
+    handler.handle_raw(event(EV_COMM_INIT, op=INIT_RANK, rank=3, nranks=8, uid=FAKE_UNIQUE_ID))
+    return tracker, handler
+
+
+def test_decoding_pairs_entry_and_return_and_sizes_bytes():
+    tracker, handler = handler_with_comm()
+    comm = comm_label(unique_id_hash(FAKE_UNIQUE_ID))
+    handler.handle_raw(event(EV_COLL_ENTER, op=0, count=1000, dtype=9, ts=6_000_000_000))   # bf16
+    handler.handle_raw(event(EV_COLL_RETURN, ts=6_000_050_000))
+    [op] = tracker.snapshot().ops
+    assert (op.comm, op.rank, op.op, op.calls, op.nbytes) == (comm, 3, "AllReduce", 1, 2000)
+    assert op.enqueue_sum == pytest.approx(50e-6)
+    assert tracker.snapshot().comms == [(comm, 3, 8)]
+    assert decode_event(event(EV_COLL_ENTER, count=7)).count == 7
+    with pytest.raises(ValueError):
+        decode_event(b"\0" * 10)
+
+
+def test_bad_events_are_counted_not_fatal():
+    tracker, handler = handler_with_comm()
+    handler.handle_raw(b"\1\2\3")
+    handler.handle_raw(event(EV_COLL_RETURN, tid=99))
+    handler.handle_raw(event(EV_COLL_ENTER, dtype=42, count=5))
+    handler.handle_raw(event(77))
+    assert handler.counts()[1] == {"short_record": 1, "unpaired_return": 1, "unknown_datatype": 1,
+                                   "unknown_kind": 1}
+    assert tracker.snapshot().ops[0].nbytes == 0
+
+
+def test_unknown_comm_split_init_all_destroy_and_exit():
+    tracker, handler = handler_with_comm()
+    handler.handle_raw(event(EV_COLL_ENTER, comm=0xBEEF, pid=20, tid=20, count=1))   # before we attached
+    handler.handle_raw(event(EV_COMM_INIT, op=INIT_SPLIT, comm=0x2000, aux=0x1000, peer=1))
+    handler.handle_raw(event(EV_COMM_INIT, op=INIT_ALL, comm=0x3000, aux=0x3000, rank=0, nranks=2, pid=30))
+    handler.handle_raw(event(EV_COMM_INIT, op=INIT_ALL, comm=0x3008, aux=0x3000, rank=1, nranks=2, pid=30))
+    comms = tracker.snapshot().comms
+    assert {(rank, nranks) for _, rank, nranks in comms} == {(3, 8), (-1, 0), (0, 2), (1, 2)}
+    assert len({c for c, r, _ in comms if r in (0, 1)}) == 1            # one clique from InitAll
+    assert handler.comms[(10, 0x2000)].label != handler.comms[(10, 0x1000)].label
+    handler.handle_raw(event(EV_COLL_ENTER, comm=0x1000, count=1))
+    handler.handle_raw(event(EV_COMM_END, comm=0x1000))
+    assert [a.comm for a in tracker.active_operations()] == [handler.comms[(20, 0xBEEF)].label]
+    handler.process_exited(20)
+    assert tracker.active_operations() == [] and (20, 0xBEEF) not in handler.comms
+
+
+def test_maps_parsing_and_static_fallback():
+    maps = "\n".join([
+        "7f00-7f10 r-xp 00000000 08:01 1234 /opt/conda/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2",
+        "7f10-7f20 r--p 00010000 08:01 1234 /opt/conda/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2",
+        "7f20-7f30 r-xp 00000000 08:01 99 /usr/lib/libtorch_cuda.so",
+        "7f30-7f40 r-xp 00000000 08:01 98 /tmp/libnccl.so.2 (deleted)",
+        "7f40-7f50 rw-p 00000000 00:00 0 [heap]",
+        "7f50-7f60 rw-p 00000000 00:00 0",
+        "garbage",
+    ])
+    files = discovery.mapped_files(maps)
+    assert files == ["/opt/conda/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2",
+                     "/usr/lib/libtorch_cuda.so"]
+    assert discovery.nccl_candidates(files) == ([files[0]], [files[1]])
+    assert discovery.nccl_candidates(["/x/libnccl-net.so", "/x/libnccl.so"]) == (["/x/libnccl.so"], [])
+
+
+# ---- the fake library ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def fake_nccl(tmp_path_factory):
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    out = tmp_path_factory.mktemp("nccl_fake")
+    library = out / "libnccl.so.2"
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", library, FAKE_DIR / "fake_nccl.c"], check=True)
+    driver = out / "driver"
+    subprocess.run(["gcc", "-O2", "-o", driver, FAKE_DIR / "driver.c", f"-I{FAKE_DIR}", f"-L{out}",
+                    "-l:libnccl.so.2", f"-Wl,-rpath,{out}"], check=True)
+    return library, driver
+
+
+def test_fake_library_exports_the_probed_functions(fake_nccl):
+    library, _ = fake_nccl
+    exported = discovery.exported_functions(str(library))
+    assert {"ncclAllReduce", "ncclCommInitRank", "ncclReduce", "ncclSend"} <= exported
+    assert "maybe_block" not in exported
+
+
+# ---- root: the real BPF path ---------------------------------------------------------------
+
+def bpf_object() -> Path:
+    from exporter.ebpf import objects
+
+    path = objects.object_path("nccl")
+    if not path.is_file():
+        ok, output = objects.build()
+        if not ok or not path.is_file():
+            pytest.skip(f"cannot build nccl.bpf.o: {output[-300:]}")
+    return path
+
+
+@pytest.fixture
+def uprobe_exporter(port, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root: uprobes load BPF programs")
+    from exporter.ebpf import reasons
+    from exporter.main import start_exporter
+
+    problem = reasons.preflight()
+    if problem:
+        pytest.skip(f"eBPF unavailable here: {problem[1]}")
+    ctx = Context(state_dir=tmp_path, node="n1",
+                  config={"nccl": {"rescan_seconds": 0.2, "bpf_object": str(bpf_object())}})
+    running = start_exporter(ctx, ["nccl"], f"127.0.0.1:{port}")
+    [collector] = running.collectors
+    if collector.uprobes is None or collector.uprobes.reason != "ok":
+        running.stop()
+        pytest.skip(f"NCCL uprobes could not load: {getattr(collector.uprobes, 'reason', 'none')}")
+    yield f"http://127.0.0.1:{port}", collector
+    running.stop()
+
+
+def scrape(base) -> dict[str, float]:
+    samples = {}
+    for line in requests.get(base + "/metrics", timeout=10).text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            samples[key] = float(value)
+    return samples
+
+
+def series(name, **labels):
+    return name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted({**labels, "node": "n1"}.items())) + "}"
+
+
+def wait_for(predicate, what, deadline=30.0):
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        result = predicate()
+        if result:
+            return result
+        time.sleep(0.05)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+class Rank:
+    """One driver process: a rank of the fake communicator."""
+
+    def __init__(self, driver, nranks, rank, n_allreduce, allreduce_count, n_allgather, allgather_count, env=None):
+        self.proc = subprocess.Popen([str(driver), str(nranks), str(rank), str(n_allreduce), str(allreduce_count),
+                                      str(n_allgather), str(allgather_count)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+        assert self.proc.stdout.readline().strip() == "ready"
+
+    def tell(self, line="go"):
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def expect(self, line):
+        assert self.proc.stdout.readline().strip() == line
+
+    def finish(self):
+        self.tell("exit")
+        assert self.proc.wait(timeout=30) == 0
+
+
+def test_uprobes_count_every_call_of_processes_started_after_the_exporter(uprobe_exporter, fake_nccl):
+    base, collector = uprobe_exporter
+    library, driver = fake_nccl
+    n, m, k, l = 40, 1000, 7, 333
+    ranks = [Rank(driver, 2, rank, n, m, k, l) for rank in (0, 1)]
+    wait_for(lambda: scrape(base).get(series("fabric_nccl_processes_traced")) == 2, "both ranks traced")
+    assert scrape(base)[series("fabric_nccl_probe_attached", library=str(library))] == 1
+    for r in ranks:
+        r.tell()
+    for r in ranks:
+        r.expect("done")
+    comm = comm_label(unique_id_hash(FAKE_UNIQUE_ID))
+    wait_for(lambda: scrape(base).get(series("fabric_nccl_calls_total", comm=comm, rank="1", op="Recv")) == 1,
+             "the last call of rank 1")
+    samples = scrape(base)
+    for rank in ("0", "1"):
+        s = lambda name, op: samples.get(series(name, comm=comm, rank=rank, op=op))
+        assert samples[series("fabric_nccl_comm_info", comm=comm, rank=rank, nranks="2")] == 1
+        assert s("fabric_nccl_calls_total", "AllReduce") == n
+        assert s("fabric_nccl_bytes_total", "AllReduce") == n * m * 4           # float32
+        assert s("fabric_nccl_calls_total", "AllGather") == k
+        assert s("fabric_nccl_bytes_total", "AllGather") == k * l * 1           # int8, per-rank sendcount
+        assert s("fabric_nccl_bytes_total", "Reduce") == 10 * 8                 # comm passed on the stack
+        assert s("fabric_nccl_bytes_total", "Broadcast") == 3 * 2               # bfloat16
+        assert s("fabric_nccl_bytes_total", "Send") == 5 * 8
+        assert s("fabric_nccl_bytes_total", "Recv") == 5 * 8
+        assert s("fabric_nccl_enqueue_seconds_count", "AllReduce") == n
+        assert s("fabric_nccl_operation_duration_seconds_count", "AllReduce") == n
+        assert s("fabric_nccl_inflight_elapsed_seconds", "Recv") is not None
+    assert samples[series("fabric_nccl_events_lost_total")] == 0
+    for r in ranks:
+        r.finish()
+    # Exited processes are detached: no library left to probe, nothing in flight.
+    wait_for(lambda: series("fabric_nccl_probe_attached", library=str(library)) not in scrape(base),
+             "detach after the processes exited")
+    samples = scrape(base)
+    assert samples[series("fabric_nccl_processes_traced")] == 0
+    assert not any(key.startswith("fabric_nccl_inflight_elapsed_seconds") for key in samples)
+
+
+def test_a_call_blocked_inside_nccl_is_in_flight_and_hanging_then_completes(uprobe_exporter, fake_nccl, tmp_path):
+    base, collector = uprobe_exporter
+    library, driver = fake_nccl
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    n = 8                                         # the 8th AllReduce blocks; 7 complete before it
+    rank = Rank(driver, 4, 2, n, 256, 1, 16, env={"FAKE_NCCL_BLOCK_FIFO": str(fifo),
+                                                  "FAKE_NCCL_BLOCK_CALL": str(n)})
+    wait_for(lambda: scrape(base).get(series("fabric_nccl_processes_traced")) == 1, "rank traced")
+    rank.tell()
+
+    def blocked():
+        active = requests.get(base + "/nccl/operations/active", timeout=10).json()["operations"]
+        return [op for op in active if op["op"] == "AllReduce" and not op["api_returned"]]
+
+    [first] = wait_for(blocked, "the blocked AllReduce")
+    assert first["rank"] == 2 and first["nranks"] == 4 and first["bytes"] == 256 * 4
+    [second] = wait_for(lambda: [op for op in blocked() if op["elapsed_seconds"] > first["elapsed_seconds"]],
+                        "elapsed time to grow")
+    assert second["completed_count"] == n - 1 and second["hanging"] is True
+    comm = comm_label(unique_id_hash(FAKE_UNIQUE_ID))
+    samples = scrape(base)
+    assert samples[series("fabric_nccl_hanging", comm=comm, rank="2", op="AllReduce")] == 1
+    assert samples[series("fabric_nccl_calls_total", comm=comm, rank="2", op="AllReduce")] == n
+    with open(fifo, "wb") as release:
+        release.write(b"x")
+    rank.expect("done")
+    wait_for(lambda: scrape(base).get(series("fabric_nccl_calls_total", comm=comm, rank="2", op="Recv")) == 1,
+             "the calls after the release")
+    samples = scrape(base)
+    assert samples[series("fabric_nccl_hanging", comm=comm, rank="2", op="AllReduce")] == 0
+    assert samples[series("fabric_nccl_operation_duration_seconds_count", comm=comm, rank="2",
+                          op="AllReduce")] == n
+    assert samples[series("fabric_nccl_enqueue_seconds_count", comm=comm, rank="2", op="AllReduce")] == n
+    rank.finish()
+
+
+def test_missing_object_is_a_reason_not_a_crash(port, tmp_path):
+    from exporter.main import start_exporter
+
+    ctx = Context(state_dir=tmp_path, node="n1",
+                  config={"nccl": {"bpf_object": str(tmp_path / "absent.bpf.o")}})
+    running = start_exporter(ctx, ["nccl"], f"127.0.0.1:{port}")
+    try:
+        samples = scrape(f"http://127.0.0.1:{port}")
+        reasons = [k for k, v in samples.items() if k.startswith("fabric_nccl_uprobes_available") and v == 0]
+        assert len(reasons) == 1 and ('reason="object_missing"' in reasons[0] or 'reason="not_root"' in reasons[0])
+        assert samples[series("fabric_scrape_collector_success", collector="nccl")] == 1
+    finally:
+        running.stop()
