@@ -7,6 +7,14 @@ local util = import 'util.libsonnet';
   local cfg = $._config,
   local by = function(labels) util.by(cfg, labels),
 
+  // tx + rx bytes per second of each link. Two sums rather than one rate over a
+  // name regex: rate() drops the name and tx/rx would collide on the same labels.
+  local nvlinkBytesRate(range, offset='') = |||
+    sum by (%(link)s) (rate(fabric_nvlink_transmit_bytes_total[%(range)s]%(offset)s))
+    +
+    sum by (%(link)s) (rate(fabric_nvlink_receive_bytes_total[%(range)s]%(offset)s))
+  ||| % { link: by([cfg.nodeLabel, 'gpu', 'link']), range: range, offset: if offset == '' then '' else ' offset ' + offset },
+
   prometheusRules+:: {
     groups+: [
       {
@@ -95,15 +103,13 @@ local util = import 'util.libsonnet';
           {
             // Bytes per second over one link, both directions.
             record: 'gpu_link:fabric_nvlink_bytes:rate5m',
-            expr: 'sum by (%s) (rate({__name__=~"fabric_nvlink_(transmit|receive)_bytes_total"}[%s]))'
-                  % [by([cfg.nodeLabel, 'gpu', 'link']), cfg.windows.nvlinkRate],
+            expr: nvlinkBytesRate(cfg.windows.nvlinkRate),
           },
           {
             // The link's average over the 30 minutes before the current window: what
             // "busy" meant for this link before a collapse.
             record: 'gpu_link:fabric_nvlink_bytes:rate30m_before',
-            expr: 'sum by (%s) (rate({__name__=~"fabric_nvlink_(transmit|receive)_bytes_total"}[%s] offset %s))'
-                  % [by([cfg.nodeLabel, 'gpu', 'link']), cfg.windows.nvlinkBaseline, cfg.windows.nvlinkRate],
+            expr: nvlinkBytesRate(cfg.windows.nvlinkBaseline, cfg.windows.nvlinkRate),
           },
           {
             record: 'gpu:fabric_nvlink_bytes:rate5m',
