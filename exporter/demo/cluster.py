@@ -15,6 +15,8 @@ never depends on wall-clock timing), so what a scrape sees is reproducible.
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -24,7 +26,8 @@ from ..framework import load_collector_modules
 from ..main import RunningExporter, start_exporter
 from .plugin import ClusterSpec, NodeSpec
 from .scenario import Scenario, load_scenario
-from .sim_node import SimNode
+from .sim_files import claim_tmpfs_home, tmpfs_home
+from .sim_node import SimNode, prepare_root
 from .sim_sources import NodeSources, discover_source_modules
 
 log = logging.getLogger("fabricscope.demo")
@@ -34,11 +37,15 @@ class DemoEngine:
     """The simulation without servers or threads: nodes, sources and the tick function.
     Tests and benchmarks drive it directly; DemoCluster drives it from a clock."""
 
-    def __init__(self, scenario: Scenario, workdir: str | Path) -> None:
+    def __init__(self, scenario: Scenario, workdir: str | Path, use_tmpfs: bool = True) -> None:
         self.scenario = scenario
         self.workdir = Path(workdir)
+        # Node trees live on tmpfs when the workdir is on disk (see sim_files.tmpfs_home);
+        # workdir/<node> is then a symlink to the tree, for people to browse.
+        self.home = tmpfs_home(self.workdir) if use_tmpfs else None
+        base = self.home or self.workdir
         specs = tuple(NodeSpec(name=scenario.node_name(i), index=i, gpus=scenario.gpus_per_node,
-                               hcas=scenario.hcas_per_node, root=self.workdir / scenario.node_name(i))
+                               hcas=scenario.hcas_per_node, root=base / scenario.node_name(i))
                       for i in range(scenario.nodes))
         self.cluster = ClusterSpec(name=scenario.cluster_name, nodes=specs, seed=scenario.seed)
         self.nodes = [SimNode(spec, scenario.seed) for spec in specs]
@@ -47,13 +54,47 @@ class DemoEngine:
 
     def build(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.home is not None:
+            claim_tmpfs_home(self.home)
         for node in self.nodes:
+            if self.home is not None:
+                link = self.workdir / node.spec.name
+                if link.is_symlink():
+                    link.unlink()
+                elif link.exists():
+                    prepare_root(link)      # an on-disk tree from an earlier run: checked, cleared
+                    link.rmdir()
             node.build()
+            if self.home is not None:
+                os.symlink(node.root, self.workdir / node.spec.name)
         modules = discover_source_modules()
         self.sources = [NodeSources(node.spec, self.cluster, modules) for node in self.nodes]
         faults = self.scenario.active_faults(0.0)
         for node_sources in self.sources:
             node_sources.step(0.0, self._faults_for(node_sources.node.name, faults))
+
+    def close(self) -> None:
+        """Remove tmpfs-backed trees (memory, not disk); on-disk trees stay for inspection."""
+        if self.home is None:
+            return
+        for node in self.nodes:
+            link = self.workdir / node.spec.name
+            if link.is_symlink():
+                link.unlink()
+            shutil.rmtree(node.root, ignore_errors=True)
+        try:
+            (self.home / ".owner-pid").unlink(missing_ok=True)
+            self.home.rmdir()
+            self.home.parent.rmdir()
+        except OSError:
+            pass   # another demo's trees still live there
+
+    def __enter__(self) -> "DemoEngine":
+        self.build()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _faults_for(self, node_name: str, faults: list) -> list:
         return [f for f in faults if f.node is None or f.node == node_name]
@@ -83,9 +124,9 @@ class DemoEngine:
 
 class DemoCluster:
     def __init__(self, scenario: Scenario | str | Path | dict, workdir: str | Path, base_port: int = 0,
-                 listen_host: str = "127.0.0.1") -> None:
+                 listen_host: str = "127.0.0.1", use_tmpfs: bool = True) -> None:
         self.scenario = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
-        self.engine = DemoEngine(self.scenario, workdir)
+        self.engine = DemoEngine(self.scenario, workdir, use_tmpfs=use_tmpfs)
         self.base_port = base_port
         self.listen_host = listen_host
         self.exporters: list[RunningExporter] = []
@@ -111,15 +152,16 @@ class DemoCluster:
         return 0.0 if self._started_at is None else time.monotonic() - self._started_at
 
     def start(self) -> "DemoCluster":
-        self.engine.build()
         enabled = [name for name, cls in sorted(load_collector_modules().items()) if cls.enabled_by_default]
         host = f"[{self.listen_host}]" if ":" in self.listen_host else self.listen_host
         try:
+            self.engine.build()
             for index, node in enumerate(self.engine.nodes):
                 port = self.base_port + index if self.base_port else 0
                 self.exporters.append(start_exporter(self.engine.context(index), enabled, f"{host}:{port}"))
         except Exception:
             self._stop_exporters()
+            self.engine.close()
             raise
         self._targets = [(node.spec.name, f"{host}:{exporter.port}")
                          for node, exporter in zip(self.engine.nodes, self.exporters)]
@@ -155,6 +197,7 @@ class DemoCluster:
             self._thread.join(timeout=10)
             self._thread = None
         self._stop_exporters()
+        self.engine.close()
 
     def _stop_exporters(self) -> None:
         for exporter in self.exporters:

@@ -32,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stop after this many seconds (default: run until Ctrl-C)")
     parser.add_argument("--targets-file", default=None,
                         help="write a Prometheus file_sd JSON here with one target per node (labels node, cluster)")
+    parser.add_argument("--no-tmpfs", dest="tmpfs", action="store_false",
+                        help="keep the node trees under --workdir even when it is on disk (default: on tmpfs, "
+                             "linked from --workdir, because disk renames make ticks slow)")
     parser.add_argument("--log.level", dest="log_level", default="info",
                         choices=["debug", "info", "warning", "error"])
 
@@ -81,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     if args.duration is not None and args.duration <= 0:
         print("fabricscope demo: --duration must be positive", file=sys.stderr)
         return 2
-    cluster = DemoCluster(scenario, args.workdir, base_port=args.base_port, listen_host=args.listen_host)
+    cluster = DemoCluster(scenario, args.workdir, base_port=args.base_port, listen_host=args.listen_host,
+                          use_tmpfs=args.tmpfs)
     try:
         cluster.start()
     except (NodeRootError, OSError) as exc:

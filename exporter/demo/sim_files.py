@@ -66,3 +66,70 @@ class TreeWriter:
         except OSError:
             link.unlink()
         os.symlink(relative, link)
+
+
+def filesystem_type(path: Path | str) -> str | None:
+    """The type of the filesystem holding `path` (longest mount-point match in /proc/self/mounts)."""
+    target = os.path.realpath(path)
+    best, best_type = "", None
+    try:
+        with open("/proc/self/mounts") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                mount = fields[1].replace("\\040", " ")
+                inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best):
+                    best, best_type = mount, fields[2]
+    except OSError:
+        return None
+    return best_type
+
+
+def tmpfs_home(workdir: Path | str, needed_bytes: int = 256 << 20) -> Path | None:
+    """Where on tmpfs to keep the node trees of `workdir`, or None to keep them in place.
+
+    sysfs and procfs live in memory; so do the simulated ones when they can. A rename over
+    an existing file costs ext4 a writeback (auto_da_alloc) - from 0.1 ms to several ms on
+    a busy disk - and a tick replaces hundreds of files, so on disk the tick cost is the
+    disk's. On tmpfs it is tens of microseconds a file.
+    """
+    workdir = Path(workdir).resolve()
+    if filesystem_type(workdir.parent if not workdir.exists() else workdir) in ("tmpfs", "ramfs"):
+        return None
+    shm = Path("/dev/shm")
+    if filesystem_type(shm) != "tmpfs" or not os.access(shm, os.W_OK):
+        return None
+    try:
+        stats = os.statvfs(shm)
+    except OSError:
+        return None
+    if stats.f_bavail * stats.f_frsize < needed_bytes:
+        return None
+    import hashlib
+
+    digest = hashlib.sha1(str(workdir).encode()).hexdigest()[:12]
+    return shm / f"fabricscope-demo-{os.getuid()}" / digest
+
+
+def claim_tmpfs_home(home: Path) -> None:
+    """Mark `home` as this process's and clear homes whose process is gone (a demo killed
+    with SIGKILL cannot clean up, and tmpfs is memory)."""
+    import shutil
+
+    home.mkdir(parents=True, exist_ok=True)
+    (home / ".owner-pid").write_text(f"{os.getpid()}\n")
+    for sibling in home.parent.iterdir():
+        if sibling == home:
+            continue
+        try:
+            pid = int((sibling / ".owner-pid").read_text())
+        except (OSError, ValueError):
+            continue          # not ours to judge
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(sibling, ignore_errors=True)
+        except PermissionError:
+            pass              # alive, someone else's
