@@ -47,9 +47,9 @@ def test_demo_backend_exports_gpus_links_and_topology():
     link_info = [s.labels for m in registry.collect() if m.name == "fabric_nvlink_info" for s in m.samples]
     assert {info["remote_type"] for info in link_info} == {"switch"}
     assert len({info["remote_pci_bus_id"] for info in link_info}) == 4          # four NVSwitches
-    # CRC-data is NOT_SUPPORTED on H100: absent, never 0.
-    assert get(registry, "fabric_nvlink_errors_total", gpu="0", link="0", type="crc_data") is None
-    assert get(registry, "fabric_nvlink_errors_total", gpu="0", link="0", type="crc_flit") == 0
+    assert {info["version"] for info in link_info} == {"4.0"}
+    for kind in ("crc_flit", "crc_data", "replay", "recovery"):
+        assert get(registry, "fabric_nvlink_errors_total", gpu="0", link="0", type=kind) == 0
 
 
 def test_demo_traffic_follows_the_nccl_job():
@@ -148,3 +148,5 @@ def test_one_unreadable_gpu_never_hides_the_others():
     assert get(registry, "fabric_nvlink_state", gpu="1", link="0") is None
     assert get(registry, "fabric_nvml_device_read_errors", gpu="1", reason="gpu_lost") == 1
     assert get(registry, "fabric_nvlink_receive_bytes_total", gpu="2", link="0") == 2048
+    # Counters the GPU does not support (absent from the reading) are absent, never 0.
+    assert get(registry, "fabric_nvlink_errors_total", gpu="0", link="0", type="replay") is None

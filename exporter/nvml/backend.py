@@ -39,7 +39,7 @@ class GpuInfo:
 class LinkReading:
     link: int
     active: bool
-    version: int | None = None
+    version: str | None = None                # NVLink version, e.g. "4.0"
     remote_pci_bus_id: str | None = None
     remote_type: str | None = None            # gpu | switch | ibmnpu | unknown
     tx_bytes: int | None = None               # cumulative data bytes (NVML reports KiB)

@@ -8,6 +8,9 @@ from .backend import GpuInfo, LinkReading, NvmlDeviceError, NvmlUnavailable
 log = logging.getLogger("fabricscope.exporter.nvml")
 
 _REMOTE_TYPES = {0x00: "gpu", 0x01: "ibmnpu", 0x02: "switch", 0xFF: "unknown"}
+# nvmlDeviceGetNvLinkVersion answers an nvmlNvlinkVersion_t, not the version number:
+# an H100/H200 (NVLink 4) answers 6.
+_NVLINK_VERSIONS = {1: "1.0", 2: "2.0", 3: "2.2", 4: "3.0", 5: "3.1", 6: "4.0", 7: "5.0", 8: "6.0"}
 
 
 def _text(value) -> str:
@@ -75,7 +78,7 @@ class PynvmlBackend:
                 raise NvmlDeviceError(_reason(nvml, exc), f"link {link} state: {exc}") from None
         throughput = self._throughput(handle, list(present))
         return [LinkReading(link=link, active=active,
-                            version=self._optional(nvml.nvmlDeviceGetNvLinkVersion, handle, link),
+                            version=self._version(handle, link),
                             remote_pci_bus_id=self._remote_pci(handle, link),
                             remote_type=self._remote_type(handle, link),
                             tx_bytes=throughput.get((link, "tx")), rx_bytes=throughput.get((link, "rx")),
@@ -95,6 +98,10 @@ class PynvmlBackend:
             return function(*args)
         except self.nvml.NVMLError:
             return None
+
+    def _version(self, handle, link: int) -> str | None:
+        code = self._optional(self.nvml.nvmlDeviceGetNvLinkVersion, handle, link)
+        return None if code is None else _NVLINK_VERSIONS.get(code, f"unknown_{code}")
 
     def _remote_pci(self, handle, link: int) -> str | None:
         info = self._optional(self.nvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link)

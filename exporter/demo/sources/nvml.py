@@ -18,12 +18,13 @@ from ..plugin import ClusterSpec, Fault, NodeSpec
 from .nccl import hang_faults, rank_period, ring_allreduce_bytes
 
 LINKS_PER_GPU = 18
-NVLINK_VERSION = 4
+NVLINK_VERSION = "4.0"
 # Links per NVSwitch on an HGX H100 board: 5 + 4 + 4 + 5 = 18.
 SWITCH_LINKS = (5, 4, 4, 5)
 DEFAULT_PRECURSOR = 10.0
-# H100 answers NOT_SUPPORTED for the CRC-data counter: the demo leaves it out, like NVML.
-SUPPORTED_ERRORS = ("crc_flit", "replay", "recovery")
+# The four data-link counters: an H200 on driver 580 answered all of them (measured).
+# A GPU that answers NOT_SUPPORTED for one gets no series for it (see exporter/nvml/real.py).
+SUPPORTED_ERRORS = ("crc_flit", "crc_data", "replay", "recovery")
 
 
 def _switch_of(link: int) -> int:
