@@ -36,6 +36,25 @@ def _switch_of(link: int) -> int:
     return len(SWITCH_LINKS) - 1
 
 
+def _gpu_bus_ids(node: NodeSpec) -> list[str]:
+    """The GPUs' PCI addresses in the node's simulated sysfs, written the way NVML writes
+    them (8-digit domain, upper-case hex), so sysfs and NVML views of a GPU join."""
+    try:
+        from ..sim_topology import build_topology
+
+        bdfs = list(build_topology(node.gpus, node.hcas).gpu_bdfs)
+    except Exception:                     # the topology model changed: keep the demo running
+        bdfs = []
+    out = []
+    for gpu in range(node.gpus):
+        if gpu < len(bdfs):
+            domain, bus, rest = bdfs[gpu].split(":")
+            out.append(f"{int(domain, 16):08X}:{bus.upper()}:{rest.upper()}")
+        else:
+            out.append(f"00000000:{0x18 + 0x10 * gpu:02X}:00.0")
+    return out
+
+
 class _Link:
     __slots__ = ("tx", "rx", "errors")
 
@@ -53,8 +72,9 @@ class NvmlSimSource:
         self.nranks = cluster.world_size
         self.rng = rng
         self.now = 0.0
+        buses = _gpu_bus_ids(node)
         self._gpus = [GpuInfo(index=g, uuid=self._uuid(cluster, node, g), name="NVIDIA H100 80GB HBM3",
-                              pci_bus_id=f"00000000:{0x18 + 0x10 * g:02X}:00.0") for g in range(node.gpus)]
+                              pci_bus_id=buses[g]) for g in range(node.gpus)]
         self._links = [[_Link() for _ in range(LINKS_PER_GPU)] for _ in range(node.gpus)]
         self._down: set[tuple[int, int]] = set()
 
