@@ -5,6 +5,7 @@ import argparse
 import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -199,3 +200,29 @@ def test_ethtool_on_missing_and_virtual_interfaces():
     assert read_ethtool_statistics("a-name-longer-than-ifnamsiz").reason == "ethtool_failed"
     if os.path.isdir("/sys/class/net/lo"):
         assert read_ethtool_statistics("lo") is None   # loopback has no driver statistics
+
+
+def test_host_collectors_over_http_pass_promtool_lint(tmp_path, port):
+    """netdev, tcp and kmsg on the fixture node, scraped over HTTP and linted by promtool."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from exporter.main import start_exporter
+
+    promtool = shutil.which("promtool")
+    ctx = Context(sysfs=FIXTURE / "sys", procfs=FIXTURE / "proc", kmsg=FIXTURE / "kmsg",
+                  state_dir=tmp_path / "state", node="gpu-node-7")
+    exporter = start_exporter(ctx, ["netdev", "tcp", "kmsg"], f"127.0.0.1:{port}")
+    try:
+        body = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    finally:
+        exporter.stop()
+    families = {family.name: family for family in text_string_to_metric_families(body)}
+    for name in ("fabric_netdev_rx_missed_errors", "fabric_tcp_retransmitted_segments", "fabric_kernel_log_xid_events"):
+        assert families[name].type == "counter"
+    assert 'fabric_netdev_rx_missed_errors_total{interface="eth2",node="gpu-node-7"} 42.0' in body
+    assert 'fabric_scrape_collector_success{collector="kmsg",node="gpu-node-7"} 1.0' in body
+    if promtool is None:
+        pytest.skip("promtool not installed: exposition parsed, lint not run")
+    lint = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr

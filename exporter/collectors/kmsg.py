@@ -88,6 +88,7 @@ class DeviceSource:
         # what `dmesg -c` cleared): the sequence cursor already prevents double counting,
         # and a cleared buffer must not hide an Xid logged at boot.
         self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        self.failed = False
 
     def read(self, errors: dict[str, int]) -> list[bytes]:
         records = []
@@ -101,6 +102,12 @@ class DeviceSource:
                 continue
             except InterruptedError:
                 continue
+            except OSError as exc:
+                # Keep what was read; the collector reopens the device on the next scrape.
+                reason = "unsupported" if exc.errno == errno.EINVAL else "io_error"
+                errors[reason] = errors.get(reason, 0) + 1
+                self.failed = True
+                break
             if not data:
                 break
             records.append(data)
@@ -231,6 +238,8 @@ class KmsgCollector(Collector):
         finally:
             for reason, count in errors.items():
                 self._error(reason, count)
+        if self.device is not None and self.device.failed:
+            self.close()
         self.state.source_read = True
         self._count(raw_records)
 
