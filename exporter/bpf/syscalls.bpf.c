@@ -3,7 +3,8 @@
  * ioctl rate, mmap/munmap/mremap churn. One raw_tp/sys_enter program (no tracefs, no
  * kprobes). Labels stay bounded: only processes user space put in `tracked_tgids`
  * (those holding a GPU device open, plus an allow-list) are counted under their own
- * name; every other process is counted under the all-zero key ("other").
+ * name, in hash maps keyed by that name; every other process is counted in per-CPU
+ * arrays (*_other), the cheapest possible path for the bulk of the system's syscalls.
  * Metrics it feeds: see syscalls.yaml.
  */
 #include "vmlinux.h"
@@ -39,7 +40,7 @@ enum mmap_op { OP_MMAP = 0, OP_MUNMAP = 1, OP_MREMAP = 2 };
 char LICENSE[] SEC("license") = "GPL";
 
 struct comm_key {
-	char comm[16];   /* the process's (thread group leader's) name; zero: "other" */
+	char comm[16];   /* the process's (thread group leader's) name */
 };
 
 struct mmap_key {
@@ -83,6 +84,17 @@ struct {
 	__type(key, struct mmap_key);
 	__type(value, __u64);
 } fabric_process_mmap_calls_total SEC(".maps");
+
+/* Untracked processes: "other". */
+DECLARE_COUNTER(fabric_process_syscalls_other);
+DECLARE_COUNTER(fabric_gpu_driver_ioctls_other);
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 3);   /* enum mmap_op */
+	__type(key, __u32);
+	__type(value, __u64);
+} fabric_process_mmap_calls_other SEC(".maps");
 
 DECLARE_MAP_ERRORS(3);
 
@@ -132,30 +144,51 @@ static __always_inline bool fd_is_gpu_device(unsigned int fd)
 	return false;
 }
 
+static __always_inline bool gpu_ioctl(struct pt_regs *regs)
+{
+	__u32 zero = 0, *first = bpf_map_lookup_elem(&gpu_majors, &zero);
+
+	/* No GPU driver registered: skip the fd walk entirely. */
+	return first && *first && fd_is_gpu_device((unsigned int)PT_REGS_PARM1_CORE(regs));
+}
+
+static __always_inline __u32 mmap_op(long id)
+{
+	return id == NR_mmap ? OP_MMAP : id == NR_munmap ? OP_MUNMAP : OP_MREMAP;
+}
+
 SEC("raw_tp/sys_enter")
 int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 {
-	struct comm_key key = {};
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	bool is_mmap = id == NR_mmap || id == NR_munmap || id == NR_mremap;
 
-	if (bpf_map_lookup_elem(&tracked_tgids, &tgid)) {
-		struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	if (!bpf_map_lookup_elem(&tracked_tgids, &tgid)) {
+		counter_add(&fabric_process_syscalls_other, 1);
+		if (id == NR_ioctl && gpu_ioctl(regs)) {
+			counter_add(&fabric_gpu_driver_ioctls_other, 1);
+		} else if (is_mmap) {
+			__u32 op = mmap_op(id);
+			__u64 *count = bpf_map_lookup_elem(&fabric_process_mmap_calls_other, &op);
 
-		BPF_CORE_READ_INTO(&key.comm, task, group_leader, comm);
+			if (count)
+				*count += 1;
+		}
+		return 0;
 	}
+
+	struct comm_key key = {};
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+
+	BPF_CORE_READ_INTO(&key.comm, task, group_leader, comm);
 	bump(&fabric_process_syscalls_total, &key, MAP_ID_SYSCALLS);
-
-	if (id == NR_ioctl) {
-		__u32 zero = 0, *first = bpf_map_lookup_elem(&gpu_majors, &zero);
-
-		/* No GPU driver registered: skip the fd walk entirely. */
-		if (first && *first && fd_is_gpu_device((unsigned int)PT_REGS_PARM1_CORE(regs)))
-			bump(&fabric_gpu_driver_ioctls_total, &key, MAP_ID_IOCTLS);
-	} else if (id == NR_mmap || id == NR_munmap || id == NR_mremap) {
+	if (id == NR_ioctl && gpu_ioctl(regs)) {
+		bump(&fabric_gpu_driver_ioctls_total, &key, MAP_ID_IOCTLS);
+	} else if (is_mmap) {
 		struct mmap_key mkey = {};
 
 		__builtin_memcpy(mkey.comm, key.comm, sizeof(mkey.comm));
-		mkey.op = id == NR_mmap ? OP_MMAP : id == NR_munmap ? OP_MUNMAP : OP_MREMAP;
+		mkey.op = mmap_op(id);
 		bump(&fabric_process_mmap_calls_total, &mkey, MAP_ID_MMAP);
 	}
 	return 0;

@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: GPL-2.0
 /* TCP signals: smoothed RTT, connect latency, retransmits by peer address.
- * Classic tracepoints (need tracefs mounted); their record layouts are read through
- * CO-RE so a kernel that moved a field still loads. Metrics it feeds: see tcp.yaml.
+ * RTT from tp_btf (hot path); connects and retransmits from classic tracepoints (rare
+ * events; need tracefs), whose record layouts are read through CO-RE so a kernel that
+ * moved a field still loads. Metrics it feeds: see tcp.yaml.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "fabric.h"
 
@@ -44,11 +46,17 @@ struct {
 	__type(value, __u64);
 } connect_start SEC(".maps");
 
-SEC("tracepoint/tcp/tcp_probe")
-int tcp_probe(struct trace_event_raw_tcp_probe *ctx)
+/* Fires on every received segment: tp_btf skips building the trace record, which
+ * halves its cost against the classic tracepoint. */
+SEC("tp_btf/tcp_probe")
+int BPF_PROG(tcp_probe, struct sock *sk, const struct sk_buff *skb)
 {
-	__u32 srtt_us = BPF_CORE_READ(ctx, srtt);   /* tp->srtt_us >> 3: microseconds */
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	__u32 srtt_us;
 
+	if (!tp)
+		return 0;
+	srtt_us = tp->srtt_us >> 3;   /* srtt_us is stored << 3 */
 	if (srtt_us)
 		hist_observe(&fabric_tcp_rtt_seconds, srtt_us);
 	return 0;

@@ -28,13 +28,16 @@ class MetricDecl:
     help: str
     unit_seconds: float = 1.0
     labels: tuple[LabelDecl, ...] = ()
+    # A per-CPU array holding the "other" share of a labelled counter: its value goes to
+    # the first label = "other", its key (if any) decodes through the remaining labels.
+    other_map: str | None = None
 
 
 @dataclass(frozen=True)
 class ObjectDecl:
     object: str
     programs: tuple[str, ...]
-    needs_tracefs: bool
+    tracefs_programs: tuple[str, ...]     # classic tracepoint/ programs: need tracefs
     map_errors: tuple[str, ...]
     metrics: tuple[MetricDecl, ...]
 
@@ -48,10 +51,17 @@ def parse_declaration(data: dict, origin: str = "<declaration>") -> ObjectDecl:
             if m["type"] not in METRIC_TYPES:
                 raise ValueError(f"{origin}: metric {m['name']}: type {m['type']!r} not in {sorted(METRIC_TYPES)}")
             labels = tuple(LabelDecl(str(lab["name"]), str(lab["decoder"])) for lab in m.get("labels") or ())
+            other = m.get("other_map")
+            if other and not labels:
+                raise ValueError(f"{origin}: metric {m['name']}: other_map needs at least one label")
             metrics.append(MetricDecl(name=str(m["name"]), type=m["type"], help=str(m.get("help", "")),
-                                      unit_seconds=float(m.get("unit_seconds", 1.0)), labels=labels))
-        return ObjectDecl(object=str(data["object"]), programs=tuple(map(str, data["programs"])),
-                          needs_tracefs=bool(data.get("needs_tracefs", False)),
+                                      unit_seconds=float(m.get("unit_seconds", 1.0)), labels=labels,
+                                      other_map=str(other) if other else None))
+        programs = tuple(map(str, data["programs"]))
+        tracefs = tuple(map(str, data.get("tracefs_programs") or ()))
+        if not set(tracefs) <= set(programs):
+            raise ValueError(f"{origin}: tracefs_programs {sorted(set(tracefs) - set(programs))} are not in programs")
+        return ObjectDecl(object=str(data["object"]), programs=programs, tracefs_programs=tracefs,
                           map_errors=tuple(map(str, data.get("map_errors") or ())), metrics=tuple(metrics))
     except (KeyError, TypeError) as exc:
         raise ValueError(f"{origin}: malformed declaration ({exc!r})") from exc

@@ -42,6 +42,7 @@ class MapConverter:
                                          "Kernel-side map updates that failed (map full): events lost.",
                                          labels=["map"])
         for decl in self.decls:
+            self._source, self._object = source, decl.object   # for _other(), this pass only
             for metric in decl.metrics:
                 try:
                     items = source.read_map(decl.object, metric.name)
@@ -84,12 +85,26 @@ class MapConverter:
                 raise ValueError(f"counter value is {len(value)} bytes, expected 8")
             labels = decode_key(key, decoders) if decoders else ()
             readings.append((key, labels, struct.unpack("<Q", value)[0]))
+        if metric.other_map:
+            for key, value, labels in self._other(metric, decoders[1:]):
+                readings.append((b"other:" + key, labels, value))
         totals = self._counters.setdefault(metric.name, LabelCounters()).update(readings)
         family = CounterMetricFamily(metric.name.removesuffix("_total"), metric.help,
                                      labels=[label.name for label in metric.labels])
         for labels, total in sorted(totals.items()):
             family.add_metric(list(labels), total)
         return family
+
+    def _other(self, metric: MetricDecl, rest: list[Decoder]):
+        try:
+            items = self._source.read_map(self._object, metric.other_map)
+        except KeyError:
+            return
+        for key, value in items:
+            if len(value) != 8:
+                raise ValueError(f"{metric.other_map}: value is {len(value)} bytes, expected 8")
+            labels = ("other",) + (decode_key(key, rest) if rest else ())
+            yield key, struct.unpack("<Q", value)[0], labels
 
     def _map_errors(self, source: MapSource, decl: ObjectDecl, family: CounterMetricFamily) -> None:
         try:

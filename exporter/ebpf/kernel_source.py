@@ -49,14 +49,19 @@ class KernelMapSource:
             return
         tracefs_ok, tracefs_message = None, ""
         for decl in self.decls:
-            if decl.needs_tracefs and tracefs_ok is None:
-                tracefs_ok, tracefs_message = ensure_tracefs(self.sysfs)
-                log.info("%s", tracefs_message)
-            if decl.needs_tracefs and not tracefs_ok:
-                self._object_problems[decl.object] = (reasons.NO_TRACEFS, tracefs_message)
+            skip: tuple[str, ...] = ()
+            if decl.tracefs_programs:
+                if tracefs_ok is None:
+                    tracefs_ok, tracefs_message = ensure_tracefs(self.sysfs)
+                    log.log(logging.INFO if tracefs_ok else logging.ERROR, "%s", tracefs_message)
+                if not tracefs_ok:
+                    # The object's tp_btf/raw_tp programs still run; these stay unattached.
+                    skip = decl.tracefs_programs
+                    self._object_problems[decl.object] = (reasons.NO_TRACEFS, tracefs_message)
+            if set(skip) == set(decl.programs):
                 continue
             try:
-                self._objects[decl.object] = self._load(decl)
+                self._objects[decl.object] = self._load(decl, skip)
             except BpfUnavailable as exc:
                 self._object_problems[decl.object] = (exc.reason, exc.message)
                 log.error("eBPF object %s unavailable (%s): %s", decl.object, exc.reason, exc.message)
@@ -73,18 +78,20 @@ class KernelMapSource:
             except BpfUnavailable as exc:
                 log.info("BPF run-time statistics unavailable: %s", exc)
 
-    def _load(self, decl: ObjectDecl):
+    def _load(self, decl: ObjectDecl, skip: tuple[str, ...] = ()):
         from .libbpf import BpfObject
-        obj = BpfObject.load(object_path(decl.object, self.object_dir))
+        obj = BpfObject.load(object_path(decl.object, self.object_dir), skip_programs=skip)
         failures = []
         for program in decl.programs:
+            if program in skip:
+                continue
             try:
                 obj.attach(program)
                 self._attached[program] = True
             except (BpfUnavailable, KeyError) as exc:
                 failures.append(exc)
                 log.error("eBPF program %s.%s not attached: %s", decl.object, program, exc)
-        if failures and not any(self._attached[p] for p in decl.programs):
+        if failures and not any(self._attached[p] for p in decl.programs if p not in skip):
             obj.close()
             first = failures[0]
             raise first if isinstance(first, BpfUnavailable) else BpfUnavailable(reasons.ATTACH_FAILED, str(first))

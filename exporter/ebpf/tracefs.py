@@ -1,7 +1,8 @@
 """Make sure tracefs is mounted: classic tracepoint/ programs attach through it.
 
 tp_btf/ and raw_tp/ programs do not need it, so a host where mounting fails still runs
-those; only the objects that declare needs_tracefs report reason "no_tracefs".
+those: only the programs a declaration lists under tracefs_programs stay unattached
+(and the object reports reason "no_tracefs" in the log).
 """
 from __future__ import annotations
 

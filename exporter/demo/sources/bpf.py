@@ -40,7 +40,7 @@ MAX_SAMPLES_PER_STEP = 20000
 # process name -> (syscalls/s, GPU ioctls/s, mmap/s, munmap/s, mremap/s)
 PROCESS_RATES = {
     "python": (52000.0, 9000.0, 40.0, 38.0, 1.5),
-    "": (21000.0, 0.0, 180.0, 175.0, 2.0),      # untracked processes: the "other" key
+    "": (21000.0, 0.0, 180.0, 175.0, 2.0),      # untracked processes: the *_other arrays
 }
 DEFAULT_MULTIPLIER = 60.0
 DEFAULT_FRACTION = 0.05
@@ -61,6 +61,9 @@ def _v4_mapped(addr: str) -> bytes:
 
 def _comm_key(name: str) -> bytes:
     return name.encode()[:15].ljust(16, b"\0")
+
+
+OTHER = _comm_key("")
 
 
 class _Hist:
@@ -212,14 +215,23 @@ class BpfSimSource:
             ("sched", "fabric_sched_context_switches_total"): lambda: [(zero, u64(self.switches))],
             ("sched", "fabric_sched_migrations_total"): lambda: [(zero, u64(self.migrations))],
             ("sched", "fabric_ebpf_map_update_errors_total"): lambda: [(zero, u64(0))],
-            ("syscalls", "fabric_process_syscalls_total"): lambda: [(k, u64(v)) for k, v in self.syscalls.items()],
-            ("syscalls", "fabric_gpu_driver_ioctls_total"): lambda: [(k, u64(v)) for k, v in self.ioctls.items()],
-            ("syscalls", "fabric_process_mmap_calls_total"): lambda: [(k, u64(v)) for k, v in self.mmaps.items()],
+            ("syscalls", "fabric_process_syscalls_total"): lambda: self._tracked(self.syscalls),
+            ("syscalls", "fabric_gpu_driver_ioctls_total"): lambda: self._tracked(self.ioctls),
+            ("syscalls", "fabric_process_mmap_calls_total"): lambda: self._tracked(self.mmaps),
+            ("syscalls", "fabric_process_syscalls_other"): lambda: [(zero, u64(self.syscalls.get(OTHER, 0)))],
+            ("syscalls", "fabric_gpu_driver_ioctls_other"): lambda: [(zero, u64(self.ioctls.get(OTHER, 0)))],
+            ("syscalls", "fabric_process_mmap_calls_other"): lambda: [
+                (struct.pack("<I", op), u64(self.mmaps.get(OTHER + struct.pack("<I", op), 0))) for op in range(3)],
             ("syscalls", "fabric_ebpf_map_update_errors_total"): lambda: [(struct.pack("<I", i), u64(0)) for i in range(3)],
         }
         if (obj, map_name) not in maps:
             raise KeyError(f"{obj}/{map_name}")
         return maps[(obj, map_name)]()
+
+    @staticmethod
+    def _tracked(counts: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
+        # Named processes live in the hash maps; "other" in the per-CPU arrays.
+        return [(k, struct.pack("<Q", v)) for k, v in counts.items() if not k.startswith(OTHER)]
 
     def close(self) -> None:
         pass
