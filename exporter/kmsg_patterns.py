@@ -1,7 +1,7 @@
 """Kernel log patterns that mean a NIC or GPU is failing, with their severity.
 
-The mlx5_core and NETDEV WATCHDOG rows follow the NIC health monitor's log watcher:
-deterministic driver/firmware failures are fatal, diagnostic context is non-fatal.
+The mlx5_core, NETDEV WATCHDOG and PCIe AER rows follow the NIC health monitor's log
+watcher: deterministic driver/firmware failures are fatal, diagnostic context is non-fatal.
 `name` is the `pattern` label value, so it must stay a fixed, short identifier.
 docs/kernel-log.md documents this table; keep them in step.
 """
@@ -18,7 +18,8 @@ class LogPattern:
     name: str           # pattern label
     source: str         # source label: the driver or subsystem that logs it
     severity: str       # fatal | non_fatal
-    regex: str          # searched (not anchored) in the message text
+    regex: str          # searched (not anchored) in the message text; scoped flags only,
+                        # (?i:...), since rows sharing a literal are also joined into one regex
     # A literal every matching message contains. Lines without any row's `requires`
     # are rejected by one substring test each, which keeps 10k-line scrapes cheap.
     requires: str
@@ -31,13 +32,22 @@ PATTERNS: tuple[LogPattern, ...] = (
                r"Will cause a leak of a command resource|cmd_exec timeout|cmd_work_handler.*timeout", "mlx5_core"),
     LogPattern("health_compromised", "mlx5_core", FATAL,
                r"health compromised|health poll failed|reached miss count", "mlx5_core"),
-    LogPattern("unrecoverable_error", "mlx5_core", FATAL, r"(?i)unrecoverable", "mlx5_core"),
-    LogPattern("insufficient_power", "mlx5_core", NON_FATAL, r"(?i)insufficient(?:/unadvertised)? power", "mlx5_core"),
-    LogPattern("module_high_temperature", "mlx5_core", NON_FATAL, r"(?i)high temperature", "mlx5_core"),
-    LogPattern("module_absent", "mlx5_core", NON_FATAL, r"(?i)module absent", "mlx5_core"),
-    LogPattern("cable_unplugged", "mlx5_core", NON_FATAL, r"(?i)cable unplugged", "mlx5_core"),
+    LogPattern("unrecoverable_error", "mlx5_core", FATAL, r"(?i:unrecoverable)|recovery flow aborted", "mlx5_core"),
+    LogPattern("insufficient_power", "mlx5_core", NON_FATAL, r"(?i:insufficient(?:/unadvertised)? power)", "mlx5_core"),
+    LogPattern("module_high_temperature", "mlx5_core", NON_FATAL, r"(?i:high temperature)", "mlx5_core"),
+    LogPattern("module_absent", "mlx5_core", NON_FATAL, r"(?i:module absent)", "mlx5_core"),
+    LogPattern("cable_unplugged", "mlx5_core", NON_FATAL, r"(?i:cable unplugged)", "mlx5_core"),
     LogPattern("access_reg_failed", "mlx5_core", NON_FATAL, r"ACCESS_REG\b.*\bfailed", "mlx5_core"),
     LogPattern("transmit_timeout", "netdev", NON_FATAL, r"NETDEV WATCHDOG:.*timed out", "NETDEV WATCHDOG"),
+    # AER logs one "PCIe Bus Error: severity=..." line per error and device (the root
+    # port's "AER: ... error received" line is the same event, so it is not counted).
+    # Older kernels spell the severities "Uncorrected"/"Corrected", newer ones
+    # "Uncorrectable"/"Correctable"; both are matched.
+    LogPattern("pcie_uncorrected_fatal", "pcie", FATAL,
+               r"PCIe Bus Error: severity=Uncorrect(?:ed|able) \(Fatal\)", "PCIe Bus Error"),
+    LogPattern("pcie_uncorrected_non_fatal", "pcie", NON_FATAL,
+               r"PCIe Bus Error: severity=Uncorrect(?:ed|able) \(Non-Fatal\)", "PCIe Bus Error"),
+    LogPattern("pcie_corrected", "pcie", NON_FATAL, r"PCIe Bus Error: severity=Correct(?:ed|able)", "PCIe Bus Error"),
 )
 
 # "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus."

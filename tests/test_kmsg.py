@@ -17,7 +17,8 @@ from exporter.kmsg_patterns import FATAL_XIDS, KNOWN_XIDS, PATTERNS
 from exporter.parsers.kmsg import Classifier, KmsgFormatError, parse_record
 
 FIXTURE = Path(__file__).parent / "fixtures" / "node"
-FIXTURE_RECORDS = 23
+FIXTURE_RECORDS = 31
+FIXTURE_LAST_SEQUENCE = 22301
 BOOT_A = "6f0c3b8e-2a41-4d7e-9c55-0e1d2b3a4f51"
 BOOT_B = "0b5e9d11-7c3a-4f08-8e2d-41a7c9e6d3b2"
 
@@ -82,6 +83,15 @@ def test_record_level_and_facility():
      ("pattern", "mlx5_core", "access_reg_failed", "non_fatal")),
     ("NETDEV WATCHDOG: eth2 (mlx5_core): transmit queue 5 timed out 5136 ms",
      ("pattern", "netdev", "transmit_timeout", "non_fatal")),
+    ("mlx5_core 0000:b3:00.0: mlx5_health_try_recover:327:(pid 1870): health recovery flow aborted, PCI reads still not working",
+     ("pattern", "mlx5_core", "unrecoverable_error", "fatal")),
+    ("mlx5_core 0000:b3:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Receiver ID)",
+     ("pattern", "pcie", "pcie_uncorrected_fatal", "fatal")),
+    ("nvidia 0000:18:00.0: PCIe Bus Error: severity=Uncorrectable (Non-Fatal), type=Transaction Layer, (Requester ID)",
+     ("pattern", "pcie", "pcie_uncorrected_non_fatal", "non_fatal")),
+    ("mlx5_core 0000:b3:00.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)",
+     ("pattern", "pcie", "pcie_corrected", "non_fatal")),
+    ("pcieport 0000:00:03.0: AER: Corrected error received: 0000:b3:00.0", None),   # same event as the line above
     ("NVRM: Xid (PCI:0000:18:00): 79, pid=0, name=python3, GPU has fallen off the bus.", ("xid", "nvrm", "79", "fatal")),
     ("NVRM: Xid (PCI:0000:3b:00): 74, pid=1, NVLink: fatal error", ("xid", "nvrm", "74", "fatal")),
     ("NVRM: Xid (PCI:0000:3b:00): 13, pid=4411, Graphics Exception", ("xid", "nvrm", "13", "non_fatal")),
@@ -173,7 +183,7 @@ def test_fixture_counts_every_pattern_and_xid(node):
     assert plain(samples, "fabric_state_file_problem", collector="kmsg", problem="missing") == 1
     assert plain(samples, "fabric_node_boot_id_changes_total", collector="kmsg") == 0
     stored = json.loads((node / "state" / "kmsg.json").read_text())
-    assert stored["boot_id"] == BOOT_A and stored["last_sequence"] == 22012
+    assert stored["boot_id"] == BOOT_A and stored["last_sequence"] == FIXTURE_LAST_SEQUENCE
 
 
 def test_incremental_reads_and_partial_line(node):
@@ -238,7 +248,7 @@ def test_truncated_or_rotated_file_starts_over_without_recount(node):
     log = node / "kmsg"
     # Rotation that keeps the tail: the old records are skipped by the cursor, the new one counts.
     tail = [line for line in log.read_text().splitlines() if line.startswith("4,22010,")]
-    log.write_text(tail[0] + "\n4,22100,900000000,-;NVRM: Xid (PCI:0000:18:00): 95, pid=0, Uncontained ECC\n")
+    log.write_text(tail[0] + "\n4,24100,900000000,-;NVRM: Xid (PCI:0000:18:00): 95, pid=0, Uncontained ECC\n")
     samples = scraper.scrape()
     assert xid(samples, "79", "fatal") == 1
     assert xid(samples, "95", "fatal") == 1
@@ -246,11 +256,11 @@ def test_truncated_or_rotated_file_starts_over_without_recount(node):
     # Truncated to nothing, then written again.
     log.write_text("")
     scraper.scrape()
-    append(log, "4,22200,900000100,-;mlx5_core 0000:b3:00.0: Port module event: module 0, Cable unplugged\n")
+    append(log, "4,24200,900000100,-;mlx5_core 0000:b3:00.0: Port module event: module 0, Cable unplugged\n")
     samples = scraper.scrape()
     assert event(samples, "cable_unplugged", "non_fatal") == 2
     # Replaced by a file that is longer than the old offset: the changed head gives it away.
-    log.write_text("4,22300,900000200,-;NVRM: Xid (PCI:0000:18:00): 94, pid=0, Contained ECC error\n" + "6,22301,1,-;x\n" * 50)
+    log.write_text("4,24300,900000200,-;NVRM: Xid (PCI:0000:18:00): 94, pid=0, Contained ECC error\n" + "6,24301,1,-;x\n" * 50)
     samples = scraper.scrape()
     assert xid(samples, "94", "fatal") == 1
     assert plain(samples, "fabric_kernel_log_read_errors_total", reason="no_separator") is None
@@ -286,7 +296,7 @@ def test_corrupt_state_file_is_reported_and_recovered(node):
     assert list((node / "state").glob("kmsg.json.corrupt-*"))   # kept for forensics
     # The log is read from the start again (the cursor was lost) and a valid state written.
     assert plain(samples, "fabric_kernel_log_lines_total") == FIXTURE_RECORDS
-    assert json.loads(state_path.read_text())["last_sequence"] == 22012
+    assert json.loads(state_path.read_text())["last_sequence"] == FIXTURE_LAST_SEQUENCE
     samples = Scraper(context(node)).scrape()
     assert plain(samples, "fabric_state_file_problem", collector="kmsg", problem="corrupt") == 0
     assert plain(samples, "fabric_kernel_log_lines_total") == FIXTURE_RECORDS

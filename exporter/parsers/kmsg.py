@@ -96,14 +96,17 @@ class Classifier:
     """Maps a message to the first matching pattern row, or an NVRM Xid, or None."""
 
     def __init__(self) -> None:
-        self._rows = [(row, re.compile(row.regex)) for row in PATTERNS]
         self._xid = re.compile(XID_REGEX)
-        # Distinct literals to test before any regex runs: most kernel lines match none.
-        self._required = tuple(sorted({row.requires for row in PATTERNS} | {XID_REQUIRES}))
+        # Rows grouped by the literal they require, in table order. Each group also gets
+        # one joined regex, so a line that has the literal but matches no row (ordinary
+        # mlx5_core chatter) costs one search, not one per row.
+        groups: dict[str, list] = {}
+        for index, row in enumerate(PATTERNS):
+            groups.setdefault(row.requires, []).append((index, row, re.compile(row.regex)))
+        self._groups = [(literal, re.compile("|".join(f"(?:{row.regex})" for _, row, _ in members)), members)
+                        for literal, members in groups.items()]
 
     def classify(self, message: str) -> Match | None:
-        if not any(literal in message for literal in self._required):
-            return None
         if XID_REQUIRES in message:
             found = self._xid.search(message)
             if found:
@@ -112,7 +115,18 @@ class Classifier:
                 # (and refused past 4300). No real Xid has more than a few.
                 code = int(digits) if len(digits) <= 9 else -1
                 return Match("xid", "nvrm", xid_label(code), xid_severity(code))
-        for row, regex in self._rows:
-            if row.requires in message and regex.search(message):
-                return Match("pattern", row.source, row.name, row.severity)
-        return None
+        best = None
+        for literal, joined, members in self._groups:
+            if literal not in message or not joined.search(message):
+                continue
+            # Some row of this group matches: the first in table order wins.
+            for index, row, regex in members:
+                if best is not None and index > best[0]:
+                    break
+                if regex.search(message):
+                    best = (index, row)
+                    break
+        if best is None:
+            return None
+        row = best[1]
+        return Match("pattern", row.source, row.name, row.severity)
