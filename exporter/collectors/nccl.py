@@ -25,6 +25,8 @@ log = logging.getLogger("fabricscope.exporter.nccl")
 
 DEFAULT_OBJECT = Path(__file__).resolve().parent.parent / "bpf" / "nccl.bpf.o"
 LABELS = ["comm", "rank", "op"]
+CONFIG_KEYS = {"hang_multiplier", "min_completed", "window", "max_comms", "max_series", "idle_evict_seconds",
+               "uprobes", "rescan_seconds", "bpf_object"}
 
 
 @register
@@ -35,6 +37,9 @@ class NcclCollector(Collector):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         section = ctx.section("nccl")
+        unknown = sorted(set(section) - CONFIG_KEYS)
+        if unknown:                                   # a typo would silently keep a default
+            log.warning("nccl config: ignoring unknown keys %s (known: %s)", unknown, sorted(CONFIG_KEYS))
         self.source = ctx.sources.get("nccl")
         clock = getattr(self.source, "clock", time.time)
         self.tracker = NcclTracker.from_config(section, clock=clock)

@@ -14,6 +14,7 @@ Faults:
 from __future__ import annotations
 
 import random
+import time
 
 from ...nccl.commid import UNIQUE_ID_BYTES, comm_label, unique_id_hash
 from ...nccl.events import NcclCall
@@ -67,8 +68,6 @@ class NcclSimSource:
     key = "nccl"
 
     def __init__(self, node: NodeSpec, cluster: ClusterSpec, rng: random.Random, epoch: float | None = None) -> None:
-        import time
-
         self.node = node
         self.nranks = cluster.world_size
         self.comm = job_comm(cluster)
