@@ -133,6 +133,16 @@ def test_unknown_speed_and_missing_route_file(tree):
     assert value(registry, "fabric_netdev_mtu_bytes", interface="eth0") == 1500
 
 
+def test_interface_that_vanished_is_not_reported_as_broken(tree):
+    assert read_net_device(tree / "sys", "eth9") is None
+    shutil.rmtree(tree / "sys" / "class" / "net" / "eth0")
+    (tree / "sys" / "class" / "net" / "eth0").symlink_to("../../devices/virtual/net/eth0")   # dangling
+    registry = scrape(fixture_ctx(tree))
+    assert value(registry, "fabric_netdev_up", interface="eth0") is None
+    assert registry.get_sample_value("fabric_netdev_read_errors", {"interface": "eth0", "reason": "absent"}) is None
+    assert value(registry, "fabric_netdev_up", interface="eth2") == 1
+
+
 def test_missing_class_net_fails_the_collector_visibly(tmp_path):
     registry = scrape(Context(sysfs=tmp_path, procfs=tmp_path, node=""))
     assert value(registry, "fabric_scrape_collector_success", collector="netdev") == 0
@@ -172,7 +182,8 @@ def test_ethtool_counters_only_for_the_real_sysfs():
 
 def _physical_interface_with_ethtool_stats() -> tuple[str, str] | None:
     for name in (list_interfaces(Path("/sys")) or []) if os.path.isdir("/sys/class/net") else []:
-        if read_net_device(Path("/sys"), name).driver is None:
+        device = read_net_device(Path("/sys"), name)
+        if device is None or device.driver is None:
             continue
         counters = read_ethtool_statistics(name)
         if isinstance(counters, list) and counters:

@@ -86,7 +86,8 @@ class NetdevCollector(Collector):
         if isinstance(names, ReadProblem):
             # No /sys/class/net at all is not "zero interfaces": fail the scrape visibly.
             raise OSError(str(names))
-        devices = [read_net_device(self.ctx.sysfs, name) for name in names if self.wanted(name)]
+        devices = [device for device in (read_net_device(self.ctx.sysfs, name) for name in names if self.wanted(name))
+                   if device is not None]
         yield from expose(devices, self._default_route_interfaces())
         if self.ethtool_include is not None:
             yield from self._ethtool(devices)

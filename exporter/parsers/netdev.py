@@ -86,8 +86,12 @@ def _driver(base: Path) -> str | None:
         return None
 
 
-def read_net_device(sysfs: Path, name: str) -> NetDevice:
+def read_net_device(sysfs: Path, name: str) -> NetDevice | None:
+    """The interface's attributes, or None when it vanished since the directory was listed
+    (a pod's veth deleted mid-scrape is not an interface with every file unreadable)."""
     base = Path(sysfs) / "class" / "net" / name
+    if not base.is_dir():
+        return None
     device = NetDevice(name=name)
 
     operstate = read_text(base / "operstate")
