@@ -50,7 +50,7 @@ BACKGROUND_HW_ERRORS = {
 # RoCE congestion control is busy on a healthy Ethernet fabric: ECN marks and CNPs flow.
 ROCE_CONGESTION = {"np_ecn_marked_roce_packets": 40.0, "np_cnp_sent": 40.0, "rp_cnp_handled": 35.0}
 
-XMIT_WAIT_PER_SECOND = 1200.0
+XMIT_WAIT_PER_SECOND = 400.0
 AVERAGE_PACKET_BYTES = 4160          # 4 KiB MTU payload plus headers
 BYTES_PER_WRITE_REQUEST = 65536      # NCCL's RDMA writes arrive in large messages
 
