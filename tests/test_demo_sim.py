@@ -131,6 +131,21 @@ def test_same_seed_same_bytes_different_seed_different(tmp_path):
     assert a.tick_index == b.tick_index == c.tick_index == 12
 
 
+def test_tree_is_the_same_on_disk_and_on_tmpfs(tmp_path):
+    faults = [{"kind": "link_down", "node": 0, "at": 2, "target": {"device": "mlx5_0"}}]
+    on_disk = DemoEngine(small(*faults), tmp_path / "disk", use_tmpfs=False)
+    _open_engines.append(on_disk)
+    on_disk.build()
+    for _ in range(4):
+        on_disk.step()
+    assert on_disk.home is None and not (tmp_path / "disk" / "gpu-node-0").is_symlink()
+    default = engine_at(tmp_path / "default", small(*faults), ticks=4)
+    if default.home is not None:
+        link = tmp_path / "default" / "gpu-node-0"
+        assert link.is_symlink() and link.resolve() == default.nodes[0].root.resolve()
+    assert snapshot(on_disk) == snapshot(default)
+
+
 def test_catching_up_without_writes_ends_on_the_same_tree(tmp_path):
     faults = [{"kind": "microburst", "node": 0, "at": 2, "duration": 3}]
     written = engine_at(tmp_path / "a", small(*faults), ticks=8)
