@@ -526,7 +526,7 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
                                             f"  (printed below and in {workdir / 'notifications.log'})"),
         f"Workdir:        {workdir}  (configs, logs, TSDB)",
         "",
-        "Fault timeline (seconds since start):",
+        "Fault timeline (seconds since start" + (f", repeating every {scenario.repeat:g}s):" if scenario.repeat else "):"),
         *describe_faults(scenario),
         "",
         "Ctrl-C stops everything." if not args.duration else f"Stopping after {args.duration:g}s.",

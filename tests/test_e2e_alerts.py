@@ -1,0 +1,288 @@
+"""End to end, on real components: demo cluster → real Prometheus with the rules → real
+Alertmanager → webhook.
+
+One scenario runs once for the module: a healthy phase, then a link flap, a microburst,
+a straggler rank and an NCCL hang on different nodes and targets. The rules are rendered
+with shortened `for:` durations, windows and group intervals (so the run takes minutes,
+not hours); Prometheus scrapes and evaluates every second; Alertmanager groups with 1s
+waits and posts to a receiver in this process. Each test then checks one promise:
+
+- nothing fires while the cluster is healthy (Prometheus ALERTS and the webhook log);
+- each fault produces its alert at the webhook with the right labels;
+- no alert names a node, port or communicator that no fault touched.
+
+Time-to-detect (fault start → notification received) is printed per fault and written to
+<tmp>/time_to_detect.json (`pytest -s tests/test_e2e_alerts.py` shows it).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from fabricscope import stack
+from tests import procs
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+CLUSTER = "e2e"
+NODES = 4
+GPUS_PER_NODE = 2
+HCAS_PER_NODE = 2
+HEALTHY_SECONDS = 60          # long enough for rate windows and rolling averages to fill
+
+# Faults on distinct nodes/targets. The straggler comes before the hang and ends before
+# it, because a hang on the job's communicator (rightly) inhibits straggler alerts on it.
+LINK_FLAP = {"kind": "link_flap", "node": 1, "at": HEALTHY_SECONDS, "target": {"device": "mlx5_1", "port": 1},
+             "params": {"count": 3, "period_seconds": 6}}
+MICROBURST = {"kind": "microburst", "node": 2, "at": HEALTHY_SECONDS, "duration": 40}
+# Job-level faults (no node): every node's NCCL source sees them, as every rank of a real
+# job would. Rank 7 lives on gpu-node-3, rank 1 on gpu-node-0.
+STRAGGLER = {"kind": "straggler_rank", "at": HEALTHY_SECONDS, "duration": 60,
+             "target": {"rank": 7}, "params": {"lag_seconds": 0.1}}
+HANG = {"kind": "nccl_hang", "at": HEALTHY_SECONDS + 75, "duration": 60, "target": {"rank": 1}}
+SCENARIO = {"seed": 11, "cluster": {"name": CLUSTER, "nodes": NODES, "gpus_per_node": GPUS_PER_NODE,
+                                    "hcas_per_node": HCAS_PER_NODE},
+            "tick_seconds": 0.5, "faults": [LINK_FLAP, MICROBURST, STRAGGLER, HANG]}
+END_SECONDS = HANG["at"] + HANG["duration"]
+# After its fault starts, an alert has this long to reach the webhook.
+DETECTION_DEADLINE = 90
+
+# Production values shortened for a run of minutes; every key exists in
+# rules/mixin/config.libsonnet (the renderer refuses unknown keys).
+RULE_OVERRIDES = {
+    "intervals": {group: "1s" for group in ("tcp", "nccl", "infiniband", "nvlink", "kernel", "pipeline")},
+    "windows": {"tcpRate": "10s", "tcpBaseline": "40s", "ncclRate": "15s", "ibFlap": "2m"},
+    "for": {"ncclHang": "5s", "straggler": "10s", "ibPortDown": "30s", "exporterDown": "10s",
+            "collectorFailing": "10s"},
+}
+
+
+@dataclass
+class Expected:
+    fault: dict[str, Any]
+    alertname: str
+    labels: dict[str, str]                  # must be present with these values
+    present: tuple[str, ...] = ()           # must be present, any value
+    notes: str = ""
+
+
+@dataclass
+class Run:
+    t0: float                               # wall time of scenario second 0
+    comm: str                               # the simulated job's communicator label
+    receiver: stack.WebhookReceiver
+    prometheus: procs.Server
+    alertmanager: procs.Server
+    healthy_firing: list[dict] = field(default_factory=list)
+    first_seen: dict[str, tuple[float, dict]] = field(default_factory=dict)
+    report_path: Path | None = None
+
+    def fault_time(self, fault: dict) -> float:
+        return self.t0 + float(fault["at"])
+
+
+def expectations(comm: str) -> list[Expected]:
+    return [
+        Expected(LINK_FLAP, "FabricInfinibandLinkFlap",
+                 {"node": "gpu-node-1", "device": "mlx5_1", "port": "1", "cluster": CLUSTER}),
+        Expected(MICROBURST, "FabricTcpMicroburst", {"node": "gpu-node-2", "cluster": CLUSTER}),
+        Expected(STRAGGLER, "FabricNcclStragglerRank", {"rank": "7", "comm": comm, "cluster": CLUSTER}),
+        # Every rank but the hung one blocks inside its next call: the hang is seen on
+        # the ranks still waiting, on every node.
+        Expected(HANG, "FabricNcclHang", {"comm": comm, "cluster": CLUSTER}, present=("rank", "node")),
+    ]
+
+
+def matches(alert: dict, expected: Expected) -> bool:
+    labels = alert["labels"]
+    return (labels.get("alertname") == expected.alertname
+            and all(labels.get(k) == v for k, v in expected.labels.items())
+            and all(labels.get(k) for k in expected.present))
+
+
+# ----------------------------------------------------------------- the run
+
+def render_fast_rules(out_dir: Path) -> list[Path]:
+    """The committed mixin rendered with RULE_OVERRIDES by the rules' own entry point
+    (rules/render.jsonnet, the `overrides` top-level argument), as
+    `jsonnet -S -m OUT --tla-code overrides=... rules/render.jsonnet` would."""
+    renderer = REPO / "rules" / "render.jsonnet"
+    if not renderer.exists():
+        pytest.skip("rules/render.jsonnet (the mixin's renderer) missing")
+    import _jsonnet
+
+    rendered = json.loads(_jsonnet.evaluate_file(str(renderer), tla_codes={"overrides": json.dumps(RULE_OVERRIDES)}))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = []
+    for name, text in sorted(rendered.items()):
+        files.append(out_dir / name)
+        files[-1].write_text(text)
+    assert files, f"{renderer} rendered no rule files"
+    check = subprocess.run([procs.require_binary("promtool"), "check", "rules", *map(str, files)],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, f"rules rendered with {RULE_OVERRIDES} do not pass promtool:\n{check.stdout}{check.stderr}"
+    return files
+
+
+def firing_alerts(prometheus: procs.Server) -> list[dict]:
+    return [a for a in prometheus.get("/api/v1/alerts")["data"]["alerts"] if a["state"] == "firing"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    cluster_mod = pytest.importorskip("exporter.demo.cluster", reason="exporter.demo.cluster (DemoCluster) missing")
+    scenario_mod = pytest.importorskip("exporter.demo.scenario", reason="exporter.demo.scenario missing")
+    for binary in ("prometheus", "prometheus-alertmanager"):
+        procs.require_binary(binary)
+    work = tmp_path_factory.mktemp("e2e")
+    rules = render_fast_rules(work / "rules")
+    scenario = scenario_mod.load_scenario(SCENARIO)
+
+    with stack.WebhookReceiver() as receiver:
+        am_config = stack.alertmanager_config(receiver.url, timing={
+            "group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h"})
+        with procs.alertmanager(am_config, work / "am") as am, \
+                cluster_mod.DemoCluster(scenario, work / "cluster") as cluster:
+            # Scenario second 0 on the wall clock (the cluster's clock is monotonic).
+            t0 = time.time() - cluster.now()
+            targets = stack.write_json(work / "targets.json", stack.file_sd_groups(cluster.targets, CLUSTER))
+            prom_config = stack.prometheus_config(CLUSTER, targets, am.url.removeprefix("http://"), rules,
+                                                  scrape_interval="1s", evaluation_interval="1s")
+            with procs.prometheus(prom_config, work / "prom") as prom:
+                result = Run(t0=t0, comm=job_comm(cluster.engine.cluster), receiver=receiver,
+                             prometheus=prom, alertmanager=am)
+                # Healthy phase: watch Prometheus itself, not only the webhook, so a
+                # rule firing and a notification lost would both be caught.
+                while time.time() < result.fault_time(LINK_FLAP) - 1:
+                    result.healthy_firing += firing_alerts(prom)
+                    time.sleep(1)
+                wanted = expectations(result.comm)
+                deadline = max(result.fault_time(e.fault) for e in wanted) + DETECTION_DEADLINE
+                deadline = max(deadline, t0 + END_SECONDS)
+                while time.time() < deadline:
+                    for expected in wanted:
+                        if expected.alertname not in result.first_seen:
+                            for received_at, alert in receiver.alerts():
+                                if alert["status"] == "firing" and matches(alert, expected):
+                                    result.first_seen[expected.alertname] = (received_at, alert)
+                                    break
+                    if len(result.first_seen) == len(wanted) and time.time() > t0 + END_SECONDS:
+                        break
+                    time.sleep(1)
+                result.report_path = write_report(result, wanted, work)
+                yield result
+
+
+def job_comm(cluster_spec) -> str:
+    """The communicator label the simulated job's ranks report."""
+    from exporter.demo.sources.nccl import job_comm as comm_of
+
+    return comm_of(cluster_spec)
+
+
+def write_report(result: Run, wanted: list[Expected], work: Path) -> Path:
+    report = {}
+    for expected in wanted:
+        seen = result.first_seen.get(expected.alertname)
+        report[expected.fault["kind"]] = {
+            "alertname": expected.alertname,
+            "fault_start_seconds": expected.fault["at"],
+            "time_to_detect_seconds": round(seen[0] - result.fault_time(expected.fault), 2) if seen else None,
+            "labels": seen[1]["labels"] if seen else None,
+        }
+    path = work / "time_to_detect.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\ntime to detect (fault start -> webhook), written to {path}:")
+    for kind, entry in report.items():
+        ttd = entry["time_to_detect_seconds"]
+        print(f"  {kind:<16} {entry['alertname']:<28} {'not detected' if ttd is None else f'{ttd:6.1f}s'}")
+    return path
+
+
+def iso_seconds(stamp: str) -> float:
+    """Prometheus' RFC 3339 timestamps (nanoseconds) as UNIX seconds."""
+    import datetime as dt
+
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    return dt.datetime.fromisoformat(whole).replace(tzinfo=dt.timezone.utc).timestamp() + float(f"0.{fraction or 0}")
+
+
+def healthy_phase_diagnostics(run: Run) -> str:
+    """What the exporters themselves flagged during the healthy phase, to say which
+    component raised a false alarm (a breached counter, a failing collector...)."""
+    end = run.fault_time(LINK_FLAP) - 1
+    window = f"{int(end - run.t0)}s"
+    lines = []
+    for query in (f"max_over_time(fabric_infiniband_port_counter_breached[{window}]) > 0",
+                  f'increase(fabric_infiniband_port_health_events_total{{severity!="baseline"}}[{window}]) > 0',
+                  f"min_over_time(fabric_scrape_collector_success[{window}]) == 0"):
+        result = run.prometheus.get("/api/v1/query", query=query, time=end)["data"]["result"]
+        lines.append(f"{query}: " + (", ".join(json.dumps(r["metric"], sort_keys=True) for r in result) or "none"))
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------- the promises
+
+def test_nothing_fires_while_the_cluster_is_healthy(run):
+    assert run.healthy_firing == [], "alerts fired during the healthy phase:\n" + "\n".join(sorted({
+        f"{json.dumps(a['labels'], sort_keys=True)} active since {a['activeAt']} "
+        f"(scenario second {iso_seconds(a['activeAt']) - run.t0:.0f}): {a['annotations'].get('description', '')}"
+        for a in run.healthy_firing})) + "\n" + healthy_phase_diagnostics(run)
+    early = [alert for received_at, alert in run.receiver.alerts() if received_at < run.fault_time(LINK_FLAP)]
+    assert early == [], f"notifications before the first fault: {early}"
+    # Prometheus' own record agrees (ALERTS covers evaluations between our polls too).
+    query = 'ALERTS{alertstate="firing"}'
+    series = run.prometheus.get("/api/v1/query_range", query=query, start=run.t0,
+                                end=run.fault_time(LINK_FLAP) - 1, step="1s")["data"]["result"]
+    assert series == [], [s["metric"] for s in series]
+
+
+@pytest.mark.parametrize("kind", ["link_flap", "microburst", "straggler_rank", "nccl_hang"])
+def test_fault_reaches_the_webhook_with_its_labels(run, kind):
+    expected = next(e for e in expectations(run.comm) if e.fault["kind"] == kind)
+    received = [alert["labels"] for _, alert in run.receiver.alerts() if alert["labels"].get("alertname") == expected.alertname]
+    assert expected.alertname in run.first_seen, (
+        f"{expected.alertname} for {kind} never reached the webhook within {DETECTION_DEADLINE}s; "
+        f"{expected.alertname} notifications seen: {received}; report: {run.report_path}")
+    _, alert = run.first_seen[expected.alertname]
+    assert alert["labels"]["severity"] in {"critical", "warning"}
+
+
+def test_hang_is_reported_across_the_whole_communicator(run):
+    """A hang of one rank stalls the job: the hung rank's last operation never completes
+    (call-to-call accounting, see exporter/nccl/tracker.py) and every other rank blocks
+    inside its next call, so every node reports the hang on the job's communicator."""
+    hangs = [alert["labels"] for _, alert in run.receiver.alerts()
+             if alert["labels"].get("alertname") == "FabricNcclHang" and alert["status"] == "firing"]
+    if not hangs:
+        pytest.fail("no FabricNcclHang notification (see test_fault_reaches_the_webhook_with_its_labels)")
+    assert {labels["comm"] for labels in hangs} == {run.comm}
+    assert {labels["node"] for labels in hangs} == {f"gpu-node-{i}" for i in range(NODES)}
+    assert {int(labels["rank"]) for labels in hangs} <= set(range(NODES * GPUS_PER_NODE))
+    assert str(HANG["target"]["rank"]) in {labels["rank"] for labels in hangs}
+
+
+def test_no_alert_names_a_target_no_fault_touched(run):
+    faulted_nodes = {f"gpu-node-{f['node']}" for f in (LINK_FLAP, MICROBURST)}
+    flap_port = (f"gpu-node-{LINK_FLAP['node']}", LINK_FLAP["target"]["device"], str(LINK_FLAP["target"]["port"]))
+    stray = []
+    for _, alert in run.receiver.alerts():
+        labels = alert["labels"]
+        if labels.get("comm"):
+            ok = labels["comm"] == run.comm
+        elif labels.get("device"):
+            ok = (labels.get("node"), labels["device"], labels.get("port")) == flap_port
+        else:
+            ok = labels.get("node") in faulted_nodes
+        if not ok:
+            stray.append(labels)
+    assert stray == [], f"alerts about targets no fault touched: {stray}"
