@@ -150,3 +150,103 @@ def test_one_unreadable_gpu_never_hides_the_others():
     assert get(registry, "fabric_nvlink_receive_bytes_total", gpu="2", link="0") == 2048
     # Counters the GPU does not support (absent from the reading) are absent, never 0.
     assert get(registry, "fabric_nvlink_errors_total", gpu="0", link="0", type="replay") is None
+
+
+class FakePynvml:
+    """Stands in for nvidia-ml-py where no NVIDIA driver exists (CI), to check how the real
+    backend maps NVML answers: enums, KiB, NOT_SUPPORTED, missing links. Two GPUs with
+    two links each; link numbers >= 2 do not exist; GPU 1 answers NOT_SUPPORTED for
+    CRC-data."""
+
+    NVML_SUCCESS, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_SUPPORTED = 0, 2, 3
+    NVML_ERROR_LIBRARY_NOT_FOUND, NVML_ERROR_DRIVER_NOT_LOADED = 12, 9
+    NVML_NVLINK_MAX_LINKS = 18
+    NVML_NVLINK_ERROR_DL_REPLAY, NVML_NVLINK_ERROR_DL_RECOVERY = 0, 1
+    NVML_NVLINK_ERROR_DL_CRC_FLIT, NVML_NVLINK_ERROR_DL_CRC_DATA = 2, 3
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 138, 139
+    NVML_VALUE_TYPE_DOUBLE, NVML_VALUE_TYPE_UNSIGNED_INT, NVML_VALUE_TYPE_UNSIGNED_LONG = 0, 1, 2
+    NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, NVML_VALUE_TYPE_SIGNED_LONG_LONG = 3, 4
+
+    class NVMLError(Exception):
+        def __init__(self, value):
+            super().__init__(f"NVML error {value}")
+            self.value = value
+
+    def __init__(self):
+        self.calls: dict[str, int] = {}
+
+    def _count(self, name):
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetUUID(self, handle):
+        return f"GPU-{handle}"
+
+    def nvmlDeviceGetName(self, handle):
+        return b"NVIDIA H100 80GB HBM3"
+
+    def nvmlDeviceGetPciInfo(self, handle):
+        return type("Pci", (), {"busId": f"00000000:{0x18 + handle:02X}:00.0".encode()})()
+
+    def nvmlDeviceGetNvLinkState(self, handle, link):
+        if link >= 2:
+            raise self.NVMLError(self.NVML_ERROR_INVALID_ARGUMENT if link > 10 else self.NVML_ERROR_NOT_SUPPORTED)
+        return 1
+
+    def nvmlDeviceGetNvLinkVersion(self, handle, link):
+        self._count("version")
+        return 6                                   # NVML_NVLINK_VERSION_4_0
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle, link):
+        self._count("remote_pci")
+        return type("Pci", (), {"busId": b"00000000:C0:00.0"})()
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle, link):
+        return 2                                   # switch
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle, link, counter):
+        if handle == 1 and counter == self.NVML_NVLINK_ERROR_DL_CRC_DATA:
+            raise self.NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
+        return 10 * handle + counter
+
+    def nvmlDeviceGetFieldValues(self, handle, fields):
+        out = []
+        for field_id, scope in fields:
+            value = type("Value", (), {"ullVal": 1000 * (handle + 1) + scope + (field_id - 138) * 100})()
+            out.append(type("Field", (), {"fieldId": field_id, "scopeId": scope, "nvmlReturn": 0,
+                                          "valueType": self.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "value": value})())
+        return out
+
+
+def test_real_backend_mapping_with_a_stand_in_nvml(monkeypatch):
+    import sys
+
+    fake = FakePynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    registry, collector = registry_for(Context(node="n"))
+    assert get(registry, "fabric_nvml_available", reason="ok") == 1
+    states = [s.labels for m in registry.collect() if m.name == "fabric_nvlink_state" for s in m.samples]
+    assert sorted((s["gpu"], s["link"]) for s in states) == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
+    assert get(registry, "fabric_nvlink_info", gpu="1", link="1", version="4.0",
+               remote_pci_bus_id="00000000:C0:00.0", remote_type="switch") == 1
+    assert get(registry, "fabric_nvlink_transmit_bytes_total", gpu="1", link="1") == 2001 * 1024   # KiB
+    assert get(registry, "fabric_nvlink_receive_bytes_total", gpu="1", link="1") == 2101 * 1024
+    assert get(registry, "fabric_nvlink_errors_total", gpu="0", link="0", type="crc_data") == 3
+    assert get(registry, "fabric_nvlink_errors_total", gpu="1", link="0", type="crc_data") is None
+    assert get(registry, "fabric_nvlink_errors_total", gpu="1", link="0", type="replay") == 10
+    assert registry.get_sample_value("fabric_gpu_info", {"gpu": "0", "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3",
+                                                         "pci_bus_id": "00000000:18:00.0"}) == 1
+    # Version and remote endpoint are read once per link, not on every scrape.
+    assert fake.calls == {"version": 4, "remote_pci": 4}
+    collector.close()

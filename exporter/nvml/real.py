@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from .backend import GpuInfo, LinkReading, NvmlDeviceError, NvmlUnavailable
 
@@ -11,6 +12,9 @@ _REMOTE_TYPES = {0x00: "gpu", 0x01: "ibmnpu", 0x02: "switch", 0xFF: "unknown"}
 # nvmlDeviceGetNvLinkVersion answers an nvmlNvlinkVersion_t, not the version number:
 # an H100/H200 (NVLink 4) answers 6.
 _NVLINK_VERSIONS = {1: "1.0", 2: "2.0", 3: "2.2", 4: "3.0", 5: "3.1", 6: "4.0", 7: "5.0", 8: "6.0"}
+# Version and remote endpoint only change when a link retrains: re-read them on a state
+# change or after this long, not on every scrape (each NVML call costs ~1 ms in a VM).
+STATIC_REFRESH_SECONDS = 300.0
 
 
 def _text(value) -> str:
@@ -50,6 +54,8 @@ class PynvmlBackend:
             "replay": pynvml.NVML_NVLINK_ERROR_DL_REPLAY,
             "recovery": pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
         }
+        # (gpu uuid, link) -> (state, read at, version, remote pci bus id, remote type)
+        self._static: dict[tuple[str, int], tuple] = {}
 
     def gpus(self) -> list[GpuInfo]:
         nvml = self.nvml
@@ -77,13 +83,22 @@ class PynvmlBackend:
                     continue
                 raise NvmlDeviceError(_reason(nvml, exc), f"link {link} state: {exc}") from None
         throughput = self._throughput(handle, list(present))
-        return [LinkReading(link=link, active=active,
-                            version=self._version(handle, link),
-                            remote_pci_bus_id=self._remote_pci(handle, link),
-                            remote_type=self._remote_type(handle, link),
-                            tx_bytes=throughput.get((link, "tx")), rx_bytes=throughput.get((link, "rx")),
-                            errors=self._errors(handle, link))
-                for link, active in present.items()]
+        readings = []
+        for link, active in present.items():
+            version, remote_pci, remote_type = self._static_info(gpu, handle, link, active)
+            readings.append(LinkReading(link=link, active=active, version=version, remote_pci_bus_id=remote_pci,
+                                        remote_type=remote_type, tx_bytes=throughput.get((link, "tx")),
+                                        rx_bytes=throughput.get((link, "rx")), errors=self._errors(handle, link)))
+        return readings
+
+    def _static_info(self, gpu: GpuInfo, handle, link: int, active: bool) -> tuple:
+        now = time.monotonic()
+        cached = self._static.get((gpu.uuid, link))
+        if cached is None or cached[0] != active or now - cached[1] > STATIC_REFRESH_SECONDS:
+            cached = (active, now, self._version(handle, link), self._remote_pci(handle, link),
+                      self._remote_type(handle, link))
+            self._static[(gpu.uuid, link)] = cached
+        return cached[2:]
 
     def close(self) -> None:
         try:
