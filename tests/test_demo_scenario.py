@@ -13,13 +13,13 @@ def scenario(*faults, **top):
 
 
 @pytest.mark.parametrize("text, seconds", [
-    ("90s", 90), ("5m", 300), ("1h", 3600), ("1h30m", 5400), ("2m30s", 150), ("2.5s", 2.5), (45, 45), (0, 0),
+    ("90s", 90), ("5m", 300), ("1h", 3600), ("1h30m", 5400), ("2m30s", 150), ("2.5s", 2.5), ("500ms", 0.5), ("1m500ms", 60.5), (45, 45), (0, 0),
 ])
 def test_durations(text, seconds):
     assert parse_duration(text, "x") == seconds
 
 
-@pytest.mark.parametrize("text", ["", "5 minutes", "m", "1x", "-5s", "s5", None, True, [1]])
+@pytest.mark.parametrize("text", ["", "5 minutes", "m", "ms", "1x", "-5s", "s5", "5ms3s", None, True, [1]])
 def test_bad_durations_are_rejected_with_the_field_named(text):
     with pytest.raises(ScenarioError, match="^at: "):
         parse_duration(text, "at")

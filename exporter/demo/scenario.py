@@ -31,7 +31,7 @@ SOURCE_FAULTS = {"nccl_hang", "straggler_rank"}
 PORT_FAULTS = {"symbol_error_storm", "link_flap", "link_down"}
 RANK_FAULTS = {"nccl_hang", "straggler_rank"}
 
-_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?(?:(\d+)ms)?$")
 _SCENARIO_KEYS = {"seed", "cluster", "tick_seconds", "duration", "repeat", "faults"}
 _CLUSTER_KEYS = {"name", "nodes", "gpus_per_node", "hcas_per_node", "node_prefix"}
 _FAULT_KEYS = {"kind", "node", "at", "duration", "target", "params"}
@@ -89,7 +89,7 @@ class Scenario:
 
 
 def parse_duration(value: Any, what: str) -> float:
-    """'90s', '5m', '1h30m', '2.5s', or a plain number of seconds."""
+    """'90s', '5m', '1h30m', '2.5s', '500ms', or a plain number of seconds."""
     if isinstance(value, bool):
         raise ScenarioError(f"{what}: expected a duration like 90s, 5m or 1h30m, got {value!r}")
     if isinstance(value, (int, float)):
@@ -98,8 +98,8 @@ def parse_duration(value: Any, what: str) -> float:
         match = _DURATION.match(value.strip())
         if not match or not any(match.groups()):
             raise ScenarioError(f"{what}: bad duration {value!r} (use e.g. 90s, 5m, 1h30m or a number of seconds)")
-        hours, minutes, secs = (float(g) if g else 0.0 for g in match.groups())
-        seconds = hours * 3600 + minutes * 60 + secs
+        hours, minutes, secs, millis = (float(g) if g else 0.0 for g in match.groups())
+        seconds = hours * 3600 + minutes * 60 + secs + millis / 1000
     else:
         raise ScenarioError(f"{what}: expected a duration like 90s, 5m or 1h30m, got {value!r}")
     if seconds < 0:
