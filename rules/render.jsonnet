@@ -2,13 +2,14 @@
 //   jsonnet -S -m <outdir> [--tla-code overrides='{...}'] rules/render.jsonnet
 // `overrides` is deep-merged into mixin/config.libsonnet's _config (see docs/rules.md).
 local mixin = import 'mixin/mixin.libsonnet';
+local yaml = import 'mixin/yaml.libsonnet';
 
 local header = |||
   # Generated from rules/mixin/*.libsonnet by `make -C rules render`. Do not edit:
   # change the mixin and re-render.
 |||;
 
-local manifest(rules) = header + std.manifestYamlDoc(rules, indent_array_in_object=false, quote_keys=false);
+local manifest(rules) = header + yaml.ruleFile(rules);
 
 function(overrides={})
   local m = mixin.withOverrides(overrides);

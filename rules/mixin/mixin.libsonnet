@@ -26,7 +26,10 @@
         else ok,
         std.objectFields(overrides), true),
 
+  // The merged config is a local so it is computed once: jsonnet does not cache object
+  // fields, and every rule reads _config many times.
   withOverrides(overrides)::
     assert check(mixin._config, overrides, '');
-    mixin { _config:: std.mergePatch(mixin._config, overrides) },
+    local merged = std.mergePatch(mixin._config, overrides);
+    mixin { _config:: merged },
 }

@@ -1,0 +1,172 @@
+"""The PromQL rules: rendered files in sync with the mixin, valid, and unit-tested.
+
+Runs the real tools: the Debian `jsonnet` binary renders, `promtool check rules` and
+`promtool test rules` (rules/tests/*.yaml) check. Each failure prints the tool's output.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+RULES = REPO / "rules"
+RUNBOOKS = REPO / "docs" / "runbooks"
+RENDERED = ("fabricscope-recording.yaml", "fabricscope-alerts.yaml")
+SEVERITIES = {"critical", "warning", "info"}
+
+
+def load_render_module():
+    spec = importlib.util.spec_from_file_location("fabricscope_rules_render", RULES / "render.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+render_module = load_render_module()
+
+
+def tool(name: str) -> str:
+    found = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
+    assert found, f"{name} not found: install it with `make setup` (Debian package)"
+    return found
+
+
+def run(command: list[str], cwd: Path = RULES) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+
+
+def alert_rules(path: Path = RULES / "fabricscope-alerts.yaml") -> list[dict]:
+    groups = yaml.safe_load(path.read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"] if "alert" in rule]
+
+
+def unit_test_cases() -> list[dict]:
+    cases = []
+    for path in sorted((RULES / "tests").glob("*.yaml")):
+        for test in yaml.safe_load(path.read_text())["tests"]:
+            cases.extend(test.get("alert_rule_test") or [])
+    return cases
+
+
+def test_rendered_files_are_in_sync_with_the_mixin(tmp_path):
+    rendered = render_module.render({}, tmp_path)
+    for path in rendered:
+        committed = RULES / path.name
+        assert committed.exists(), f"{committed} missing: run `make -C rules render`"
+        assert committed.read_text() == path.read_text(), (
+            f"{committed.name} differs from what rules/mixin renders to: run `make -C rules render`")
+
+
+def test_rendering_is_deterministic(tmp_path):
+    first = render_module.render({}, tmp_path / "a")
+    second = render_module.render({}, tmp_path / "b")
+    assert [p.read_bytes() for p in first] == [p.read_bytes() for p in second]
+
+
+def test_promtool_check_rules_accepts_the_rendered_files():
+    result = run([tool("promtool"), "check", "rules", *RENDERED])
+    assert result.returncode == 0, f"promtool check rules failed:\n{result.stdout}\n{result.stderr}"
+
+
+def test_promtool_unit_tests_pass():
+    test_files = sorted(str(p.relative_to(RULES)) for p in (RULES / "tests").glob("*.yaml"))
+    assert test_files, "no promtool test files in rules/tests"
+    result = run([tool("promtool"), "test", "rules", *test_files])
+    assert result.returncode == 0, f"promtool test rules failed:\n{result.stdout}\n{result.stderr}"
+
+
+def test_every_alert_follows_the_mixin_conventions():
+    names = set()
+    for rule in alert_rules():
+        name = rule["alert"]
+        names.add(name)
+        assert re.fullmatch(r"Fabric[A-Z][A-Za-z0-9]+", name), name
+        assert rule["labels"].get("severity") in SEVERITIES, name
+        annotations = rule["annotations"]
+        assert set(annotations) >= {"summary", "description", "runbook_url"}, name
+        assert annotations["summary"].endswith(".") and annotations["summary"].count(". ") == 0, name
+        assert "{{" in annotations["description"], f"{name}: description is not templated"
+        assert annotations["runbook_url"].endswith(f"/docs/runbooks/{name}.md"), name
+        runbook = RUNBOOKS / f"{name}.md"
+        assert runbook.exists(), f"{name}: no runbook at {runbook.relative_to(REPO)}"
+        assert runbook.read_text().startswith(f"# {name}"), f"{runbook.name} must start with '# {name}'"
+    assert len(names) >= 20
+
+
+def test_every_alert_and_severity_has_firing_and_quiet_cases():
+    cases = unit_test_cases()
+    fired = {(case["alertname"], alert["exp_labels"]["severity"])
+             for case in cases for alert in case.get("exp_alerts") or []}
+    quiet = {case["alertname"] for case in cases if not case.get("exp_alerts")}
+    for rule in alert_rules():
+        key = (rule["alert"], rule["labels"]["severity"])
+        assert key in fired, f"no promtool case where {key[0]} fires at severity {key[1]}"
+        assert rule["alert"] in quiet, f"no promtool case where {rule['alert']} is expected not to fire"
+    for case in cases:
+        for alert in case.get("exp_alerts") or []:
+            assert alert.get("exp_annotations"), f"{case['alertname']} at {case['eval_time']}: annotations not checked"
+
+
+def test_overrides_render_a_fast_variant_that_promtool_accepts(tmp_path):
+    overrides = {"for": {"ncclHang": "10s", "straggler": "30s"},
+                 "intervals": {"nccl": "5s"},
+                 "windows": {"tcpBaseline": "1m"},
+                 "thresholds": {"nvlinkErrorRates": {"replay": 5}},
+                 "runbookUrlBase": "http://runbooks.local/"}
+    paths = render_module.render(overrides, tmp_path)
+    result = run([tool("promtool"), "check", "rules", *map(str, paths)])
+    assert result.returncode == 0, result.stdout + result.stderr
+    alerts = {(r["alert"], r["labels"]["severity"]): r for r in alert_rules(tmp_path / "fabricscope-alerts.yaml")}
+    assert alerts[("FabricNcclHang", "critical")]["for"] == "10s"
+    assert alerts[("FabricNcclStragglerRank", "warning")]["for"] == "30s"
+    assert alerts[("FabricNcclHang", "critical")]["annotations"]["runbook_url"] == "http://runbooks.local/FabricNcclHang.md"
+    assert 'type="replay"}[5m]) > 5' in alerts[("FabricNvlinkErrors", "warning")]["expr"]
+    # Untouched settings keep their production values.
+    assert alerts[("FabricExporterDown", "critical")]["for"] == "5m"
+    recording = yaml.safe_load((tmp_path / "fabricscope-recording.yaml").read_text())["groups"]
+    intervals = {group["name"]: group["interval"] for group in recording}
+    assert intervals["fabric-nccl.rules"] == "5s" and intervals["fabric-tcp.rules"] == "30s"
+    baseline = next(r for g in recording for r in g["rules"] if r["record"] == "node:fabric_tcp_rtt_seconds_p99:avg5m")
+    assert "[1m]" in baseline["expr"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"for": {"ncclHnag": "10s"}}, "unknown config key: for.ncclHnag"),
+    ({"thresholds": {"bogus": 1}}, "unknown config key: thresholds.bogus"),
+    ({"for": {"ncclHang": 10}}, "config key for.ncclHang must be a string, got number"),
+    ({"thresholds": {"nvlinkErrorRates": 3}}, "thresholds.nvlinkErrorRates must be an object"),
+])
+def test_bad_overrides_are_refused_with_the_offending_key(tmp_path, overrides, message):
+    with pytest.raises(render_module.RenderError, match=re.escape(message)):
+        render_module.render(overrides, tmp_path)
+    assert not list(tmp_path.glob("*.yaml")), "nothing is written when overrides are refused"
+
+
+def test_render_with_script(tmp_path):
+    overrides = tmp_path / "fast.json"
+    overrides.write_text(json.dumps({"for": {"exporterDown": "15s"}}))
+    result = run([str(RULES / "render-with.sh"), str(overrides), str(tmp_path / "out")], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    alerts = {r["alert"]: r for r in alert_rules(tmp_path / "out" / "fabricscope-alerts.yaml")}
+    assert alerts["FabricExporterDown"]["for"] == "15s"
+    missing = run([str(RULES / "render-with.sh"), str(tmp_path / "nope.json"), str(tmp_path / "x")], cwd=tmp_path)
+    assert missing.returncode == 2 and "cannot read" in missing.stderr
+
+
+def test_unit_tests_catch_a_moved_threshold(tmp_path):
+    """The boundary cases are real: moving a threshold by one step makes them fail."""
+    render_module.render({"thresholds": {"ibSymbolErrorsPerHour": 119, "microburstMultiplier": 2.9,
+                                         "ncclHangMultiplier": 2.8}}, tmp_path)
+    shutil.copytree(RULES / "tests", tmp_path / "tests")
+    result = run([tool("promtool"), "test", "rules", *sorted(str(p) for p in (tmp_path / "tests").glob("*.yaml"))],
+                 cwd=tmp_path)
+    assert result.returncode != 0
+    for alertname in ("FabricInfinibandPreFailureBER", "FabricTcpMicroburst", "FabricNcclHang"):
+        assert f"alertname: {alertname}," in result.stdout + result.stderr, f"{alertname} boundary case did not notice"
