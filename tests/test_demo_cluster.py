@@ -94,7 +94,7 @@ def test_symbol_error_storm_shows_on_the_target_port_only(cluster):
 def test_the_scenario_clock_advances_ticks(cluster):
     first = cluster.engine.tick_index
     wait_for(lambda: cluster.engine.tick_index >= first + 3, 30, "three more ticks")
-    assert cluster.now() >= cluster.engine.now() - 0.5
+    assert cluster.engine.now() <= cluster.now() + 1e-6, "ticks never run ahead of the clock"
 
 
 def test_stop_releases_ports_and_memory(tmp_path):

@@ -6,6 +6,9 @@ contributes one simulated backend per node; the engine puts it in the node expor
 `Context.sources[source.key]` and calls `step()` on every tick with the faults active on
 that node. Collectors use `ctx.sources.get(key)` in place of the host's real source, so a
 demo metric goes through exactly the code a real one does.
+
+A source module may also define `FAULT_KINDS` (an iterable of str): fault kinds only it
+acts on, which the scenario loader then accepts besides the built-in ones.
 """
 from __future__ import annotations
 
