@@ -143,3 +143,12 @@ def test_default_scenario_tells_the_whole_story():
     assert 15 * 60 <= last_end - first <= 25 * 60, "a ~20 minute fault sequence"
     assert loaded.repeat and loaded.repeat > last_end, "healthy again before the timeline repeats"
     assert loaded.active_faults(loaded.repeat + first) != [], "the timeline repeats"
+
+
+def test_source_plugins_can_declare_their_own_fault_kinds(monkeypatch):
+    import types
+
+    plugin = types.SimpleNamespace(make_source=lambda *a: None, FAULT_KINDS=("gpu_thermal_throttle",))
+    monkeypatch.setattr("exporter.demo.sim_sources.discover_source_modules", lambda: {"thermal": plugin})
+    loaded = load_scenario(scenario({"kind": "gpu_thermal_throttle", "node": 0, "at": "1s", "params": {"gpu": 2}}))
+    assert loaded.faults[0].kind == "gpu_thermal_throttle" and loaded.faults[0].params == {"gpu": 2}
