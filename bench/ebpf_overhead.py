@@ -1,16 +1,19 @@
 """Overhead of the ebpf collector's programs on two workloads, measured, not claimed.
 
-Workloads (each run with and without every program attached, alternating rounds so
+Workloads (each run with and without the programs attached, alternating rounds so
 drift on a noisy machine hits both sides equally):
-  tcp      loopback request/response, 64-byte messages, TCP_NODELAY, one echo server
-           process: the path tcp_probe, sys_enter and sched_switch all fire on
+  tcp      loopback request/response, TCP_NODELAY, one echo server process: 64 B / 64 B
+           ping-pong (the worst case) and 512 B / 32 KiB; tcp_probe, sys_enter and
+           sched_switch all fire on this path
   syscall  `dd bs=1` from /dev/zero to /dev/null: two syscalls per byte in native code,
            the worst case for raw_tp/sys_enter
 
-Prints throughput per mode (median of the rounds), the loss ratio, and, from one extra
-round with kernel run-time accounting on, events counted per second and ns per event.
+Prints throughput and CPU per operation per mode, the loss ratio (median and IQR of
+adjacent off/on pairs), and, from one extra round with kernel run-time accounting on,
+events counted per second and ns per event (that accounting itself adds cost, so the
+measured rounds run without it).
 
-    sudo .venv/bin/python bench/ebpf_overhead.py [--rounds 5] [--seconds 2]
+    sudo .venv/bin/python bench/ebpf_overhead.py [--rounds 12] [--seconds 1] [--objects tcp,sched]
 Needs root, kernel BTF and the objects (`make -C exporter/bpf`).
 """
 from __future__ import annotations
@@ -134,12 +137,21 @@ def measure(name: str, run, rounds: int) -> None:
             finally:
                 if source:
                     source.close()
+    # Adjacent off/on rounds form pairs; the median of the pairwise ratios shrugs off the
+    # bursts of other load a shared machine has, which whole-run medians do not.
+    pairs = list(zip(rounds_by_mode["off"], rounds_by_mode["on"]))
+    tput_loss = sorted(1 - (on[0] / on[1]) / (off[0] / off[1]) for off, on in pairs)
+    cpu_loss = sorted(1 - (off[2] / off[0]) / (on[2] / on[0]) for off, on in pairs)
     rate = {m: statistics.median(ops / wall for ops, wall, _ in r) for m, r in rounds_by_mode.items()}
     cpu_ns = {m: statistics.median(cpu / ops * 1e9 for ops, _, cpu in r) for m, r in rounds_by_mode.items()}
+
+    def spread(values):
+        q = statistics.quantiles(values, n=4) if len(values) >= 2 else values * 3
+        return f"median {statistics.median(values):+6.2%} (IQR {q[0]:+.2%} .. {q[2]:+.2%})"
     print(f"{name}")
-    print(f"  throughput  off {rate['off']:12,.0f}/s   on {rate['on']:12,.0f}/s   loss {1 - rate['on'] / rate['off']:+7.2%}")
+    print(f"  throughput  off {rate['off']:12,.0f}/s   on {rate['on']:12,.0f}/s   loss {spread(tput_loss)}")
     print(f"  CPU per op  off {cpu_ns['off']:9,.0f} ns   on {cpu_ns['on']:9,.0f} ns   "
-          f"loss at saturation {1 - cpu_ns['off'] / cpu_ns['on']:+7.2%}")
+          f"loss at saturation {spread(cpu_loss)}")
     # One more round with kernel run-time accounting on: how many events, what each costs.
     source = attach(enable_stats=True)
     try:
@@ -159,8 +171,8 @@ def measure(name: str, run, rounds: int) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--seconds", type=float, default=1.0)
     parser.add_argument("--objects", default=None, help="comma-separated subset (tcp,sched,syscalls)")
     parser.add_argument("--workloads", default="tcp,syscall")
     args = parser.parse_args()

@@ -38,17 +38,17 @@ def built():
         pytest.skip(f"BPF objects could not be built: {output}")
 
 
-def _collector(config=None, object_dir=None):
+def _collector(config=None, object_dir=None, sysfs=Path("/sys")):
     args = argparse.Namespace(ebpf_object_dir=str(object_dir) if object_dir else None)
-    return COLLECTORS["ebpf"](Context(node="", config={"ebpf": config or {}}, args=args))
+    return COLLECTORS["ebpf"](Context(node="", sysfs=sysfs, config={"ebpf": config or {}}, args=args))
 
 
 @pytest.fixture
 def collector(built):
     made = []
 
-    def make(config=None, object_dir=None):
-        c = _collector(config, object_dir)
+    def make(config=None, object_dir=None, sysfs=Path("/sys")):
+        c = _collector(config, object_dir, sysfs)
         made.append(c)
         return c
     yield make
@@ -234,13 +234,21 @@ def _holds_gpu(pid_dir: Path) -> bool:
         return False
 
 
-def test_program_run_statistics_are_exported(collector):
-    c = collector()
+def test_program_run_statistics_are_exported_when_asked_for(collector):
+    c = collector({"enable_stats": True})
     for _ in range(20):
         os.getppid()
-    runs = value(c, "fabric_ebpf_program_run_count_total", {"program": "sys_enter"})
-    assert runs > 0
+    assert value(c, "fabric_ebpf_run_statistics_enabled") == 1
+    assert value(c, "fabric_ebpf_program_run_count_total", {"program": "sys_enter"}) > 0
     assert value(c, "fabric_ebpf_program_run_seconds_total", {"program": "sys_enter"}) > 0
+
+
+def test_run_statistics_are_off_by_default(collector):
+    if Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip() == "1":
+        pytest.skip("kernel.bpf_stats_enabled=1 on this host: statistics are on for everyone")
+    reg = scrape(collector())
+    assert reg.get_sample_value("fabric_ebpf_run_statistics_enabled") == 0
+    assert reg.get_sample_value("fabric_ebpf_program_run_count_total", {"program": "sys_enter"}) is None
 
 
 def test_missing_objects_report_object_missing(collector, tmp_path):
@@ -249,3 +257,28 @@ def test_missing_objects_report_object_missing(collector, tmp_path):
     assert [f.name for f in families] == ["fabric_ebpf_available"]
     assert families[0].samples[0].labels == {"reason": "object_missing"}
     assert families[0].samples[0].value == 0
+
+
+def test_without_tracefs_only_the_classic_tracepoints_stay_detached(collector, tmp_path):
+    # A sysfs root with the kernel's BTF but no kernel/tracing directory to mount on.
+    (tmp_path / "kernel/btf").mkdir(parents=True)
+    (tmp_path / "kernel/btf/vmlinux").symlink_to("/sys/kernel/btf/vmlinux")
+    c = collector({"objects": ["tcp"]}, sysfs=tmp_path)
+    reg = scrape(c)
+    assert reg.get_sample_value("fabric_ebpf_available", {"reason": "ok"}) == 1
+    assert reg.get_sample_value("fabric_ebpf_program_attached", {"program": "tcp_probe"}) == 1
+    assert reg.get_sample_value("fabric_ebpf_program_attached", {"program": "tcp_retransmit_skb"}) == 0
+    assert reg.get_sample_value("fabric_ebpf_program_attached", {"program": "inet_sock_set_state"}) == 0
+    # Only the selected object was loaded.
+    assert reg.get_sample_value("fabric_ebpf_program_attached", {"program": "sched_switch"}) is None
+    assert reg.get_sample_value("fabric_sched_context_switches_total") is None
+    before = reg.get_sample_value("fabric_tcp_rtt_seconds_count")
+    server = EchoServer()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port)) as client:
+            for _ in range(5):
+                client.sendall(b"ping")
+                client.recv(100)
+    finally:
+        server.close()
+    assert value(c, "fabric_tcp_rtt_seconds_count") > before

@@ -76,7 +76,10 @@ class KernelMapSource:
             try:
                 self._stats = enable_bpf_stats()
             except BpfUnavailable as exc:
-                log.info("BPF run-time statistics unavailable: %s", exc)
+                log.warning("BPF run-time statistics unavailable: %s", exc)
+        elif self._objects:
+            log.info("BPF run-time statistics off (ebpf.enable_stats: true turns them on; "
+                     "they cost two clock reads per program run)")
 
     def _load(self, decl: ObjectDecl, skip: tuple[str, ...] = ()):
         from .libbpf import BpfObject
