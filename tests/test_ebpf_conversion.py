@@ -112,9 +112,10 @@ def test_every_program_has_a_declaration_and_every_declaration_a_program():
         source = (bpf_dir / f"{name}.bpf.c").read_text()
         for program in decl.programs:
             assert f" {program}(" in source or f"({program}," in source, program
-        for metric in decl.metrics:
-            assert f"}} {metric.name} SEC(\".maps\")" in source or f"DECLARE_HIST({metric.name})" in source \
-                or f"DECLARE_COUNTER({metric.name})" in source, metric.name
+        maps = [m.name for m in decl.metrics] + [m.other_map for m in decl.metrics if m.other_map]
+        for name in maps:
+            assert f"}} {name} SEC(\".maps\")" in source or f"DECLARE_HIST({name})" in source \
+                or f"DECLARE_COUNTER({name})" in source, name
 
 
 def test_metric_names_are_in_the_metrics_contract():

@@ -221,6 +221,12 @@ def test_syscalls_ioctls_and_mmaps_of_a_tracked_process(collector):
     assert reg.get_sample_value("fabric_process_mmap_calls_total", {**comm, "op": "munmap"}) >= n
     assert reg.get_sample_value("fabric_process_syscalls_total", comm) >= 3 * n
     assert reg.get_sample_value("fabric_process_syscalls_total", {"comm": "other"}) > 0
+    # The exited child leaves the kernel's tracked set on the next process scan.
+    tracked = lambda: {int.from_bytes(k, "little") for k, _ in c.source.read_map("syscalls", "tracked_tgids")}  # noqa: E731
+    assert child.pid in tracked()
+    c.source.tracker.request_rescan()   # the next scrape rescans now, not in 15 s
+    list(c.collect())
+    assert child.pid not in tracked()
     # Only the tracked process and "other": the label stays bounded.
     comms = {s.labels["comm"] for fam in reg.collect() if fam.name == "fabric_process_syscalls" for s in fam.samples}
     assert comms <= {"fabric-gpu-test", "other"} | {p.read_text().strip() for p in Path("/proc").glob("[0-9]*/comm")

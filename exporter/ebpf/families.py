@@ -70,8 +70,7 @@ class MapConverter:
         return self._counter(metric, items)
 
     def _histogram(self, metric: MetricDecl, items: list[tuple[bytes, bytes]]) -> Metric:
-        name = metric.name.removesuffix("_seconds") + "_seconds"
-        family = HistogramMetricFamily(name, metric.help, labels=[])
+        family = HistogramMetricFamily(metric.name, metric.help, labels=[])
         for _key, value in items[:1]:   # one-slot per-CPU array (key 0)
             buckets, total = to_prometheus_buckets(parse_log2_hist(value), metric.unit_seconds)
             family.add_metric([], buckets, total)

@@ -94,6 +94,10 @@ class ProcessTracker:
         except OSError:
             return []
 
+    def request_rescan(self) -> None:
+        """Make the next sync() scan procfs whatever the interval says."""
+        self._last_sync = float("-inf")
+
     def sync(self, tracked_map, majors_map, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last_sync < self.interval:
