@@ -188,6 +188,36 @@ def rule_files(rules_dir: Path = RULES_DIR) -> list[Path]:
     return sorted(path.resolve() for path in Path(rules_dir).glob("*.yaml"))
 
 
+# `--fast-alerts`: production `for:` durations (up to 15 minutes) outlast most demo
+# faults, so a newcomer would see few alerts. These keep every threshold and window and
+# only shorten how long a condition must hold, and how often each rule group runs.
+FAST_ALERT_OVERRIDES: dict[str, Any] = {
+    "intervals": {group: "15s" for group in ("tcp", "nccl", "infiniband", "nvlink", "kernel", "pipeline")},
+    "for": {"ncclHang": "30s", "ncclRankStalled": "30s", "straggler": "1m", "ibPortDown": "30s",
+            "ibDeviceMissing": "30s", "ibPortFatal": "30s", "ibFatalCounter": "30s", "ibDegraded": "1m",
+            "ibBer": "1m", "ibAnomaly": "2m", "nvlinkDown": "30s", "nvlinkErrors": "1m",
+            "nvlinkCollapse": "1m", "exporterDown": "1m", "collectorFailing": "1m", "ebpfUnavailable": "1m"},
+}
+
+
+def render_rules(overrides: dict[str, Any], out_dir: Path) -> list[Path]:
+    """The mixin rendered with `overrides` by the rules' own helper (rules/render.py),
+    into `out_dir`. rules/ is not an installed package, so the helper is loaded from the
+    checkout this module lives in."""
+    import importlib.util
+
+    helper = RULES_DIR / "render.py"
+    spec = importlib.util.spec_from_file_location("fabricscope_rules_render", helper)
+    if spec is None or not helper.exists():
+        raise StackError(f"{helper} not found: rendering rules with overrides needs the repository checkout")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        return module.render(overrides, out_dir)
+    except module.RenderError as exc:
+        raise StackError(f"rendering rules with overrides: {exc}") from None
+
+
 def file_sd_groups(targets: list[tuple[str, str]], cluster: str) -> list[dict[str, Any]]:
     """Prometheus file_sd JSON: one group per node so each target carries its node label."""
     return [{"targets": [address], "labels": {"cluster": cluster, "node": node}}
@@ -403,6 +433,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where Alertmanager's sidecar webhook posts, e.g. the query sidecar's "
                              f"http://127.0.0.1:19500{SIDECAR_WEBHOOK_PATH} (default: a local receiver "
                              "that prints each notification)")
+    parser.add_argument("--fast-alerts", action="store_true",
+                        help="render the rules with shortened for: durations and rule-group intervals "
+                             "(same thresholds) so each demo fault alerts while it lasts")
     parser.add_argument("--scrape-interval", default="5s",
                         help="Prometheus scrape and rule evaluation interval (default 5s)")
     parser.add_argument("--log.level", dest="log_level", default="warning",
@@ -469,12 +502,14 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
     if args.prometheus_port and args.prometheus_port == args.alertmanager_port:
         raise StackError("--prometheus-port and --alertmanager-port must differ")
     scenario = load_stack_scenario(args.scenario, args.nodes)
-    rules = rule_files()
-    if not rules:
-        log.warning("no rules/*.yaml found: Prometheus runs without alerting rules (run `make rules`)")
-
     workdir = Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
+    if args.fast_alerts:
+        rules = render_rules(FAST_ALERT_OVERRIDES, workdir / "rules")
+    else:
+        rules = rule_files()
+    if not rules:
+        log.warning("no rules/*.yaml found: Prometheus runs without alerting rules (run `make rules`)")
     # Fresh TSDB and notification log each run: alerts of a previous run must not
     # reappear as if this scenario caused them.
     for stale in ("prometheus-data", "alertmanager-data"):
@@ -520,7 +555,9 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
         "Exporters:",
         *(f"  {node:<16} http://{address}/metrics" for node, address in stack.cluster.targets),
         f"Prometheus:     {prometheus_url}   (alerts: {prometheus_url}/alerts, targets: {prometheus_url}/targets)",
-        f"  rules:        {', '.join(p.name for p in rules) or 'none'}",
+        f"  rules:        {', '.join(str(p) for p in rules) or 'none'}"
+        + (" (shortened for: durations, --fast-alerts)" if args.fast_alerts else
+           " (production for: durations; --fast-alerts shortens them)"),
         f"Alertmanager:   {alertmanager_url}",
         f"Notifications:  {webhook_url}" + ("" if args.webhook_url else
                                             f"  (printed below and in {workdir / 'notifications.log'})"),

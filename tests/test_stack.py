@@ -71,6 +71,25 @@ def test_prometheus_config_passes_promtool(tmp_path):
     assert check.returncode == 0, check.stdout + check.stderr
 
 
+def test_fast_alert_overrides_render_and_keep_every_alert(tmp_path):
+    committed = {p.name: p.read_text() for p in stack.rule_files()}
+    if not committed:
+        pytest.skip("no rendered rules in rules/*.yaml")
+    fast = stack.render_rules(stack.FAST_ALERT_OVERRIDES, tmp_path)
+    check = subprocess.run([procs.require_binary("promtool"), "check", "rules", *map(str, fast)],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+    def alerts(text: str) -> list[tuple[str, str]]:
+        return [(rule["alert"], rule["labels"]["severity"]) for group in yaml.safe_load(text)["groups"]
+                for rule in group["rules"] if "alert" in rule]
+
+    for path in fast:
+        assert alerts(path.read_text()) == alerts(committed[path.name])
+    with pytest.raises(stack.StackError, match="unknown config key: for.noSuchAlert"):
+        stack.render_rules({"for": {"noSuchAlert": "1s"}}, tmp_path / "bad")
+
+
 # ----------------------------------------------------------------- webhook receiver
 
 def test_webhook_receiver_records_alerts_and_rejects_bad_posts():
@@ -141,7 +160,7 @@ def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path
                                         "tick_seconds": 1, "faults": []}))
     child = subprocess.Popen([*FABRICSCOPE, "stack", "--workdir", str(tmp_path / "work"), "--scenario", str(scenario),
                               "--nodes", "2", "--prometheus-port", "0", "--alertmanager-port", "0",
-                              "--scrape-interval", "1s"],
+                              "--scrape-interval", "1s", "--fast-alerts"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     try:
         banner = []
@@ -167,9 +186,13 @@ def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path
         result = requests.get(f"{prometheus_url}/api/v1/query", timeout=5,
                               params={"query": "count by (node) (fabric_exporter_build_info)"}).json()
         assert sorted(r["metric"]["node"] for r in result["data"]["result"]) == ["gpu-node-0", "gpu-node-1"]
-        rule_files = stack.rule_files()
+        # --fast-alerts: the mixin rendered into the workdir, same rules, shorter for:.
         groups = requests.get(f"{prometheus_url}/api/v1/rules", timeout=5).json()["data"]["groups"]
-        assert {Path(g["file"]).name for g in groups} == {p.name for p in rule_files}
+        assert {Path(g["file"]).name for g in groups} == {p.name for p in stack.rule_files()}
+        assert {Path(g["file"]).parent for g in groups} == {tmp_path / "work" / "rules"}
+        durations = {r["name"]: r["duration"] for g in groups for r in g["rules"] if r["type"] == "alerting"}
+        assert durations["FabricNcclStragglerRank"] == 60
+        assert "(shortened for: durations, --fast-alerts)" in text
         am = requests.get(f"{alertmanager_url}/api/v2/status", timeout=5).json()
         assert am["cluster"]["status"] == "disabled"
         ams = requests.get(f"{prometheus_url}/api/v1/alertmanagers", timeout=5).json()["data"]["activeAlertmanagers"]
