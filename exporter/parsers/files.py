@@ -88,3 +88,34 @@ def _reason_for(exc: OSError) -> str:
     if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
         return "unsupported"
     return "io_error"
+
+
+def read_small_texts(directory: str, names) -> list[tuple[str, str | ReadProblem]]:
+    """read_small_text for many files of one directory: the directory is opened once and
+    each file is opened relative to it, so the kernel does not walk the full (often
+    symlinked) sysfs path again for every counter file."""
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return [(name, read_small_text(os.path.join(directory, name))) for name in names]
+    results: list[tuple[str, str | ReadProblem]] = []
+    try:
+        for name in names:
+            try:
+                fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd)
+            except OSError as exc:
+                reason = "absent" if isinstance(exc, FileNotFoundError) else _reason_for(exc)
+                results.append((name, ReadProblem(Path(directory, name), reason)))
+                continue
+            try:
+                raw = os.read(fd, 4096)
+            except OSError as exc:
+                results.append((name, ReadProblem(Path(directory, name), _reason_for(exc))))
+                continue
+            finally:
+                os.close(fd)
+            text = raw.decode("utf-8", "replace").strip()
+            results.append((name, text if text else ReadProblem(Path(directory, name), "empty")))
+    finally:
+        os.close(dir_fd)
+    return results

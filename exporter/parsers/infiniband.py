@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from .files import ReadProblem, parse_int, read_small_text
+from .files import ReadProblem, parse_int, read_small_text, read_small_texts
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +209,8 @@ def _read_static(sysfs, device_dir: str, identity) -> _StaticDevice:
     text = lambda name: _read_optional_text(os.path.join(device_dir, name), problems)  # noqa: E731
     static = _StaticDevice(identity, text("board_id"), text("fw_ver"), text("hca_type"),
                            text("node_guid"), _read_pci(device_dir, problems), [], problems)
-    ports_dir = os.path.join(device_dir, "ports")
+    # Resolved once: per-scrape reads then skip the class/infiniband symlink.
+    ports_dir = os.path.join(os.path.realpath(device_dir), "ports")
     try:
         port_names = [e.name for e in os.scandir(ports_dir) if e.name.isdigit()]
     except OSError as exc:
@@ -268,15 +269,13 @@ def _list_files(directory: str, problems: list[ReadProblem]) -> tuple[str, ...]:
 
 def _read_counter_dir(directory: str, names: tuple[str, ...], problems: list[ReadProblem]) -> dict[str, int]:
     values: dict[str, int] = {}
-    for name in names:
-        path = f"{directory}/{name}"
-        text = read_small_text(path)
+    for name, text in read_small_texts(directory, names):
         if text.__class__ is str:
             # Fast path for the common all-digits case; parse_int handles the rest.
             if text.isdigit():
                 values[name] = int(text)
                 continue
-            value = parse_int(text, Path(path))
+            value = parse_int(text, Path(directory, name))
             if isinstance(value, ReadProblem):
                 problems.append(value)
             else:
@@ -286,19 +285,21 @@ def _read_counter_dir(directory: str, names: tuple[str, ...], problems: list[Rea
     return values
 
 
+_PORT_ATTRIBUTES = ("state", "phys_state", "rate")
+
+
 def _read_port(sysfs, device: str, sport: _StaticPort, problems: list[ReadProblem]) -> InfiniBandPort:
     port_dir = sport.path
     port = InfiniBandPort(device, sport.port, link_layer=sport.link_layer, netdev=sport.netdev)
-    for attr, parse in (("state", parse_coded_state), ("phys_state", parse_coded_state),
-                        ("rate", parse_rate)):
-        path = f"{port_dir}/{attr}"
-        text = _read_optional_text(path, problems)
-        if text is None:
+    for attr, text in read_small_texts(port_dir, _PORT_ATTRIBUTES):
+        if isinstance(text, ReadProblem):
+            if text.reason != "absent":
+                problems.append(text)
             continue
         try:
-            value = parse(text)
+            value = (parse_rate if attr == "rate" else parse_coded_state)(text)
         except ParseError:
-            problems.append(ReadProblem(Path(path), "malformed"))
+            problems.append(ReadProblem(Path(port_dir, attr), "malformed"))
             continue
         setattr(port, "rate_bytes_per_second" if attr == "rate" else attr, value)
     counters = _read_counter_dir(f"{port_dir}/counters", sport.counter_files, problems)
