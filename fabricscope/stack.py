@@ -404,6 +404,9 @@ def format_notification(notification: ReceivedNotification) -> str:
     receiver = notification.payload.get("receiver", "?")
     for alert in notification.payload["alerts"]:
         labels = dict(alert.get("labels") or {})
+        # Scrape bookkeeping says nothing about where the fault is; node does.
+        labels.pop("instance", None)
+        labels.pop("job", None)
         name = labels.pop("alertname", "?")
         severity = labels.pop("severity", "?")
         where = " ".join(f"{key}={value}" for key, value in sorted(labels.items()))
@@ -525,11 +528,15 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
     if not webhook_url:
         notifications_log = workdir / "notifications.log"
 
+        printing = threading.Lock()   # the receiver serves each POST on its own thread
+
         def show(notification: ReceivedNotification) -> None:
-            text = format_notification(notification)
-            print(text, file=out, flush=True)
-            with open(notifications_log, "a") as handle:
-                handle.write(text + "\n")
+            text = format_notification(notification) + "\n"
+            with printing:
+                out.write(text)
+                out.flush()
+                with open(notifications_log, "a") as handle:
+                    handle.write(text)
 
         stack.receiver = WebhookReceiver(host, 0, on_notification=show).start()
         webhook_url = stack.receiver.url

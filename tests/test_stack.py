@@ -2,14 +2,15 @@
 the whole stack started as a user would and stopped with SIGTERM."""
 from __future__ import annotations
 
+import datetime as dt
 import json
-import os
+import queue
 import re
 import signal
 import socket
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -96,7 +97,8 @@ def test_webhook_receiver_records_alerts_and_rejects_bad_posts():
     seen = []
     with stack.WebhookReceiver(on_notification=seen.append) as receiver:
         payload = {"version": "4", "receiver": "sidecar", "status": "firing",
-                   "alerts": [{"status": "firing", "labels": {"alertname": "FabricX", "node": "n1", "severity": "warning"},
+                   "alerts": [{"status": "firing", "labels": {"alertname": "FabricX", "node": "n1", "severity": "warning",
+                                          "instance": "127.0.0.1:1", "job": "fabricscope"},
                                "annotations": {"summary": "it broke"}}]}
         assert requests.post(receiver.url, json=payload, timeout=5).status_code == 200
         bad = [requests.post(receiver.url, data=b"{not json", timeout=5),
@@ -149,6 +151,15 @@ def test_bad_scenario_fails_clearly(tmp_path):
 
 # ----------------------------------------------------------------- the whole stack
 
+def drain(lines: "queue.Queue[str]") -> list[str]:
+    drained = []
+    while True:
+        try:
+            drained.append(lines.get_nowait())
+        except queue.Empty:
+            return drained
+
+
 @pytest.mark.slow
 def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path):
     pytest.importorskip("exporter.demo.cluster", reason="exporter.demo.cluster (DemoCluster) missing")
@@ -197,6 +208,21 @@ def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path
         assert am["cluster"]["status"] == "disabled"
         ams = requests.get(f"{prometheus_url}/api/v1/alertmanagers", timeout=5).json()["data"]["activeAlertmanagers"]
         assert [a["url"] for a in ams] == [f"{alertmanager_url}/api/v2/alerts"]
+
+        # Alertmanager -> the stack's own receiver -> one printed line per alert.
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in child.stdout], daemon=True).start()
+        now = dt.datetime.now(dt.timezone.utc)
+        requests.post(f"{alertmanager_url}/api/v2/alerts", timeout=5, json=[{
+            "labels": {"alertname": "FabricStackSmoke", "severity": "critical", "cluster": "stacktest",
+                       "node": "gpu-node-1"},
+            "annotations": {"summary": "posted by the test"},
+            "startsAt": now.isoformat(), "endsAt": (now + dt.timedelta(minutes=5)).isoformat()}]).raise_for_status()
+        printed = procs.wait_for(lambda: next((line for line in drain(lines) if "FabricStackSmoke" in line), None),
+                                 60, "the stack to print the notification")
+        assert re.search(r"\[sidecar\] FIRING FabricStackSmoke \(critical\) cluster=stacktest node=gpu-node-1 "
+                         r"- posted by the test$", printed.rstrip()), printed
+        assert "FabricStackSmoke" in (tmp_path / "work" / "notifications.log").read_text()
 
         child.send_signal(signal.SIGTERM)
         assert child.wait(30) == 0, child.stderr.read()
