@@ -126,3 +126,17 @@ def test_static_attributes_are_cached_until_the_device_is_recreated(tmp_path):
 
 def test_no_infiniband_class_is_no_devices(tmp_path):
     assert read_infiniband(tmp_path) == []
+
+
+def test_read_small_texts_reports_each_file(tmp_path):
+    from exporter.parsers.files import ReadProblem, read_small_texts
+
+    (tmp_path / "ok").write_text("17\n")
+    (tmp_path / "empty").write_text("")
+    (tmp_path / "dir").mkdir()
+    results = dict(read_small_texts(str(tmp_path), ("ok", "empty", "dir", "gone")))
+    assert results["ok"] == "17"
+    assert {name: r.reason for name, r in results.items() if isinstance(r, ReadProblem)} == {
+        "empty": "empty", "dir": "not_a_file", "gone": "absent"}
+    missing_dir = dict(read_small_texts(str(tmp_path / "nope"), ("a",)))
+    assert missing_dir["a"].reason == "absent"

@@ -8,6 +8,7 @@ docs/metrics.md. Thresholds and role overrides come from the `infiniband` sectio
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable, Iterable
 
@@ -40,6 +41,9 @@ class InfiniBandCollector(Collector):
                                      ctx.procfs, clock)
         self._topology_key: tuple | None = None
         self._near_gpu: dict[str, bool | None] = {}
+        # The web server is threaded: two overlapping scrapes must not interleave their
+        # updates of the health history (a breach would be judged twice).
+        self._lock = threading.Lock()
 
     def _roles(self, devices: list[InfiniBandDevice]) -> dict[str, str]:
         placements = [nic_roles.NicPlacement(d.name, d.pci.path if d.pci else None,
@@ -58,6 +62,10 @@ class InfiniBandCollector(Collector):
                 for p, d in zip(placements, devices)}
 
     def collect(self) -> Iterable[Metric]:
+        with self._lock:
+            return self._collect()
+
+    def _collect(self) -> list[Metric]:
         devices = [d for d in read_infiniband(self.ctx.sysfs, self.static_cache)
                    if not (d.pci is not None and d.pci.is_virtual_function)]   # VFs: the PF reports
         roles = self._roles(devices)
@@ -128,8 +136,8 @@ class InfiniBandCollector(Collector):
                 fatal.add_metric([d, p], int(verdict.fatal))
                 anomaly.add_metric([d, p, "uncabled"], int(verdict.uncabled))
                 anomaly.add_metric([d, p, "homogeneity"], int(verdict.inhomogeneous))
-        yield from (device_info, port_info, state, phys, rate, rx, tx, counter, hw_counter,
-                    breached, fatal, anomaly, errors)
+        families = [device_info, port_info, state, phys, rate, rx, tx, counter, hw_counter,
+                    breached, fatal, anomaly, errors]
 
         missing = g("fabric_infiniband_device_missing", "1 when a device this node had is gone (fatal).", labels=["device"])
         for name, flag in sorted(health.missing.items()):
@@ -157,4 +165,5 @@ class InfiniBandCollector(Collector):
             problem.add_metric([self.name, name], int(tracker.load_problem == name))
         write_errors = c("fabric_state_file_write_errors", "Failed atomic state writes.", labels=["collector"])
         write_errors.add_metric([self.name], tracker.state_file.write_errors)
-        yield from (missing, events, resets, downs, boots, problem, write_errors)
+        families += [missing, events, resets, downs, boots, problem, write_errors]
+        return families
