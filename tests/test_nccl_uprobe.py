@@ -74,11 +74,13 @@ def test_bad_events_are_counted_not_fatal():
 def test_unknown_comm_split_init_all_destroy_and_exit():
     tracker, handler = handler_with_comm()
     handler.handle_raw(event(EV_COLL_ENTER, comm=0xBEEF, pid=20, tid=20, count=1))   # before we attached
-    handler.handle_raw(event(EV_COMM_INIT, op=INIT_SPLIT, comm=0x2000, aux=0x1000, peer=1))
+    handler.handle_raw(event(EV_COMM_INIT, op=INIT_SPLIT, comm=0x2000, aux=0x1000, peer=1, rank=5))
+    handler.handle_raw(event(EV_COMM_INIT, op=INIT_SPLIT, comm=0x2100, aux=0xDEAD, peer=1, rank=6))
     handler.handle_raw(event(EV_COMM_INIT, op=INIT_ALL, comm=0x3000, aux=0x3000, rank=0, nranks=2, pid=30))
     handler.handle_raw(event(EV_COMM_INIT, op=INIT_ALL, comm=0x3008, aux=0x3000, rank=1, nranks=2, pid=30))
     comms = tracker.snapshot().comms
-    assert {(rank, nranks) for _, rank, nranks in comms} == {(3, 8), (-1, 0), (0, 2), (1, 2)}
+    assert {(rank, nranks) for _, rank, nranks in comms} == {(3, 8), (-1, 0), (5, 0), (6, 0), (0, 2), (1, 2)}
+    assert handler.comms[(10, 0x2100)].label.startswith("unknown-")        # parent never seen
     assert len({c for c, r, _ in comms if r in (0, 1)}) == 1            # one clique from InitAll
     assert handler.comms[(10, 0x2000)].label != handler.comms[(10, 0x1000)].label
     handler.handle_raw(event(EV_COLL_ENTER, comm=0x1000, count=1))
@@ -234,6 +236,11 @@ def test_uprobes_count_every_call_of_processes_started_after_the_exporter(uprobe
         assert s("fabric_nccl_enqueue_seconds_count", "AllReduce") == n
         assert s("fabric_nccl_operation_duration_seconds_count", "AllReduce") == n
         assert s("fabric_nccl_inflight_elapsed_seconds", "Recv") is not None
+    # ncclCommSplit(comm, color 7, key rank): its own comm id, the key as rank, size unknown.
+    split = comm_label(splitmix64(unique_id_hash(FAKE_UNIQUE_ID) ^ splitmix64(7)))
+    for rank in ("0", "1"):
+        assert samples[series("fabric_nccl_comm_info", comm=split, rank=rank, nranks="0")] == 1
+        assert samples[series("fabric_nccl_bytes_total", comm=split, rank=rank, op="AllReduce")] == 12
     assert samples[series("fabric_nccl_events_lost_total")] == 0
     for r in ranks:
         r.finish()

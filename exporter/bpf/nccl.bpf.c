@@ -303,8 +303,10 @@ int BPF_KPROBE(nccl_comm_split_enter)
 	a->op = INIT_SPLIT;
 	a->aux = PT_REGS_PARM1(ctx);
 	a->color = (__s32)PT_REGS_PARM2(ctx);
-	a->rank = -1;
-	a->nranks = -1;
+	/* The new rank is decided inside NCCL; the key (PyTorch passes the rank in the parent
+	 * group) orders ranks and tells the processes of one split apart. */
+	a->rank = (__s32)PT_REGS_PARM3(ctx);
+	a->nranks = 0;
 	a->out = PT_REGS_PARM4(ctx);
 	return save_init(a);
 }

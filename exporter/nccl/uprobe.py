@@ -182,10 +182,14 @@ class EventHandler:
             rank, nranks = event.rank, event.nranks
         elif event.op == INIT_SPLIT:
             parent = self._comm(event.pid, event.aux)
-            label = comm_label(splitmix64(int(parent.label[-16:], 16) ^ splitmix64(event.peer & (2**64 - 1)))
-                               if not parent.label.startswith("unknown-") else fold_words([event.pid, event.comm]))
-            # The new rank and size are decided inside NCCL, not visible in the arguments.
-            rank, nranks = -1, 0
+            color = splitmix64(event.peer & (2**64 - 1))
+            if parent.label.startswith("unknown-"):
+                label = "unknown-" + comm_label(fold_words([event.pid, event.comm]))[:8]
+            else:
+                label = comm_label(splitmix64(int(parent.label, 16) ^ color))
+            # The new rank and size are decided inside NCCL, not visible in the arguments:
+            # report the split key as the rank (it orders the ranks) and nranks 0 (unknown).
+            rank, nranks = event.rank, 0
         else:
             self._invalid("unknown_init")
             return

@@ -2,8 +2,8 @@
  *
  * usage: driver NRANKS RANK N_ALLREDUCE ALLREDUCE_COUNT N_ALLGATHER ALLGATHER_COUNT
  * Prints "ready" and waits for a line on stdin before initialising (so the test can
- * attach first), runs the calls, prints "done", waits for another line, destroys the
- * communicator and exits. The unique id is ncclGetUniqueId's fixed pattern.
+ * attach first), runs the calls (then a split communicator with one AllReduce), prints
+ * "done", waits for another line, destroys the communicator and exits. The unique id is ncclGetUniqueId's fixed pattern.
  * With FAKE_NCCL_BLOCK_FIFO/FAKE_NCCL_BLOCK_CALL set, one ncclAllReduce blocks inside
  * the library until the test writes to the FIFO.
  */
@@ -46,6 +46,12 @@ int main(int argc, char **argv)
 		ncclAllGather(cbuf, cbuf, allgather_count, ncclInt8, comm, NULL);
 	ncclReduce(fbuf, fbuf, 10, ncclFloat64, ncclSum, 0, comm, NULL);
 	ncclBroadcast(fbuf, fbuf, 3, ncclBfloat16, 0, comm, NULL);
+	/* A split communicator (color 7, key = rank) with one small AllReduce of its own. */
+	ncclComm_t sub;
+	if (ncclCommSplit(comm, 7, rank, &sub, NULL) != ncclSuccess)
+		return 5;
+	ncclAllReduce(fbuf, fbuf, 3, ncclFloat32, ncclSum, sub, NULL);
+	ncclCommDestroy(sub);
 	ncclSend(fbuf, 5, ncclInt64, (rank + 1) % nranks, comm, NULL);
 	ncclRecv(fbuf, 5, ncclInt64, (rank + nranks - 1) % nranks, comm, NULL);
 	printf("done\n");
