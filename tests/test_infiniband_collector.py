@@ -161,7 +161,10 @@ def test_delta_fatal_breach_latches_and_recovers_on_admin_reset(node):
     r = node.scrape(col, advance=600)
     assert value(r, "fabric_infiniband_port_counter_breached", **labels) == 1     # latched while quiet
     node.counter("mlx5_2", "link_downed", 0)                                      # perfquery -x
+    node.counter("mlx5_2", "port_rcv_data", 12)
     r = node.scrape(col)
+    assert value(r, "fabric_infiniband_port_counter_resets_total", **port1("mlx5_2"), counter="port_rcv_data") == 1
+    assert value(r, "fabric_infiniband_port_counter_resets_total", **port1("mlx5_3"), counter="port_rcv_data") is None
     assert value(r, "fabric_infiniband_port_counter_breached", **labels) == 0
     assert value(r, "fabric_infiniband_port_fatal", **port1("mlx5_2")) == 0
     assert value(r, "fabric_infiniband_port_health_events_total", **port1("mlx5_2"), severity="recovery") == 1

@@ -146,9 +146,9 @@ class InfiniBandCollector(Collector):
                    labels=["device", "port", "severity"])
         for (d, p, severity), count in sorted(tracker.events.items()):
             events.add_metric([d, p, severity], count)
-        resets = c("fabric_infiniband_port_counter_resets", "Monitored counters seen going down (admin clear, driver reload).",
+        resets = c("fabric_infiniband_port_counter_resets", "Counters seen going down between scrapes (admin clear with perfquery -x, driver reload).",
                    labels=["device", "port", "counter"])
-        for (key, name), count in sorted(tracker.monitor.reset_counts.items()):
+        for (key, name), count in sorted(tracker.reset_counts.items()):
             d, _, p = key.rpartition("/")
             resets.add_metric([d, p, name], count)
         downs = c("fabric_infiniband_port_down_transitions", "ACTIVE -> not ACTIVE transitions seen by the exporter (persisted).",

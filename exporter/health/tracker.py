@@ -63,6 +63,10 @@ class HealthTracker:
         self.clock = clock
         self.monitor = CounterMonitor(thresholds, clock)
         self.events: dict[tuple[str, str, str], int] = {}      # (device, port, severity) -> count
+        # Resets of counters without a threshold, seen against the previous scrape only
+        # (not persisted: they are informational and would make every scrape a state write).
+        self._last_counters: dict[str, dict[str, int]] = {}
+        self._other_resets: dict[tuple[str, str], int] = {}
         self.boot_id_changes = 0
         data = state_file.load()
         self.load_problem = state_file.load_problem
@@ -97,6 +101,7 @@ class HealthTracker:
             self.port_states.clear()
             self.down_transitions.clear()
             self.monitor.forget()
+            self._last_counters.clear()   # counters restart from zero after a reboot
         if boot != self.boot_id:
             self.boot_id = boot
             self._dirty = True
@@ -156,6 +161,8 @@ class HealthTracker:
         for _ in verdict.recoveries:
             self._count(device, port.port, "recovery")
 
+        self._count_other_resets(key, port, values)
+
         state_name = port.state.name if port.state is not None else None
         previous = self.port_states.get(key)
         unhealthy = state_fatal or not is_link_healthy(port)
@@ -175,6 +182,22 @@ class HealthTracker:
             self.port_states[key] = current
             self._dirty = True
         return health
+
+    def _count_other_resets(self, key: str, port: InfiniBandPort, monitored: Mapping[str, int | None]) -> None:
+        current = dict(port.counters.items())
+        current.update(port.hw_counters)
+        before = self._last_counters.get(key)
+        if before:
+            for name, value in current.items():
+                old = before.get(name)
+                if old is not None and value < old and name not in monitored:
+                    self._other_resets[(key, name)] = self._other_resets.get((key, name), 0) + 1
+        self._last_counters[key] = current
+
+    @property
+    def reset_counts(self) -> dict[tuple[str, str], int]:
+        """("dev/port", counter) -> resets seen, for every counter of every port."""
+        return {**self._other_resets, **self.monitor.reset_counts}
 
     def _save(self) -> None:
         # At most one write per scrape, and none when nothing persisted has changed.
