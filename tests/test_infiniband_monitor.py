@@ -135,3 +135,12 @@ def test_persisted_snapshot_restores_latch_and_baseline():
     junk = monitor(DELTA)
     junk.restore({"p": {"link_downed": {"t": "x"}}, "q": 5})
     assert junk.persisted() == {}
+
+
+def test_wall_clock_stepping_back_judges_nothing():
+    m = monitor(DELTA, PER_SECOND)
+    m.observe("p", {"link_downed": 0, "symbol_error": 0}, 100.0)
+    verdict = m.observe("p", {"link_downed": 1, "symbol_error": 500}, 50.0)     # NTP step backwards
+    assert verdict.breaches == [] and verdict.latched == []
+    # Once time passes the last sample again, judging resumes against the kept history.
+    assert m.observe("p", {"link_downed": 2, "symbol_error": 500}, 101.0).breaches == [DELTA, PER_SECOND]
