@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.context import Context
 from exporter.main import start_exporter
@@ -22,6 +23,17 @@ def _stable(text: str) -> str:
                    if "fabric_scrape_collector_duration_seconds" not in line)
 
 
+def _canonical(text: str) -> list[str]:
+    """Families and samples, independent of formatting (1 vs 1.0, label order, family order)."""
+    lines = []
+    for family in text_string_to_metric_families(text):
+        lines.append(f"# {family.name} {family.type} {family.documentation}")
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v!r}" for k, v in sorted(sample.labels.items()))
+            lines.append(f"{sample.name}{{{labels}}} {sample.value!r}")
+    return sorted(lines)
+
+
 def test_exposition_matches_golden(tmp_path, port):
     ctx = Context(sysfs=FIXTURES / "node" / "sys", procfs=FIXTURES / "ib" / "proc", state_dir=tmp_path,
                   node="gpu-node-0")
@@ -34,4 +46,4 @@ def test_exposition_matches_golden(tmp_path, port):
     actual = _stable(response.text)
     if os.environ.get("FABRICSCOPE_UPDATE_GOLDEN"):
         GOLDEN.write_text(actual)
-    assert actual == GOLDEN.read_text()
+    assert _canonical(actual) == _canonical(GOLDEN.read_text())
