@@ -6,14 +6,15 @@ import logging
 import signal
 import threading
 from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 import yaml
-from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
 from . import __version__
 from .context import Context
+from .exposition import render
 from .framework import COLLECTORS, Collector, ScrapeCollector, build_collectors, load_collector_modules
 from .web import serve
 from .webconfig import load_web_config
@@ -24,15 +25,10 @@ log = logging.getLogger("fabricscope.exporter")
 DEFAULT_LISTEN = ":19400"
 
 
-class _BuildInfo:
-    def __init__(self, node: str) -> None:
-        self.node = node
-
-    def collect(self):
-        info = GaugeMetricFamily("fabric_exporter_build_info", "Exporter version; always 1.",
-                                 labels=["version", "node"])
-        info.add_metric([__version__, self.node], 1.0)
-        yield info
+def build_info(version: str) -> GaugeMetricFamily:
+    info = GaugeMetricFamily("fabric_exporter_build_info", "Exporter version; always 1.", labels=["version"])
+    info.add_metric([version], 1.0)
+    return info
 
 
 @dataclass
@@ -40,7 +36,7 @@ class RunningExporter:
     address: str
     server: object
     collectors: list[Collector]
-    registry: CollectorRegistry
+    render_metrics: Callable[[], bytes]
 
     @property
     def port(self) -> int:
@@ -60,14 +56,17 @@ def start_exporter(ctx: Context, enabled: list[str], address: str = DEFAULT_LIST
                    web_config_file: str | None = None) -> RunningExporter:
     load_collector_modules()
     collectors = build_collectors(ctx, enabled)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(ScrapeCollector(collectors, node=ctx.node))
-    registry.register(_BuildInfo(ctx.node))
+    scrape = ScrapeCollector(collectors, node=ctx.node)
+    extra_labels = {"node": ctx.node} if ctx.node else {}
+
+    def render_metrics() -> bytes:
+        return render([*scrape.families(), build_info(__version__)], extra_labels)
+
     routes = {}
     for collector in collectors:
         routes.update(collector.routes())
-    server = serve(address, registry, load_web_config(web_config_file), routes, ctx.node)
-    return RunningExporter(address, server, collectors, registry)
+    server = serve(address, render_metrics, load_web_config(web_config_file), routes, ctx.node)
+    return RunningExporter(address, server, collectors, render_metrics)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,8 +6,9 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from typing import Callable
 
+from .exposition import CONTENT_TYPE
 from .framework import RouteHandler
 from .webconfig import WebConfig
 
@@ -24,7 +25,7 @@ LANDING_PAGE = """<!doctype html>
 """
 
 
-def make_handler(registry: CollectorRegistry, web: WebConfig, routes: dict[tuple[str, str], RouteHandler], node: str):
+def make_handler(render_metrics: Callable[[], bytes], web: WebConfig, routes: dict[tuple[str, str], RouteHandler], node: str):
     # Prometheus scrapes are synchronous; serialise them so two overlapping scrapes never
     # interleave reads of the same stateful collector (e.g. counter-delta tracking).
     scrape_lock = threading.Lock()
@@ -61,8 +62,8 @@ def make_handler(registry: CollectorRegistry, web: WebConfig, routes: dict[tuple
             body = self.rfile.read(length) if length else b""
             if method in ("GET", "HEAD") and url.path == "/metrics":
                 with scrape_lock:
-                    output = generate_latest(registry)
-                self._send(200, CONTENT_TYPE_LATEST, output)
+                    output = render_metrics()
+                self._send(200, CONTENT_TYPE, output)
             elif method in ("GET", "HEAD") and url.path == "/":
                 self._send(200, "text/html; charset=utf-8", landing)
             elif (method if method != "HEAD" else "GET", url.path) in routes:
@@ -90,12 +91,12 @@ def make_handler(registry: CollectorRegistry, web: WebConfig, routes: dict[tuple
     return Handler
 
 
-def serve(address: str, registry: CollectorRegistry, web: WebConfig,
+def serve(address: str, render_metrics: Callable[[], bytes], web: WebConfig,
           routes: dict[tuple[str, str], RouteHandler], node: str) -> ThreadingHTTPServer:
     """Bind and start serving in a daemon thread; returns the server (call shutdown())."""
     host, _, port = address.rpartition(":")
     host = host.strip("[]") or "0.0.0.0"
-    server = ThreadingHTTPServer((host, int(port)), make_handler(registry, web, routes, node))
+    server = ThreadingHTTPServer((host, int(port)), make_handler(render_metrics, web, routes, node))
     server.daemon_threads = True
     if web.ssl_context is not None:
         server.socket = web.ssl_context.wrap_socket(server.socket, server_side=True)

@@ -1,0 +1,205 @@
+"""Scrape latency of a full-size node, side by side with Debian's node_exporter.
+
+One simulated node tree (8 compute HCAs + 1 RoCE storage NIC with full counters/ and
+hw_counters/, RoCE and management netdevs, /proc/net/snmp + netstat, a kernel log of 10k
+lines) is served by:
+  * fabricscope's exporter (collectors infiniband, netdev, tcp, kmsg), as its own process;
+  * prometheus-node-exporter (collectors infiniband, netdev, netclass, netstat) on the
+    same tree (--path.sysfs/--path.procfs), exporter self-metrics off.
+The same HTTP client alternates scrapes between the two so both see the same machine
+noise. Prints p50/p99 over N scrapes, series counts, RSS and the p99 ratio.
+
+    .venv/bin/python bench/scrape_latency.py [--scrapes 300] [--kmsg-lines 10000]
+
+With --gpu, it instead measures the in-process exporter with every collector, the GPU-side
+ones fed by the demo's simulated NVML, eBPF maps and NCCL stream for one 8-GPU node.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from exporter.demo.plugin import ClusterSpec, NodeSpec  # noqa: E402
+from exporter.demo.sim_kmsg import KERN_INFO, KERN_WARNING  # noqa: E402
+from exporter.demo.sim_node import SimNode  # noqa: E402
+
+HOST_COLLECTORS = ["infiniband", "netdev", "tcp", "kmsg"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def build_node(root: Path, kmsg_lines: int) -> SimNode:
+    node = SimNode(NodeSpec(name="bench-node", index=0, gpus=8, hcas=8, root=root), seed=7)
+    node.build()
+    node.tick(1.0, 1.0, [])
+    # A busy kernel log: mostly noise, a few lines the kmsg collector must classify.
+    for i in range(kmsg_lines):
+        if i % 500 == 0:
+            node.kmsg.log(KERN_WARNING, 1.0 + i / 1000, "mlx5_core 0000:17:00.0: mlx5e_ethtool_get_link_ksettings: "
+                                                        "query port ptys failed: -5 ACCESS_REG failed")
+        else:
+            node.kmsg.log(KERN_INFO, 1.0 + i / 1000, f"audit: type=1400 audit({1700000000 + i}.123:{i}): "
+                                                     "apparmor=\"ALLOWED\" operation=\"open\" profile=\"snap\"")
+    return node
+
+
+def wait_ready(port: int, proc: subprocess.Popen | None = None, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"exporter exited early with {proc.returncode}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/metrics")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"nothing answered on port {port}")
+
+
+def scrape(conn: http.client.HTTPConnection) -> tuple[float, bytes]:
+    start = time.perf_counter()
+    conn.request("GET", "/metrics")
+    body = conn.getresponse().read()
+    return time.perf_counter() - start, body
+
+
+def series_count(body: bytes) -> int:
+    return sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def report(name: str, times: list[float], series: int, rss: float | None) -> None:
+    rss_text = f"{rss:7.1f} MiB" if rss is not None else "    n/a"
+    print(f"{name:<28} p50 {statistics.median(times) * 1e3:7.2f} ms   p99 {percentile(times, 0.99) * 1e3:7.2f} ms"
+          f"   series {series:5d}   RSS {rss_text}")
+
+
+def compare_with_node_exporter(args: argparse.Namespace, tree: Path) -> int:
+    node_exporter = shutil.which("prometheus-node-exporter")
+    if not node_exporter:
+        raise SystemExit("prometheus-node-exporter is not installed (make setup installs it)")
+    ours_port, theirs_port = free_port(), free_port()
+    state = tree.parent / "state"
+    ours = subprocess.Popen(
+        [sys.executable, "-m", "fabricscope.cli", "exporter", f"--web.listen-address=127.0.0.1:{ours_port}",
+         f"--path.sysfs={tree}/sys", f"--path.procfs={tree}/proc", f"--path.rootfs={tree}",
+         f"--path.kmsg={tree}/kmsg", f"--path.state={state}", "--node-name=bench-node",
+         *[f"--no-collector.{name}" for name in ("ebpf", "nccl", "nvlink")]],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    theirs = subprocess.Popen(
+        [node_exporter, f"--web.listen-address=127.0.0.1:{theirs_port}", f"--path.sysfs={tree}/sys",
+         f"--path.procfs={tree}/proc", f"--path.rootfs={tree}", "--collector.disable-defaults",
+         "--collector.infiniband", "--collector.netdev", "--no-collector.netdev.netlink",
+         "--collector.netclass", "--collector.netstat", "--web.disable-exporter-metrics"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(ours_port, ours)
+        wait_ready(theirs_port, theirs)
+        clients = {"fabricscope": http.client.HTTPConnection("127.0.0.1", ours_port, timeout=30),
+                   "node_exporter": http.client.HTTPConnection("127.0.0.1", theirs_port, timeout=30)}
+        times: dict[str, list[float]] = {name: [] for name in clients}
+        bodies: dict[str, bytes] = {}
+        for _ in range(args.warmup):
+            for conn in clients.values():
+                scrape(conn)
+        for _ in range(args.scrapes):
+            for name, conn in clients.items():
+                elapsed, bodies[name] = scrape(conn)
+                times[name].append(elapsed)
+        print(f"full-size node: 8 compute HCAs + 1 RoCE NIC, kernel log {args.kmsg_lines} lines, "
+              f"{args.scrapes} scrapes each, alternating, same client")
+        report("fabricscope (4 collectors)", times["fabricscope"], series_count(bodies["fabricscope"]), rss_mib(ours.pid))
+        report("node_exporter 1.5 (4 coll.)", times["node_exporter"], series_count(bodies["node_exporter"]),
+               rss_mib(theirs.pid))
+        ratio99 = percentile(times["fabricscope"], 0.99) / percentile(times["node_exporter"], 0.99)
+        ratio50 = statistics.median(times["fabricscope"]) / statistics.median(times["node_exporter"])
+        print(f"ratio fabricscope/node_exporter: p50 {ratio50:.2f}  p99 {ratio99:.2f}  (target p99 <= 1.0, defect > 2.0)")
+        ib_theirs = sum(1 for line in bodies["node_exporter"].decode().splitlines()
+                        if line.startswith("node_infiniband"))
+        print(f"node_exporter infiniband series: {ib_theirs}")
+        return 0
+    finally:
+        for proc in (ours, theirs):
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+def measure_gpu_side(args: argparse.Namespace, tree: Path, node: SimNode) -> int:
+    from exporter.context import Context
+    from exporter.demo.sim_sources import NodeSources, discover_source_modules
+    from exporter.framework import COLLECTORS, load_collector_modules
+    from exporter.main import start_exporter
+
+    spec = node.spec
+    cluster = ClusterSpec(name="bench", nodes=(spec,), seed=7)
+    sources = NodeSources(spec, cluster, discover_source_modules())
+    sources.step(1.0, [])
+    load_collector_modules()
+    enabled = sorted(name for name, cls in COLLECTORS.items() if cls.enabled_by_default)
+    ctx = Context(sysfs=tree / "sys", procfs=tree / "proc", rootfs=tree, kmsg=tree / "kmsg",
+                  state_dir=tree.parent / "state-gpu", node="bench-node", sources=dict(sources.by_key))
+    exporter = start_exporter(ctx, enabled, "127.0.0.1:0")
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", exporter.port, timeout=30)
+        for _ in range(args.warmup):
+            scrape(conn)
+        times, body = [], b""
+        now = 1.0
+        for i in range(args.scrapes):
+            if i % 10 == 0:  # the simulation moves on between scrapes, as in the demo
+                now += 1.0
+                sources.step(now, [])
+            elapsed, body = scrape(conn)
+            times.append(elapsed)
+        print(f"simulated 8-GPU node, all collectors ({', '.join(enabled)}), {args.scrapes} scrapes, in-process")
+        report("fabricscope (all)", times, series_count(body), rss_mib(os.getpid()))
+        print(f"p99 target <= 25 ms: {'met' if percentile(times, 0.99) <= 0.025 else 'NOT met'}")
+        return 0
+    finally:
+        exporter.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scrapes", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--kmsg-lines", type=int, default=10_000)
+    parser.add_argument("--gpu", action="store_true", help="all collectors, GPU side simulated, in-process")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="fabricscope-bench-") as tmp:
+        tree = Path(tmp) / "node"
+        node = build_node(tree, args.kmsg_lines)
+        return measure_gpu_side(args, tree, node) if args.gpu else compare_with_node_exporter(args, tree)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
