@@ -170,3 +170,15 @@ def test_unit_tests_catch_a_moved_threshold(tmp_path):
     assert result.returncode != 0
     for alertname in ("FabricInfinibandPreFailureBER", "FabricTcpMicroburst", "FabricNcclHang"):
         assert f"alertname: {alertname}," in result.stdout + result.stderr, f"{alertname} boundary case did not notice"
+
+
+def test_the_documented_demo_overrides_render(tmp_path):
+    """docs/rules.md's fast-demo override block is valid: keys exist, promtool accepts it."""
+    text = (REPO / "docs" / "rules.md").read_text()
+    blocks = re.findall(r"```json\n(.*?)```", text, re.S)
+    assert blocks, "docs/rules.md lost its overrides example"
+    paths = render_module.render(json.loads(blocks[0]), tmp_path)
+    result = run([tool("promtool"), "check", "rules", *map(str, paths)])
+    assert result.returncode == 0, result.stdout + result.stderr
+    groups = yaml.safe_load((tmp_path / "fabricscope-alerts.yaml").read_text())["groups"]
+    assert all("interval" not in group for group in groups), "'' intervals must fall back to the global one"

@@ -23,7 +23,8 @@
     runbookUrlBase: 'https://github.com/fabricscope/fabricscope/blob/main/docs/runbooks/',
 
     // Rule-group evaluation intervals. Short where the signal is short-lived
-    // (microbursts, hangs), a minute elsewhere.
+    // (microbursts, hangs), a minute elsewhere. '' leaves a group on Prometheus'
+    // global evaluation_interval (handy for a fast demo).
     intervals: {
       tcp: '30s',
       nccl: '30s',

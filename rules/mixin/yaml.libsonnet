@@ -38,7 +38,8 @@ local rule(r) =
 
 local group(g) =
   '- name: ' + quote(g.name) + '\n'
-  + (if std.objectHas(g, 'interval') then '  interval: ' + quote(g.interval) + '\n' else '')
+  // An empty interval leaves the group on Prometheus' global evaluation_interval.
+  + (if std.objectHas(g, 'interval') && g.interval != '' then '  interval: ' + quote(g.interval) + '\n' else '')
   + '  rules:\n'
   + std.join('\n', [rule(r) for r in g.rules]);
 
