@@ -166,19 +166,22 @@ local util = import 'util.libsonnet';
           alert(
             'FabricInfinibandPortFatal',
             sev.ibPortFatal,
-            // FabricInfinibandPortDown already pages for a port that went down; this
-            // one covers the rest (phys Disabled, down since boot, fatal counters).
+            // One page per fault: FabricInfinibandPortDown covers a port that went
+            // down, FabricInfinibandFatalCounterBreach a fatal counter; this one covers
+            // the rest (phys Disabled, down since boot).
             |||
               fabric_infiniband_port_fatal == 1
               unless ignoring (state)
               (
                 %s
               )
+              unless ignoring (counter, severity)
+              fabric_infiniband_port_counter_breached{severity="fatal"} == 1
             ||| % std.strReplace(std.rstripChars(ibPortDownExpr, '\n'), '\n', '\n  '),
             forOf.ibPortFatal,
             'The exporter reports an InfiniBand/RoCE port in a fatal condition.',
             'Port {{ $labels.device }}:{{ $labels.port }} on {{ $labels.node }} is fatal '
-            + '(state DOWN, phys_state Disabled or a fatal counter breach).',
+            + '(state DOWN or phys_state Disabled) and was not ACTIVE in the last ' + w.ibWasActive + '.',
           ),
           alert(
             'FabricInfinibandFatalCounterBreach',
