@@ -37,14 +37,12 @@ log = logging.getLogger("fabricscope.stack")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RULES_DIR = REPO_ROOT / "rules"
 ALERTMANAGER_DIR = REPO_ROOT / "alertmanager"
-DEFAULT_SCENARIO = REPO_ROOT / "exporter" / "demo" / "scenarios" / "default.yaml"
 
 # Defaults outside 9100-9999 (allocated on the Prometheus default-port wiki), next to the
 # exporter's 19400 and the sidecar's 19500, so the stack never collides with a real
 # Prometheus (9090) or Alertmanager (9093) on the same machine.
 DEFAULT_PROMETHEUS_PORT = 19090
 DEFAULT_ALERTMANAGER_PORT = 19093
-DEFAULT_WEBHOOK_PORT = 19501
 SIDECAR_WEBHOOK_PATH = "/alerts/webhook"
 SCRAPE_JOB = "fabricscope"
 
@@ -596,6 +594,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     except StackError as exc:
         print(f"fabricscope stack: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:   # unwritable workdir, a demo exporter port refused, ...
+        print(f"fabricscope stack: {exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}",
+              file=sys.stderr)
         return 2
     finally:
         stack.stop()

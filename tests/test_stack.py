@@ -149,6 +149,16 @@ def test_bad_scenario_fails_clearly(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_unusable_workdir_fails_clearly(tmp_path):
+    pytest.importorskip("exporter.demo.scenario", reason="exporter.demo.scenario (the scenario loader) missing")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory\n")
+    result = run_stack("--workdir", str(blocker / "stack"), "--prometheus-port", "0", "--alertmanager-port", "0")
+    assert result.returncode == 2
+    assert f"Not a directory: {blocker / 'stack'}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 # ----------------------------------------------------------------- the whole stack
 
 def drain(lines: "queue.Queue[str]") -> list[str]:
