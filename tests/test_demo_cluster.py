@@ -174,3 +174,23 @@ def test_default_demo_starts_fast(tmp_path):
         elapsed = time.perf_counter() - began
     assert sample(samples, "fabric_exporter_build_info", node="gpu-node-3", version=__import__("exporter").__version__)
     print(f"default 4-node demo: first scrape {elapsed:.2f}s after start")
+
+
+def test_cli_reports_a_port_in_use_by_node_and_address(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        scenario = tmp_path / "s.yaml"
+        scenario.write_text("cluster: {nodes: 1, gpus_per_node: 1, hcas_per_node: 1}\n")
+        result = fabricscope("--scenario", str(scenario), "--workdir", str(tmp_path / "w"),
+                             "--base-port", str(port), "--duration", "1")
+    assert result.returncode == 1
+    assert f"gpu-node-0: cannot listen on 127.0.0.1:{port}: Address already in use" in result.stderr
+    assert "Traceback" not in result.stderr
+    from exporter.demo.sim_files import tmpfs_home
+
+    if tmpfs_home(tmp_path / "w") is not None:   # memory-backed trees are not left behind
+        assert not (tmp_path / "w" / "gpu-node-0").exists()

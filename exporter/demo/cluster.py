@@ -158,7 +158,11 @@ class DemoCluster:
             self.engine.build()
             for index, node in enumerate(self.engine.nodes):
                 port = self.base_port + index if self.base_port else 0
-                self.exporters.append(start_exporter(self.engine.context(index), enabled, f"{host}:{port}"))
+                try:
+                    self.exporters.append(start_exporter(self.engine.context(index), enabled, f"{host}:{port}"))
+                except OSError as exc:   # name the node and address, not just "Address already in use"
+                    raise OSError(exc.errno, f"{node.spec.name}: cannot listen on {host}:{port}: "
+                                             f"{exc.strerror or exc}") from exc
         except Exception:
             self._stop_exporters()
             self.engine.close()
