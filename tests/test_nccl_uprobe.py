@@ -249,6 +249,7 @@ def test_uprobes_count_every_call_of_processes_started_after_the_exporter(uprobe
              "detach after the processes exited")
     samples = scrape(base)
     assert samples[series("fabric_nccl_processes_traced")] == 0
+    assert samples[series("fabric_nccl_processes_exited_total")] == 2
     assert not any(key.startswith("fabric_nccl_inflight_elapsed_seconds") for key in samples)
 
 

@@ -128,10 +128,12 @@ class NcclCollector(Collector):
             attached.add_metric([library], 1.0 if ok else 0.0)
         traced = GaugeMetricFamily("fabric_nccl_processes_traced", "Processes that map a probed NCCL library.",
                                    value=status.processes_traced)
+        exited = CounterMetricFamily("fabric_nccl_processes_exited", "Traced processes that exited (their "
+                                     "open operations are dropped).", value=status.processes_exited)
         lost = CounterMetricFamily("fabric_nccl_events_lost", "Uprobe events dropped in the kernel because "
                                    "the ring buffer was full.", value=status.events_lost)
         invalid = CounterMetricFamily("fabric_nccl_events_invalid", "Uprobe events that could not be used.",
                                       labels=["reason"])
         for reason, count in sorted(status.invalid.items()):
             invalid.add_metric([reason], count)
-        yield from (available, attached, traced, lost, invalid)
+        yield from (available, attached, traced, exited, lost, invalid)

@@ -197,13 +197,16 @@ class EventHandler:
         if rank >= 0:
             self.tracker.register_comm(label, rank, nranks)
 
-    def process_exited(self, pid: int) -> None:
-        for key in [k for k in self.open_calls if k[0] == pid]:
+    def process_exited(self, pid: int) -> int:
+        """Forget the process; returns how many of its calls were still inside NCCL."""
+        blocked = [k for k in self.open_calls if k[0] == pid]
+        for key in blocked:
             del self.open_calls[key]
             self.tracker.forget_token(key)
         for key in [k for k in self.comms if k[0] == pid]:
             ref = self.comms.pop(key)
             self.tracker.drop_inflight(ref.label, ref.rank)
+        return len(blocked)
 
 
 @dataclass
@@ -220,6 +223,7 @@ class UprobeStatus:
     reason: str                         # ok, or why uprobes are not running
     libraries: dict[str, bool]          # library path -> attached
     processes_traced: int
+    processes_exited: int               # traced processes that went away
     events_lost: int                    # dropped in the kernel: ring buffer full
     invalid: dict[str, int]
     events: int
@@ -242,6 +246,9 @@ class UprobeSource:
         self._handler: EventHandler | None = None
         self._libraries: dict[tuple[int, int], _Library] = {}
         self._pids: set[int] = set()
+        self._exited = 0
+        self._lost_logged = 0
+        self._told_no_library = False
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -338,8 +345,14 @@ class UprobeSource:
                 self._detach(library)
             traced = set().union(*(lib.pids for lib in self._libraries.values())) if self._libraries else set()
             for pid in self._pids - traced:
-                self._handler.process_exited(pid)
+                inflight = self._handler.process_exited(pid)
+                self._exited += 1
+                log.info("traced process %d exited%s", pid,
+                         f" with {inflight} NCCL call(s) open" if inflight else "")
             self._pids = traced
+            if not found and not self._told_no_library:
+                log.info("no process maps libnccl yet; looking again every %.1fs", self.rescan_seconds)
+            self._told_no_library = not found
 
     def _libraries_of(self, pid: int, maps: str) -> list[discovery.LibraryRef]:
         nccl, fallback = discovery.nccl_candidates(discovery.mapped_files(maps))
@@ -410,9 +423,13 @@ class UprobeSource:
                 try:
                     value = self._obj.map("nccl_events_lost").lookup(b"\0" * 4)
                     lost = struct.unpack("<Q", value)[0] if value else 0
+                    if lost > self._lost_logged:
+                        log.warning("NCCL ring buffer full: %d event(s) dropped in the kernel so far", lost)
+                        self._lost_logged = lost
                 except Exception as exc:        # reading a counter must not fail the scrape
                     log.debug("cannot read nccl_events_lost: %s", exc)
             libraries = {lib.ref.path: bool(lib.links) for lib in self._libraries.values()}
             events, invalid = self._handler.counts() if self._handler else (0, {})
             return UprobeStatus(reason=self.reason, libraries=libraries, processes_traced=len(self._pids),
+                                processes_exited=self._exited,
                                 events_lost=lost, invalid=invalid, events=events)
