@@ -194,3 +194,11 @@ def test_cli_reports_a_port_in_use_by_node_and_address(tmp_path):
 
     if tmpfs_home(tmp_path / "w") is not None:   # memory-backed trees are not left behind
         assert not (tmp_path / "w" / "gpu-node-0").exists()
+
+
+def test_scenario_duration_ends_the_run(tmp_path):
+    scenario = load_scenario({"cluster": {"nodes": 1, "gpus_per_node": 1, "hcas_per_node": 1},
+                              "tick_seconds": 0.25, "duration": "1s"})
+    with DemoCluster(scenario, tmp_path / "demo") as running:
+        assert running.finished.wait(30), "the scenario's duration never ran out"
+        assert running.engine.tick_index == 4 and running.engine.now() == 1.0
