@@ -449,3 +449,17 @@ def test_gpu_bus_ids_agree_with_the_simulated_nvml(tmp_path):
     nvml_ids = [g.pci_bus_id.lower().replace("00000000:", "0000:") for g in source.gpus()]
     assert nvml_ids == list(engine.nodes[0].topology.gpu_bdfs)
     assert nvml   # the module is the one the engine discovered
+
+
+def test_plugin_faults_with_nested_targets_do_not_disturb_the_nodes(tmp_path, monkeypatch):
+    import types
+
+    plugin = types.SimpleNamespace(make_source=lambda n, c, r: types.SimpleNamespace(key="k", step=lambda *a: None),
+                                   FAULT_KINDS=("partition",))
+    monkeypatch.setattr("exporter.demo.sim_sources.discover_source_modules", lambda: {"p": plugin})
+    monkeypatch.setattr("exporter.demo.cluster.discover_source_modules", lambda: {"p": plugin})
+    engine = engine_at(tmp_path, small({"kind": "partition", "at": 1, "target": {"ranks": [0, 1], "zone": {"a": 1}}}))
+    before = engine.nodes[0].writer.writes
+    for _ in range(3):
+        engine.step()
+    assert engine.tick_index == 3 and engine.nodes[0].writer.writes > before

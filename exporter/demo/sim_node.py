@@ -39,8 +39,13 @@ def prepare_root(root: Path) -> None:
     (root / MARKER).write_text("simulated node filesystem of `fabricscope demo`; cleared on every start\n")
 
 
+# Faults whose onset leaves a one-off trace (a kernel log line) rather than a state.
+ONSET_FAULTS = {"nvlink_down", "mlx5_fatal"}
+
+
 def _fault_key(fault: Fault) -> tuple:
-    return (fault.kind, fault.start, fault.node, tuple(sorted(fault.target.items())))
+    # repr: plugin faults may carry unhashable targets (lists, mappings).
+    return (fault.kind, fault.start, fault.node, repr(sorted(fault.target.items())))
 
 
 class SimNode:
@@ -103,6 +108,8 @@ class SimNode:
             if fault.kind == "symbol_error_storm":
                 self._symbol_errors(fault, dt)
         for fault in mine:
+            if fault.kind not in ONSET_FAULTS:
+                continue
             key = _fault_key(fault)
             if key not in self._seen_onsets:
                 self._seen_onsets.add(key)
