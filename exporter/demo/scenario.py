@@ -15,7 +15,7 @@ Validation happens once, up front, and every error names the fault it is about
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
