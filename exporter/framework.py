@@ -97,6 +97,10 @@ class ScrapeCollector(_PromCollector):
             "Time the collector took on this scrape.",
             labels=["collector"],
         )
+        # Several collectors export shared families (fabric_state_file_problem{collector},
+        # ...). The text format allows one HELP/TYPE block per name, so same-named
+        # families are merged into the first one, in order.
+        merged: dict[str, Metric] = {}
         for collector in self.collectors:
             start = time.perf_counter()
             try:
@@ -108,7 +112,15 @@ class ScrapeCollector(_PromCollector):
                 families, ok = [], 0.0
             duration.add_metric([collector.name], time.perf_counter() - start)
             success.add_metric([collector.name], ok)
-            yield from families
+            for family in families:
+                first = merged.setdefault(family.name, family)
+                if first is not family:
+                    if first.type != family.type:
+                        log.error("collector %s exports %s as %s, already exported as %s; dropped",
+                                  collector.name, family.name, family.type, first.type)
+                        continue
+                    first.samples.extend(family.samples)
+        yield from merged.values()
         yield success
         yield duration
 

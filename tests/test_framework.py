@@ -133,3 +133,30 @@ def test_cli_flags_enable_and_disable(tmp_path):
     for name in COLLECTORS:
         args = parser.parse_args([f"--no-collector.{name}"])
         assert name not in exporter_main.enabled_collectors(args)
+
+
+def test_same_family_from_two_collectors_is_one_block():
+    from exporter.exposition import render
+    from prometheus_client.core import GaugeMetricFamily
+
+    class StateA(Collector):
+        name = "a"
+
+        def collect(self):
+            family = GaugeMetricFamily("fabric_state_file_problem", "Problem.", labels=["collector"])
+            family.add_metric(["a"], 1)
+            yield family
+
+    class StateB(StateA):
+        name = "b"
+
+        def collect(self):
+            family = GaugeMetricFamily("fabric_state_file_problem", "Problem.", labels=["collector"])
+            family.add_metric(["b"], 0)
+            yield family
+
+    ctx = Context()
+    text = render(ScrapeCollector([StateA(ctx), StateB(ctx)]).families()).decode()
+    assert text.count("# TYPE fabric_state_file_problem gauge") == 1
+    assert 'fabric_state_file_problem{collector="a"} 1.0' in text
+    assert 'fabric_state_file_problem{collector="b"} 0.0' in text
