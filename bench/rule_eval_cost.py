@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shutil
 import socket
 import statistics
@@ -280,9 +281,11 @@ def main() -> int:
     parser.add_argument("--duration", type=int, default=180, help="seconds of rule evaluation to measure")
     parser.add_argument("--nodes", type=int, default=128)
     parser.add_argument("--keep", action="store_true", help="keep the Prometheus directory")
+    parser.add_argument("--prometheus", default=shutil.which("prometheus") or "/usr/bin/prometheus",
+                        help="Prometheus binary (default: from PATH)")
     args = parser.parse_args()
 
-    binary = shutil.which("prometheus") or "/usr/bin/prometheus"
+    binary = args.prometheus
     if not Path(binary).exists():
         print("prometheus not found: `make setup` installs the Debian package", file=sys.stderr)
         return 1
@@ -352,7 +355,8 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    print(f"targets up {up:.0f}/{args.nodes}, head series {head_series:.0f}, mean scrape {scrape * 1000:.0f} ms\n")
+    print(f"targets up {up:.0f}/{args.nodes}, head series {head_series:.0f}, mean scrape {scrape * 1000:.0f} ms; "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (other work inflates the figures)\n")
     header = f"{'rule group':<28} {'rules':>5} {'interval':>8} {'evals':>5} {'mean':>9} {'worst':>9} {'worst/interval':>14} {'missed':>6}"
     print(header)
     print("-" * len(header))
