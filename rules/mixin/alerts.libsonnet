@@ -113,7 +113,7 @@ local util = import 'util.libsonnet';
             // The value is the signed deviation; the filters work on its magnitude
             // because the straggler can be the one *fast* rank (its peers wait for it).
             |||
-              comm_rank:fabric_nccl_operation_duration_seconds:deviation
+              %(deviation)s
               and
               abs(comm_rank:fabric_nccl_operation_duration_seconds:deviation)
                 > on (%(comm)s) group_left ()
@@ -127,6 +127,7 @@ local util = import 'util.libsonnet';
               and on (%(comm)s)
               (comm:fabric_nccl_operation_duration_seconds:ranks >= %(ranks)s)
             ||| % {
+              deviation: util.selector('comm_rank:fabric_nccl_operation_duration_seconds:deviation', cfg.selectors.stragglerOps),
               comm: by(['comm', 'op']),
               k: num(th.stragglerMadMultiplier),
               rel: num(th.stragglerMinRelativeDeviation),

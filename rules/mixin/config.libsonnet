@@ -18,6 +18,9 @@
       exporter: 'job="fabricscope"',
       // Prometheus' own metrics (rule-group health); empty matches any job.
       prometheus: '',
+      // Ops compared across ranks for stragglers. Point-to-point Send/Recv differ by
+      // rank by design (pipeline stages), so they form no cohort.
+      stragglerOps: 'op!~"Send|Recv"',
     },
 
     runbookUrlBase: 'https://github.com/fabricscope/fabricscope/blob/main/docs/runbooks/',
