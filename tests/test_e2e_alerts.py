@@ -1,14 +1,16 @@
 """End to end, on real components: demo cluster → real Prometheus with the rules → real
 Alertmanager → webhook.
 
-One scenario runs once for the module: a healthy phase, then a link flap, a microburst,
-a straggler rank and an NCCL hang on different nodes and targets. The rules are rendered
+One scenario runs once for the module: a healthy phase, then a link flap, a port that
+stays down, a microburst, a straggler rank and an NCCL hang on different nodes and
+targets. The rules are rendered
 with shortened `for:` durations, windows and group intervals (so the run takes minutes,
 not hours); Prometheus scrapes and evaluates every second; Alertmanager groups with 1s
 waits and posts to a receiver in this process. Each test then checks one promise:
 
 - nothing fires while the cluster is healthy (Prometheus ALERTS and the webhook log);
 - each fault produces its alert at the webhook with the right labels;
+- a down port's counter alert is inhibited by its port-down alert (real inhibition);
 - no alert names a node, port or communicator that no fault touched.
 
 Time-to-detect (fault start → notification received) is printed per fault and written to
@@ -47,10 +49,15 @@ MICROBURST = {"kind": "microburst", "node": 2, "at": HEALTHY_SECONDS, "duration"
 # job would. Rank 7 lives on gpu-node-3, rank 1 on gpu-node-0.
 STRAGGLER = {"kind": "straggler_rank", "at": HEALTHY_SECONDS, "duration": 60,
              "target": {"rank": 7}, "params": {"lag_seconds": 0.1}}
+# A port that stays down: its link_downed counter breach (fatal) must be inhibited by the
+# port-down alert while the port is down (alertmanager.yml), so `for:` below makes the
+# port-down alert fire first.
+LINK_DOWN = {"kind": "link_down", "node": 0, "at": HEALTHY_SECONDS, "duration": 60,
+             "target": {"device": "mlx5_0", "port": 1}}
 HANG = {"kind": "nccl_hang", "at": HEALTHY_SECONDS + 75, "duration": 60, "target": {"rank": 1}}
 SCENARIO = {"seed": 11, "cluster": {"name": CLUSTER, "nodes": NODES, "gpus_per_node": GPUS_PER_NODE,
                                     "hcas_per_node": HCAS_PER_NODE},
-            "tick_seconds": 0.5, "faults": [LINK_FLAP, MICROBURST, STRAGGLER, HANG]}
+            "tick_seconds": 0.5, "faults": [LINK_FLAP, LINK_DOWN, MICROBURST, STRAGGLER, HANG]}
 END_SECONDS = HANG["at"] + HANG["duration"]
 # After its fault starts, an alert has this long to reach the webhook.
 DETECTION_DEADLINE = 90
@@ -60,8 +67,8 @@ DETECTION_DEADLINE = 90
 RULE_OVERRIDES = {
     "intervals": {group: "1s" for group in ("tcp", "nccl", "infiniband", "nvlink", "kernel", "pipeline")},
     "windows": {"tcpRate": "10s", "tcpBaseline": "40s", "ncclRate": "15s", "ibFlap": "2m"},
-    "for": {"ncclHang": "5s", "straggler": "10s", "ibPortDown": "30s", "exporterDown": "10s",
-            "collectorFailing": "10s"},
+    "for": {"ncclHang": "5s", "straggler": "10s", "ibPortDown": "5s", "ibFatalCounter": "20s",
+            "exporterDown": "10s", "collectorFailing": "10s"},
 }
 
 
@@ -82,6 +89,8 @@ class Run:
     prometheus: procs.Server
     alertmanager: procs.Server
     healthy_firing: list[dict] = field(default_factory=list)
+    # Alertmanager's view of the down port's counter alert while the port was down.
+    down_port_counter_alerts: list[dict] = field(default_factory=list)
     first_seen: dict[str, tuple[float, dict]] = field(default_factory=dict)
     report_path: Path | None = None
 
@@ -93,6 +102,8 @@ def expectations(comm: str) -> list[Expected]:
     return [
         Expected(LINK_FLAP, "FabricInfinibandLinkFlap",
                  {"node": "gpu-node-1", "device": "mlx5_1", "port": "1", "cluster": CLUSTER}),
+        Expected(LINK_DOWN, "FabricInfinibandPortDown",
+                 {"node": "gpu-node-0", "device": "mlx5_0", "port": "1", "cluster": CLUSTER}),
         Expected(MICROBURST, "FabricTcpMicroburst", {"node": "gpu-node-2", "cluster": CLUSTER}),
         Expected(STRAGGLER, "FabricNcclStragglerRank",
                  {"rank": "7", "node": "gpu-node-3", "comm": comm, "cluster": CLUSTER}),
@@ -100,6 +111,15 @@ def expectations(comm: str) -> list[Expected]:
         # the ranks still waiting, on every node.
         Expected(HANG, "FabricNcclHang", {"comm": comm, "cluster": CLUSTER}, present=("rank", "node")),
     ]
+
+
+def fault_end(fault: dict, t0: float) -> float:
+    return t0 + float(fault["at"]) + float(fault["duration"])
+
+
+def on_port(labels: dict, fault: dict) -> bool:
+    return (labels.get("node"), labels.get("device"), labels.get("port")) == \
+        (f"gpu-node-{fault['node']}", fault["target"]["device"], str(fault["target"]["port"]))
 
 
 def matches(alert: dict, expected: Expected) -> bool:
@@ -165,6 +185,11 @@ def run(tmp_path_factory):
                                 if alert["status"] == "firing" and matches(alert, expected):
                                     result.first_seen[expected.alertname] = (received_at, alert)
                                     break
+                    if "FabricInfinibandPortDown" in result.first_seen and time.time() < fault_end(LINK_DOWN, t0) - 2:
+                        result.down_port_counter_alerts += [
+                            a for a in am.get("/api/v2/alerts")
+                            if a["labels"].get("alertname") == "FabricInfinibandFatalCounterBreach"
+                            and on_port(a["labels"], LINK_DOWN)]
                     if len(result.first_seen) == len(wanted) and time.time() > t0 + END_SECONDS:
                         break
                     time.sleep(1)
@@ -236,7 +261,7 @@ def test_nothing_fires_while_the_cluster_is_healthy(run):
     assert series == [], [s["metric"] for s in series]
 
 
-@pytest.mark.parametrize("kind", ["link_flap", "microburst", "straggler_rank", "nccl_hang"])
+@pytest.mark.parametrize("kind", ["link_flap", "link_down", "microburst", "straggler_rank", "nccl_hang"])
 def test_fault_reaches_the_webhook_with_its_labels(run, kind):
     expected = next(e for e in expectations(run.comm) if e.fault["kind"] == kind)
     received = [alert["labels"] for _, alert in run.receiver.alerts() if alert["labels"].get("alertname") == expected.alertname]
@@ -261,16 +286,32 @@ def test_hang_is_reported_across_the_whole_communicator(run):
     assert str(HANG["target"]["rank"]) in {labels["rank"] for labels in hangs}
 
 
+def test_port_down_inhibits_the_counter_alerts_of_that_port(run):
+    """While mlx5_0:1 of gpu-node-0 is down, its link_downed breach is firing in
+    Alertmanager but inhibited by the port-down alert, so no one is paged twice."""
+    if "FabricInfinibandPortDown" not in run.first_seen:
+        pytest.fail("no FabricInfinibandPortDown notification (see test_fault_reaches_the_webhook_with_its_labels)")
+    port_down = run.first_seen["FabricInfinibandPortDown"][1]
+    seen = run.down_port_counter_alerts
+    assert seen, ("FabricInfinibandFatalCounterBreach for the down port never reached Alertmanager while the "
+                  "port was down (nothing to inhibit: is link_downed counted as a fatal breach?)")
+    assert all(a["status"]["state"] == "suppressed" and a["status"]["inhibitedBy"] == [port_down["fingerprint"]]
+               for a in seen), [a["status"] for a in seen]
+    notified = [received_at - run.t0 for received_at, alert in run.receiver.alerts()
+                if alert["labels"].get("alertname") == "FabricInfinibandFatalCounterBreach"
+                and on_port(alert["labels"], LINK_DOWN) and received_at < fault_end(LINK_DOWN, run.t0)]
+    assert notified == [], f"counter breach of the down port notified at scenario seconds {notified}"
+
+
 def test_no_alert_names_a_target_no_fault_touched(run):
-    faulted_nodes = {f"gpu-node-{f['node']}" for f in (LINK_FLAP, MICROBURST)}
-    flap_port = (f"gpu-node-{LINK_FLAP['node']}", LINK_FLAP["target"]["device"], str(LINK_FLAP["target"]["port"]))
+    faulted_nodes = {f"gpu-node-{f['node']}" for f in (LINK_FLAP, LINK_DOWN, MICROBURST)}
     stray = []
     for _, alert in run.receiver.alerts():
         labels = alert["labels"]
         if labels.get("comm"):
             ok = labels["comm"] == run.comm
         elif labels.get("device"):
-            ok = (labels.get("node"), labels["device"], labels.get("port")) == flap_port
+            ok = on_port(labels, LINK_FLAP) or on_port(labels, LINK_DOWN)
         else:
             ok = labels.get("node") in faulted_nodes
         if not ok:
