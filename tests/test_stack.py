@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import queue
 import re
 import signal
@@ -244,6 +245,51 @@ def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path
         if child.poll() is None:
             # SIGTERM first: a SIGKILLed stack would leave its Prometheus and Alertmanager
             # (own sessions) running.
+            child.terminate()
+            try:
+                child.wait(30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
+def child_pids_with_argument(argument: str) -> list[int]:
+    """Processes whose command line contains `argument` (found through /proc)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if argument.encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+@pytest.mark.slow
+def test_stack_stops_everything_when_prometheus_dies(tmp_path):
+    pytest.importorskip("exporter.demo.cluster", reason="exporter.demo.cluster (DemoCluster) missing")
+    procs.require_binary("prometheus")
+    procs.require_binary("prometheus-alertmanager")
+    work = tmp_path / "work"
+    child = subprocess.Popen([*FABRICSCOPE, "stack", "--workdir", str(work), "--nodes", "1",
+                              "--prometheus-port", "0", "--alertmanager-port", "0"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        for line in child.stdout:
+            if line.startswith("Ctrl-C stops everything"):
+                break
+        prometheus = child_pids_with_argument(f"--storage.tsdb.path={work / 'prometheus-data'}")
+        alertmanager = child_pids_with_argument(f"--storage.path={work / 'alertmanager-data'}")
+        assert len(prometheus) == 1 and len(alertmanager) == 1
+        os.kill(prometheus[0], signal.SIGKILL)
+        assert child.wait(30) == 2
+        stderr = child.stderr.read()
+        assert "prometheus exited unexpectedly" in stderr and "fabricscope stack: stopped" in stderr
+        # Alertmanager was stopped with the stack, not left behind.
+        assert child_pids_with_argument(f"--storage.path={work / 'alertmanager-data'}") == []
+    finally:
+        if child.poll() is None:
             child.terminate()
             try:
                 child.wait(30)
