@@ -304,6 +304,7 @@ def test_corrupt_state_file_is_reported_and_recovered(node):
 
 @pytest.mark.parametrize("stored", [
     {"last_sequence": "seven"},
+    {"lines": -4},
     {"events": {"mlx5_core|command_timeout|fatal": -3}},
     {"file_identity": [1, 2, 3]},
     {"events": []},
@@ -314,6 +315,21 @@ def test_state_with_wrong_shape_counts_as_corrupt(node, stored):
     samples = Scraper(context(node)).scrape()
     assert plain(samples, "fabric_state_file_problem", collector="kmsg", problem="corrupt") == 1
     assert plain(samples, "fabric_kernel_log_lines_total") == FIXTURE_RECORDS
+
+
+def test_stored_keys_outside_the_tables_are_dropped(node):
+    (node / "state").mkdir()
+    (node / "state" / "kmsg.json").write_text(json.dumps({
+        "boot_id": BOOT_A, "last_sequence": 5, "lines": 5,
+        "events": {"mlx5_core|command_timeout|fatal": 4, "mlx5_core|renamed_pattern|fatal": 2, "no separators": 1},
+        "xids": {"79|fatal": 3, "123456|fatal": 1, "79|non_fatal": 1},
+    }))
+    samples = Scraper(context(node)).scrape()
+    assert plain(samples, "fabric_state_file_problem", collector="kmsg", problem="corrupt") == 0
+    assert event(samples, "command_timeout", "fatal") == 4 + 1
+    assert xid(samples, "79", "fatal") == 3 + 1
+    assert xid(samples, "79", "non_fatal") is None
+    assert not [key for key in samples if "renamed_pattern" in str(key) or "123456" in str(key)]
 
 
 def test_state_write_failure_is_counted_not_fatal(node):

@@ -1,4 +1,4 @@
-"""Kernel log (mlx5_core, NETDEV WATCHDOG, NVRM Xid) from /dev/kmsg or a file of kmsg records.
+"""Kernel log (mlx5_core, NETDEV WATCHDOG, PCIe AER, NVRM Xid) from /dev/kmsg or a file of records.
 
 Each scrape reads only records that are new since the persisted cursor (boot ID + last
 sequence number in <state_dir>/kmsg.json), so an exporter restart neither recounts the
@@ -19,7 +19,7 @@ from typing import Any, Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..framework import Collector, register
-from ..kmsg_patterns import PATTERNS
+from ..kmsg_patterns import KNOWN_XIDS, PATTERNS, xid_label, xid_severity
 from ..parsers.files import ReadProblem, read_text
 from ..parsers.kmsg import Classifier, KmsgFormatError, parse_record
 from ..statefile import StateFile
@@ -74,10 +74,20 @@ class KmsgState:
                                          and all(isinstance(v, int) for v in identity)):
             raise ValueError("file_identity is not [device, inode]")
         state.file_identity = identity
+        if state.lines < 0 or state.last_sequence < -1 or state.file_offset < 0:
+            raise ValueError("negative line count, sequence or offset")
         for table in (state.events, state.xids):
             if not all(isinstance(v, int) and v >= 0 for v in table.values()):
                 raise ValueError("event counts must be non-negative integers")
+        # Keys become label values: keep only those the current tables can produce. A row
+        # renamed or removed since the state was written is dropped, not an error.
+        state.events = {k: v for k, v in state.events.items() if k in _EVENT_KEYS}
+        state.xids = {k: v for k, v in state.xids.items() if k in _XID_KEYS}
         return state
+
+
+_EVENT_KEYS = frozenset(f"{row.source}|{row.name}|{row.severity}" for row in PATTERNS)
+_XID_KEYS = frozenset(f"{xid_label(code)}|{xid_severity(code)}" for code in [*KNOWN_XIDS, -1])
 
 
 class DeviceSource:
