@@ -511,10 +511,11 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
         rules = rule_files()
     if not rules:
         log.warning("no rules/*.yaml found: Prometheus runs without alerting rules (run `make rules`)")
-    # Fresh TSDB and notification log each run: alerts of a previous run must not
-    # reappear as if this scenario caused them.
+    # Fresh TSDB, Alertmanager state and notification log each run: alerts of a previous
+    # run must not reappear as if this scenario caused them.
     for stale in ("prometheus-data", "alertmanager-data"):
         shutil.rmtree(workdir / stale, ignore_errors=True)
+    (workdir / "notifications.log").unlink(missing_ok=True)
 
     from exporter.demo.cluster import DemoCluster
 
