@@ -73,6 +73,22 @@ def test_prometheus_config_passes_promtool(tmp_path):
     assert check.returncode == 0, check.stdout + check.stderr
 
 
+def test_deploy_example_is_valid_and_scrapes_like_the_stack(tmp_path):
+    example = REPO / "deploy" / "prometheus" / "prometheus.yml"
+    check = subprocess.run([procs.require_binary("promtool"), "check", "config", str(example)],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    config = yaml.safe_load(example.read_text())
+    generated = stack.prometheus_config("c", tmp_path / "t.json", "127.0.0.1:1", stack.rule_files())
+    for key in ("job_name", "honor_labels"):
+        assert config["scrape_configs"][0][key] == generated["scrape_configs"][0][key]
+    assert set(config["global"]["external_labels"]) == set(generated["global"]["external_labels"])
+    assert {Path(p).name for p in config["rule_files"]} == {p.name for p in stack.rule_files()}
+    # The rules select the exporter by the job name both configs use.
+    alerts = (REPO / "rules" / "fabricscope-alerts.yaml").read_text()
+    assert f'up{{job="{stack.SCRAPE_JOB}"}}' in alerts
+
+
 def test_fast_alert_overrides_render_and_keep_every_alert(tmp_path):
     committed = {p.name: p.read_text() for p in stack.rule_files()}
     if not committed:
