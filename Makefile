@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 run: setup
-	$(VENV)/bin/fabricscope demo
+	$(VENV)/bin/fabricscope stack
 
 test: setup
 	$(PY) -m pytest -q tests
