@@ -102,7 +102,8 @@ def main() -> None:
     print(f"probed:   {per_probed:8.1f} ns/call  (uprobe + uretprobe + ring buffer record each way)")
     print(f"added:    {(per_probed - per_plain) / 1000:8.2f} us/call")
     print(f"probed call rate: {args.calls / statistics.median(probed):,.0f} calls/s")
-    print(f"calls counted by the tracker per run: {counted} of {args.calls}; "
+    # The driver ends with one AllReduce on a split communicator: calls + 1 in all.
+    print(f"AllReduce calls counted by the tracker per run: {counted} of {args.calls + 1}; "
           f"events lost in the kernel per run: {lost}")
     print(f"exporter CPU per event (decode + tracker, Python): {statistics.median(exporter_cpu) * 1e6:.2f} us")
     print(f"at 5,000 NCCL calls/s per rank the probes cost "

@@ -213,6 +213,7 @@ def test_uprobes_count_every_call_of_processes_started_after_the_exporter(uprobe
     n, m, k, l = 40, 1000, 7, 333
     ranks = [Rank(driver, 2, rank, n, m, k, l) for rank in (0, 1)]
     wait_for(lambda: scrape(base).get(series("fabric_nccl_processes_traced")) == 2, "both ranks traced")
+    # Traced means probed: the library's probes are in place before the ranks start.
     assert scrape(base)[series("fabric_nccl_probe_attached", library=str(library))] == 1
     for r in ranks:
         r.tell()

@@ -332,27 +332,34 @@ class UprobeSource:
             for ref in self._libraries_of(pid, maps):
                 entry = found.setdefault((ref.dev, ref.inode), (ref, set()))
                 entry[1].add(pid)
+        traced = set().union(*(pids for _, pids in found.values())) if found else set()
         with self._lock:
-            for key, (ref, pids) in found.items():
-                library = self._libraries.get(key)
-                if library is None:
-                    library = self._libraries[key] = _Library(ref=ref)
-                    self._attach(library)
-                library.pids = pids
-            for key in [k for k in self._libraries if k not in found]:
-                library = self._libraries.pop(key)
-                log.info("no process maps %s any more: detaching", library.ref.path)
-                self._detach(library)
-            traced = set().union(*(lib.pids for lib in self._libraries.values())) if self._libraries else set()
+            new = [(key, ref) for key, (ref, _) in found.items() if key not in self._libraries]
+            gone = [self._libraries.pop(key) for key in list(self._libraries) if key not in found]
+            for key, library in self._libraries.items():
+                library.pids = found[key][1]
             for pid in self._pids - traced:
                 inflight = self._handler.process_exited(pid)
                 self._exited += 1
                 log.info("traced process %d exited%s", pid,
                          f" with {inflight} NCCL call(s) open" if inflight else "")
-            self._pids = traced
-            if not found and not self._told_no_library:
-                log.info("no process maps libnccl yet; looking again every %.1fs", self.rescan_seconds)
-            self._told_no_library = not found
+            # Traced: mapping a library whose probes are in place (new ones join below).
+            self._pids = set().union(set(), *(lib.pids for lib in self._libraries.values() if lib.links))
+        if not found and not self._told_no_library:
+            log.info("no process maps libnccl yet; looking again every %.1fs", self.rescan_seconds)
+        self._told_no_library = not found
+        # Each probe takes ~100 ms to place or remove in a VM: never do it under the lock a
+        # scrape waits on. Only this thread changes the set of libraries.
+        for library in gone:
+            log.info("no process maps %s any more: detaching", library.ref.path)
+            self._detach(library)
+        for key, ref in new:
+            library = _Library(ref=ref, pids=found[key][1])
+            self._attach(library)
+            with self._lock:
+                self._libraries[key] = library
+                if library.links:
+                    self._pids |= library.pids
 
     def _libraries_of(self, pid: int, maps: str) -> list[discovery.LibraryRef]:
         nccl, fallback = discovery.nccl_candidates(discovery.mapped_files(maps))
