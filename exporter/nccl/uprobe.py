@@ -292,7 +292,7 @@ class UprobeSource:
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=15)      # an attach in progress finishes first
         with self._lock:
             for library in self._libraries.values():
                 self._detach(library)
