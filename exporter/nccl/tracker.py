@@ -176,9 +176,8 @@ class NcclTracker:
         """A communicator was initialised (uprobe on ncclCommInit*): comm_info before any call."""
         with self._lock:
             state = self._comm(comm)
-            if state is not None:
-                state.nranks[rank] = nranks
-                state.last_activity = max(state.last_activity, self.clock())
+            state.nranks[rank] = nranks
+            state.last_activity = max(state.last_activity, self.clock())
 
     def call_entered(self, call: NcclCall, token: Hashable | None = None) -> None:
         """The rank entered a collective. With a token, the call stays 'blocked' until
@@ -281,12 +280,12 @@ class NcclTracker:
                                            api_returned=inflight.api_returned, hanging=hanging))
         return out
 
-    def _comm(self, comm: str, protect: str | None = None) -> _Comm | None:
+    def _comm(self, comm: str) -> _Comm:
         state = self._comms.get(comm)
         if state is not None:
             return state
         if len(self._comms) >= self.max_comms:
-            self._evict_lru(exclude=protect or comm)
+            self._evict_lru(exclude=comm)
         state = self._comms[comm] = _Comm(last_activity=self.clock())
         return state
 
