@@ -182,3 +182,25 @@ def test_the_documented_demo_overrides_render(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     groups = yaml.safe_load((tmp_path / "fabricscope-alerts.yaml").read_text())["groups"]
     assert all("interval" not in group for group in groups), "'' intervals must fall back to the global one"
+
+
+def test_rules_only_use_metrics_the_exporter_defines():
+    """Every raw fabric_* series a rule reads is named in the exporter's code and in
+    docs/metrics.md (the metric-name contract), so a rename cannot silently blind an alert."""
+    sources = "\n".join(path.read_text(errors="replace") for path in (REPO / "exporter").rglob("*.py"))
+    documented = (REPO / "docs" / "metrics.md").read_text()
+    expressions = [rule["expr"] for path in RENDERED
+                   for group in yaml.safe_load((RULES / path).read_text())["groups"] for rule in group["rules"]]
+    # Raw names only: parts of recorded names (level:metric:ops) are preceded by a colon.
+    used = {name for expr in expressions for name in re.findall(r"(?<![:\w])fabric_[a-z0-9_]+", expr)}
+    assert len(used) > 20
+    missing_in_code, missing_in_docs = [], []
+    for name in sorted(used):
+        base = re.sub(r"_(bucket|sum|count|total)$", "", name)
+        if f'"{base}' not in sources:
+            missing_in_code.append(name)
+        stem = re.sub(r"_(bucket|sum|count)$", "", name)
+        if stem not in documented and stem.replace("_receive_", "_transmit_") not in documented:
+            missing_in_docs.append(name)
+    assert not missing_in_code, f"rules read series no exporter code defines: {missing_in_code}"
+    assert not missing_in_docs, f"rules read series docs/metrics.md does not list: {missing_in_docs}"
