@@ -317,3 +317,4 @@ def test_host_without_btf_exports_only_availability_zero(tmp_path):
     (sample,) = families[0].samples
     assert sample.value == 0
     assert sample.labels["reason"] == ("no_btf" if os.geteuid() == 0 else "not_root")
+

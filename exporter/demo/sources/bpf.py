@@ -18,6 +18,7 @@ import ipaddress
 import math
 import random
 import struct
+import threading
 
 from ...ebpf.declarations import load_declarations
 from ...ebpf.histogram import HIST_SLOTS, Log2Histogram, encode_log2_hist, slot_for
@@ -101,6 +102,8 @@ class BpfSimSource:
         self.runs: dict[str, int] = {name: 0 for name in NS_PER_EVENT}
         self._programs = [p for decl in load_declarations() for p in decl.programs]
         self._fraction: dict[str, float] = {}    # carried fractional counts between steps
+        # The demo's tick thread steps while exporter threads scrape: one lock for both.
+        self._lock = threading.Lock()
 
     # ---- simulation -------------------------------------------------------------
 
@@ -126,6 +129,10 @@ class BpfSimSource:
             k += 1
 
     def step(self, now: float, faults: list[Fault]) -> None:
+        with self._lock:
+            self._step(now, faults)
+
+    def _step(self, now: float, faults: list[Fault]) -> None:
         dt = now - self.now
         if dt <= 0:
             return
@@ -195,7 +202,8 @@ class BpfSimSource:
         return {p: True for p in self._programs}
 
     def program_stats(self) -> dict[str, tuple[int, int]]:
-        return {p: (self.runs.get(p, 0), self.runs.get(p, 0) * NS_PER_EVENT.get(p, 100)) for p in self._programs}
+        with self._lock:
+            return {p: (self.runs.get(p, 0), self.runs.get(p, 0) * NS_PER_EVENT.get(p, 100)) for p in self._programs}
 
     def peers(self) -> dict[str, str]:
         return dict(self._peers)
@@ -226,7 +234,8 @@ class BpfSimSource:
         }
         if (obj, map_name) not in maps:
             raise KeyError(f"{obj}/{map_name}")
-        return maps[(obj, map_name)]()
+        with self._lock:
+            return maps[(obj, map_name)]()
 
     @staticmethod
     def _tracked(counts: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
