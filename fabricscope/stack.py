@@ -224,7 +224,17 @@ def file_sd_groups(targets: list[tuple[str, str]], cluster: str) -> list[dict[st
 
 def prometheus_config(cluster: str, targets_file: Path, alertmanager_address: str,
                       rules: list[Path], scrape_interval: str = "5s",
-                      evaluation_interval: str = "5s") -> dict[str, Any]:
+                      evaluation_interval: str = "5s", self_address: str | None = None) -> dict[str, Any]:
+    scrape_configs: list[dict[str, Any]] = [{
+        "job_name": SCRAPE_JOB,
+        # The exporter sets `node` on every series itself; honouring it keeps one
+        # `node` label instead of node + exported_node. Targets still label `up`.
+        "honor_labels": True,
+        "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "5s"}],
+    }]
+    if self_address:
+        # Prometheus' own metrics feed the pipeline alerts (missed rule-group iterations).
+        scrape_configs.append({"job_name": "prometheus", "static_configs": [{"targets": [self_address]}]})
     return {
         "global": {
             "scrape_interval": scrape_interval,
@@ -235,13 +245,7 @@ def prometheus_config(cluster: str, targets_file: Path, alertmanager_address: st
         },
         "rule_files": [str(path) for path in rules],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager_address]}]}]},
-        "scrape_configs": [{
-            "job_name": SCRAPE_JOB,
-            # The exporter sets `node` on every series itself; honouring it keeps one
-            # `node` label instead of node + exported_node. Targets still label `up`.
-            "honor_labels": True,
-            "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "5s"}],
-        }],
+        "scrape_configs": scrape_configs,
     }
 
 
@@ -544,10 +548,11 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
     alertmanager_port = args.alertmanager_port or free_port(host)
     stack.alertmanager = start_alertmanager(am_config, workdir / "alertmanager-data", host, alertmanager_port,
                                             workdir / "alertmanager.log")
+    prometheus_port = args.prometheus_port or free_port(host)
     prom_config = write_yaml(workdir / "prometheus.yml", prometheus_config(
         scenario.cluster_name, targets_file, f"{host}:{alertmanager_port}", rules,
-        scrape_interval=args.scrape_interval, evaluation_interval=args.scrape_interval))
-    prometheus_port = args.prometheus_port or free_port(host)
+        scrape_interval=args.scrape_interval, evaluation_interval=args.scrape_interval,
+        self_address=f"{host}:{prometheus_port}"))
     stack.prometheus = start_prometheus(prom_config, workdir / "prometheus-data", host, prometheus_port,
                                         workdir / "prometheus.log")
 

@@ -64,9 +64,13 @@ def test_prometheus_config_passes_promtool(tmp_path):
     assert json.loads(targets.read_text()) == [
         {"targets": ["127.0.0.1:1"], "labels": {"cluster": "demo", "node": "gpu-node-0"}},
         {"targets": ["127.0.0.1:2"], "labels": {"cluster": "demo", "node": "gpu-node-1"}}]
-    config = stack.prometheus_config("demo", targets, "127.0.0.1:19093", stack.rule_files(), "1s", "1s")
+    config = stack.prometheus_config("demo", targets, "127.0.0.1:19093", stack.rule_files(), "1s", "1s",
+                                     self_address="127.0.0.1:19090")
     assert config["global"]["external_labels"] == {"cluster": "demo"}
     assert config["scrape_configs"][0]["job_name"] == "fabricscope"
+    # Prometheus scrapes itself so FabricRuleGroupIterationsMissed has its input.
+    assert config["scrape_configs"][1] == {"job_name": "prometheus",
+                                           "static_configs": [{"targets": ["127.0.0.1:19090"]}]}
     path = stack.write_yaml(tmp_path / "prometheus.yml", config)
     check = subprocess.run([procs.require_binary("promtool"), "check", "config", str(path)],
                            capture_output=True, text=True)
