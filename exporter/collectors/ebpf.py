@@ -13,7 +13,8 @@ Config section `ebpf` (all optional):
   process_scan_interval_seconds: 15
   enable_stats: false                   account program run count/time (BPF_ENABLE_STATS); costs
                                         ~70 ns per event on a VM, so off unless asked for
-  objects: [tcp, sched, syscalls]       which programs to load (default: all; see docs/ebpf.md
+  objects: [tcp, sched, syscalls]       which programs to load (default: tcp and sched, plus
+                                        syscalls on GPU nodes or with a processes list; see docs/ebpf.md
                                         for what each costs per event)
 """
 from __future__ import annotations
@@ -48,7 +49,7 @@ class EbpfCollector(Collector):
         super().__init__(ctx)
         self._lock = threading.Lock()
         config = ctx.section("ebpf")
-        self._decls = self._selected(load_declarations(), config.get("objects"))
+        self._decls = self._selected(load_declarations(), config.get("objects"), self._default_objects(config))
         self._source = ctx.sources.get("bpf")
         if self._source is None:
             self._source = self._kernel_source(config)
@@ -60,10 +61,25 @@ class EbpfCollector(Collector):
         else:
             log.warning("eBPF unavailable (%s): %s; exporting fabric_ebpf_available 0", reason, message)
 
+    def _default_objects(self, config: dict) -> set[str] | None:
+        """Without an explicit `objects` list: tcp and sched always; syscalls only where it
+        has something to watch. Its raw_tp/sys_enter program runs on every syscall of the
+        host (~70-110 ns each, measured in bench/ebpf_overhead.py), which is worth paying on
+        a GPU node (NVIDIA device nodes present) or for a configured process allow-list,
+        not on every host."""
+        if "bpf" in self.ctx.sources:     # the demo simulates GPU nodes: every program
+            return None
+        gpu_nodes = any((self.ctx.rootfs / "dev").glob("nvidia*"))
+        if gpu_nodes or config.get("processes"):
+            return None
+        log.info("eBPF: no /dev/nvidia* and no ebpf.processes allow-list: syscall density "
+                 "program not loaded (set ebpf.objects to load it anyway)")
+        return {"tcp", "sched"}
+
     @staticmethod
-    def _selected(decls, wanted):
+    def _selected(decls, wanted, default=None):
         if wanted is None:
-            return decls
+            return decls if default is None else [d for d in decls if d.object in default]
         if not isinstance(wanted, list):
             log.error("config ebpf.objects must be a list of %s; loading all",
                       ", ".join(d.object for d in decls))
