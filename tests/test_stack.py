@@ -221,7 +221,8 @@ def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path
 
         def all_targets_up():
             targets = requests.get(f"{prometheus_url}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
-            up = {(t["labels"]["node"], t["labels"]["cluster"]) for t in targets if t["health"] == "up"}
+            up = {(t["labels"]["node"], t["labels"]["cluster"]) for t in targets
+          if t["health"] == "up" and t["labels"]["job"] == stack.SCRAPE_JOB}
             return up == {("gpu-node-0", "stacktest"), ("gpu-node-1", "stacktest")}
 
         procs.wait_for(all_targets_up, 60, "Prometheus to scrape both simulated nodes")
