@@ -30,39 +30,66 @@ def _escape_help(text: str) -> str:
     return text.replace("\\", r"\\").replace("\n", r"\n")
 
 
-def _sample_line(name: str, labels: dict[str, str], value: float, timestamp, extra: dict[str, str]) -> str:
-    if extra:
-        labels = {**labels, **extra}
-    if labels:
-        inner = ",".join([f'{key}="{_escape_value(labels[key])}"' for key in sorted(labels)])
-        head = f"{name}{{{inner}}}"
-    else:
-        head = name
-    tail = f" {int(float(timestamp) * 1000):d}" if timestamp is not None else ""
-    return f"{head} {floatToGoString(value)}{tail}\n"
+class Renderer:
+    """Renders families to text, remembering each series' formatted name-and-labels.
+
+    The same few hundred series come back on every scrape with the same labels, so the
+    sort/escape/join for a series is done once; only the value is formatted per scrape.
+    The cache is dropped when it outgrows `max_series` (label churn, e.g. a port's state
+    label changing), so it stays bounded.
+    """
+
+    def __init__(self, extra_labels: dict[str, str] | None = None, max_series: int = 50_000) -> None:
+        self.extra = dict(extra_labels or {})
+        self.max_series = max_series
+        self._heads: dict[tuple, str] = {}
+
+    def _head(self, name: str, labels: dict[str, str]) -> str:
+        key = (name, *labels.items())
+        head = self._heads.get(key)
+        if head is None:
+            merged = {**labels, **self.extra} if self.extra else labels
+            if merged:
+                inner = ",".join([f'{k}="{_escape_value(merged[k])}"' for k in sorted(merged)])
+                head = f"{name}{{{inner}}} "
+            else:
+                head = f"{name} "
+            if len(self._heads) >= self.max_series:
+                self._heads.clear()
+            self._heads[key] = head
+        return head
+
+    def render(self, families: Iterable[Metric]) -> bytes:
+        out: list[str] = []
+        append = out.append
+        head_of = self._head
+        for metric in families:
+            name, mtype = metric.name, metric.type
+            if mtype == "counter":
+                name += "_total"
+            elif mtype == "info":
+                name += "_info"
+            mtype = _TYPE_RENAMES.get(mtype, mtype)
+            help_text = _escape_help(metric.documentation)
+            append(f"# HELP {name} {help_text}\n# TYPE {name} {mtype}\n")
+            deferred: dict[str, list[str]] = {}
+            base = metric.name
+            for sample in metric.samples:
+                line = head_of(sample.name, sample.labels) + floatToGoString(sample.value)
+                if sample.timestamp is not None:
+                    line += f" {int(float(sample.timestamp) * 1000):d}"
+                line += "\n"
+                suffix = sample.name[len(base):] if sample.name.startswith(base) else ""
+                if suffix in _OPENMETRICS_ONLY:
+                    deferred.setdefault(suffix, []).append(line)
+                else:
+                    append(line)
+            for suffix, lines in sorted(deferred.items()):
+                append(f"# HELP {base}{suffix} {help_text}\n# TYPE {base}{suffix} gauge\n")
+                out.extend(lines)
+        return "".join(out).encode("utf-8")
 
 
 def render(families: Iterable[Metric], extra_labels: dict[str, str] | None = None) -> bytes:
-    extra = extra_labels or {}
-    out: list[str] = []
-    for metric in families:
-        name, mtype = metric.name, metric.type
-        if mtype == "counter":
-            name += "_total"
-        elif mtype == "info":
-            name += "_info"
-        mtype = _TYPE_RENAMES.get(mtype, mtype)
-        help_text = _escape_help(metric.documentation)
-        out.append(f"# HELP {name} {help_text}\n# TYPE {name} {mtype}\n")
-        deferred: dict[str, list[str]] = {}
-        for sample in metric.samples:
-            line = _sample_line(sample.name, sample.labels, sample.value, sample.timestamp, extra)
-            suffix = sample.name[len(metric.name):] if sample.name.startswith(metric.name) else ""
-            if suffix in _OPENMETRICS_ONLY:
-                deferred.setdefault(suffix, []).append(line)
-            else:
-                out.append(line)
-        for suffix, lines in sorted(deferred.items()):
-            out.append(f"# HELP {metric.name}{suffix} {help_text}\n# TYPE {metric.name}{suffix} gauge\n")
-            out.extend(lines)
-    return "".join(out).encode("utf-8")
+    """One-off rendering (no cache kept between calls)."""
+    return Renderer(extra_labels).render(families)

@@ -78,3 +78,16 @@ def test_fixture_node_matches_generate_latest(tmp_path):
     text = render(ours, {"node": "fixture"})
     assert text == reference(theirs, "fixture")
     assert len(text.splitlines()) > 300
+
+
+def test_cached_renderer_matches_on_repeat_and_after_label_churn():
+    from exporter.exposition import Renderer
+
+    renderer = Renderer({"node": "n-1"}, max_series=3)
+    first = renderer.render(tricky_families())
+    assert first == reference(tricky_families(), "n-1")
+    # Second scrape served from the cache; more series than max_series forces a reset.
+    assert renderer.render(tricky_families()) == first
+    changed = tricky_families()
+    changed[1].samples[0] = changed[1].samples[0]._replace(labels={"z": "9", "a": 'x"y'})
+    assert renderer.render(changed) == reference(tricky_families()[:1] + [changed[1]] + tricky_families()[2:], "n-1")

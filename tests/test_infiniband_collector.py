@@ -309,8 +309,15 @@ def test_state_is_written_only_when_it_changes(node):
     assert path.stat().st_ino == first           # quiet scrapes: no rewrite (atomic replace = new inode)
     node.counter("mlx5_0", "symbol_error", 1)
     node.scrape(col)
+    assert path.stat().st_ino == first           # a counter that merely moved waits for the next snapshot
+    node.counter("mlx5_0", "symbol_error", 2)
+    node.scrape(col, advance=60.0)
     assert path.stat().st_ino != first
-    assert json.loads(path.read_text())["counters"]["mlx5_0/1"]["symbol_error"]["v"] == 1
+    assert json.loads(path.read_text())["counters"]["mlx5_0/1"]["symbol_error"]["v"] == 2
+    second = path.stat().st_ino
+    node.counter("mlx5_0", "link_downed", 5)     # a fatal breach latches: persisted at once
+    node.scrape(col)
+    assert path.stat().st_ino != second
 
 
 def test_boot_id_change_clears_state_and_emits_baselines(node):

@@ -118,6 +118,21 @@ def test_absent_value_keeps_history_and_latch():
     assert m.observe("p", {"link_downed": 2}, 3).latched == [DELTA]
 
 
+def test_routine_counter_movement_is_persisted_at_most_once_a_minute():
+    m = monitor(PER_SECOND)
+    m.observe("p", {"symbol_error": 0}, 0)
+    assert m.take_changed(0)                     # first sighting: write
+    m.observe("p", {"symbol_error": 1}, 1)       # moved, under every threshold
+    assert not m.take_changed(1)                 # not worth an fsync on this scrape
+    m.observe("p", {"symbol_error": 2}, 59)
+    assert not m.take_changed(59)
+    m.observe("p", {"symbol_error": 3}, 60)
+    assert m.take_changed(60)                    # a minute on: the snapshot catches up
+    assert m.persisted()["p"]["symbol_error"]["v"] == 3
+    m.observe("p", {"symbol_error": 0}, 61)      # a reset is persisted at once
+    assert m.take_changed(61)
+
+
 def test_persisted_snapshot_restores_latch_and_baseline():
     m = monitor(DELTA, PER_SECOND)
     m.observe("p", {"link_downed": 1, "symbol_error": 0}, 0)

@@ -41,6 +41,11 @@ class CounterVerdict:
 
 
 class CounterMonitor:
+    # A counter that merely moved (port_xmit_wait under load moves on every scrape) is
+    # persisted at most this often; latches, recoveries, resets and history drops are
+    # persisted at once. The state file is fsynced, which must not ride every scrape.
+    SNAPSHOT_INTERVAL_SECONDS = 60.0
+
     def __init__(self, thresholds: Iterable[CounterThreshold], clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
         self.by_counter: dict[str, list[CounterThreshold]] = {}
@@ -51,6 +56,8 @@ class CounterMonitor:
         self._ports: dict[str, dict[str, _Track]] = {}
         self.reset_counts: dict[tuple[str, str], int] = {}
         self._persisted_changed = True
+        self._values_moved = False          # only routine value changes since the last write
+        self._last_taken: float | None = None
 
     def forget(self, port_key: str | None = None) -> None:
         """Drop history: for one port (device gone) or all (boot-ID change)."""
@@ -99,7 +106,7 @@ class CounterMonitor:
             last[1] = now
         else:
             track.runs.append([now, now, value])
-            self._persisted_changed = True
+            self._values_moved = True
         recovered = False
         for threshold in thresholds:
             if threshold.kind == "delta":
@@ -131,9 +138,16 @@ class CounterMonitor:
                        for counter, t in tracks.items()}
                 for port, tracks in self._ports.items()}
 
-    def take_changed(self) -> bool:
-        changed, self._persisted_changed = self._persisted_changed, False
-        return changed
+    def take_changed(self, now: float | None = None) -> bool:
+        """Whether the persisted snapshot should be written now (and mark it written)."""
+        now = self.clock() if now is None else now
+        due = self._values_moved and (self._last_taken is None
+                                      or now - self._last_taken >= self.SNAPSHOT_INTERVAL_SECONDS)
+        if not (self._persisted_changed or due):
+            return False
+        self._persisted_changed = self._values_moved = False
+        self._last_taken = now
+        return True
 
     def restore(self, data: dict) -> None:
         self._ports.clear()

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .files import ReadProblem, read_int, read_text
+from .files import ReadProblem, parse_int, read_int, read_small_texts, read_text
 
 # ARPHRD_* codes from include/uapi/linux/if_arp.h that appear on GPU nodes; anything
 # else is exported as "other" so the label stays bounded.
@@ -121,12 +121,19 @@ def _read_statistics(directory: Path, device: NetDevice) -> dict[str, int]:
         device.problems.append(ReadProblem(directory, "permission_denied" if isinstance(exc, PermissionError) else "io_error"))
         return {}
     stats: dict[str, int] = {}
+    wanted = []
     for stat in names:
-        if not _STAT_NAME.match(stat):
+        if _STAT_NAME.match(stat):
+            wanted.append(stat)
+        else:
             device.problems.append(ReadProblem(directory / stat, "bad_name"))
-            continue
-        value = _optional_int(directory / stat, device)
-        if value is not None:
+    # One directory open, files opened relative to it: ~25 files per interface per scrape.
+    for stat, text in read_small_texts(str(directory), wanted):
+        value = text if isinstance(text, ReadProblem) else parse_int(text, directory / stat)
+        if isinstance(value, ReadProblem):
+            if value.reason not in _NO_VALUE:
+                device.problems.append(value)
+        else:
             stats[stat] = value
     return stats
 
