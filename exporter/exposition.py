@@ -26,6 +26,15 @@ def _escape_value(value: str) -> str:
     return value
 
 
+def _format_value(value) -> str:
+    """floatToGoString, with the common case first: below 1e6 (and finite) Go and Python
+    print a float the same way, so repr() is the answer."""
+    number = float(value)
+    if -1e308 < number < 1e6:
+        return repr(number)
+    return floatToGoString(number)
+
+
 def _escape_help(text: str) -> str:
     return text.replace("\\", r"\\").replace("\n", r"\n")
 
@@ -75,7 +84,7 @@ class Renderer:
             deferred: dict[str, list[str]] = {}
             base = metric.name
             for sample in metric.samples:
-                line = head_of(sample.name, sample.labels) + floatToGoString(sample.value)
+                line = head_of(sample.name, sample.labels) + _format_value(sample.value)
                 if sample.timestamp is not None:
                     line += f" {int(float(sample.timestamp) * 1000):d}"
                 line += "\n"

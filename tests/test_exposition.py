@@ -91,3 +91,13 @@ def test_cached_renderer_matches_on_repeat_and_after_label_churn():
     changed = tricky_families()
     changed[1].samples[0] = changed[1].samples[0]._replace(labels={"z": "9", "a": 'x"y'})
     assert renderer.render(changed) == reference(tricky_families()[:1] + [changed[1]] + tricky_families()[2:], "n-1")
+
+
+def test_value_formatting_matches_go_style_everywhere():
+    from prometheus_client.utils import floatToGoString
+
+    from exporter.exposition import _format_value
+
+    for value in (0, 0.0, -0.0, 1, 3, 2.5, 999999.0, 999999.99, 1e6, 1234567.0, 1e21, 1.5e-7, -1e7,
+                  -2.5, 2**53, float("inf"), float("-inf"), float("nan"), 1e308, -1e308):
+        assert _format_value(value) == floatToGoString(value), value
