@@ -35,6 +35,9 @@ def make_handler(render_metrics: Callable[[], bytes], web: WebConfig, routes: di
     class Handler(BaseHTTPRequestHandler):
         server_version = "fabricscope"
         protocol_version = "HTTP/1.1"
+        # A client that stops sending mid-request (or idles on keep-alive) frees its
+        # thread after this long instead of holding it forever.
+        timeout = 60
 
         def log_message(self, fmt, *args):  # route access logs through logging, at debug
             log.debug("%s " + fmt, self.address_string(), *args)
@@ -55,8 +58,15 @@ def make_handler(render_metrics: Callable[[], bytes], web: WebConfig, routes: di
                            {"WWW-Authenticate": 'Basic realm="fabricscope"'})
                 return
             url = urlsplit(self.path)
-            length = int(self.headers.get("Content-Length") or 0)
+            raw_length = (self.headers.get("Content-Length") or "0").strip()
+            if not raw_length.isdigit():
+                # A negative or garbage length would make the read below wait for EOF.
+                self.close_connection = True
+                self._send(400, "text/plain; charset=utf-8", b"Content-Length must be a non-negative integer\n")
+                return
+            length = int(raw_length)
             if length > MAX_BODY_BYTES:
+                self.close_connection = True
                 self._send(413, "text/plain; charset=utf-8", f"body larger than {MAX_BODY_BYTES} bytes\n".encode())
                 return
             body = self.rfile.read(length) if length else b""

@@ -160,3 +160,18 @@ def test_same_family_from_two_collectors_is_one_block():
     assert text.count("# TYPE fabric_state_file_problem gauge") == 1
     assert 'fabric_state_file_problem{collector="a"} 1.0' in text
     assert 'fabric_state_file_problem{collector="b"} 0.0' in text
+
+
+@pytest.mark.parametrize("length, status", [("-5", 400), ("abc", 400), (str(5 * 1024 * 1024), 413)])
+def test_hostile_content_length_is_refused_and_server_survives(port, length, status):
+    import socket
+
+    exporter = start_exporter(Context(node="n"), [], f"127.0.0.1:{port}")
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(f"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n".encode())
+            reply = sock.recv(4096).decode()
+        assert reply.startswith(f"HTTP/1.1 {status} ")
+        assert requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).status_code == 200
+    finally:
+        exporter.stop()
