@@ -28,15 +28,8 @@ def read_text(path: Path) -> str | ReadProblem:
     try:
         with open(path, "rb") as handle:
             raw = handle.read()
-    except FileNotFoundError:
-        return ReadProblem(path, "absent")
-    except PermissionError:
-        return ReadProblem(path, "permission_denied")
-    except IsADirectoryError:
-        return ReadProblem(path, "not_a_file")
     except OSError as exc:
-        # EINVAL/EIO are what some drivers return for counters the hardware lacks.
-        return ReadProblem(path, "unsupported" if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP) else "io_error")
+        return ReadProblem(path, reason_for(exc))
     text = raw.decode("utf-8", "replace").strip()
     return text if text else ReadProblem(path, "empty")
 
@@ -63,23 +56,22 @@ def read_small_text(path: str) -> str | ReadProblem:
     """
     try:
         fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return ReadProblem(Path(path), "absent")
-    except PermissionError:
-        return ReadProblem(Path(path), "permission_denied")
     except OSError as exc:
-        return ReadProblem(Path(path), _reason_for(exc))
+        return ReadProblem(Path(path), reason_for(exc))
     try:
         raw = os.read(fd, 4096)
     except OSError as exc:
-        return ReadProblem(Path(path), _reason_for(exc))
+        return ReadProblem(Path(path), reason_for(exc))
     finally:
         os.close(fd)
     text = raw.decode("utf-8", "replace").strip()
     return text if text else ReadProblem(Path(path), "empty")
 
 
-def _reason_for(exc: OSError) -> str:
+def reason_for(exc: OSError) -> str:
+    """The bounded reason label for a failed read of a sysfs/procfs path."""
+    if exc.errno == errno.ENOENT:
+        return "absent"
     if exc.errno == errno.EISDIR:
         return "not_a_file"
     if exc.errno in (errno.EACCES, errno.EPERM):
@@ -104,13 +96,12 @@ def read_small_texts(directory: str, names) -> list[tuple[str, str | ReadProblem
             try:
                 fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd)
             except OSError as exc:
-                reason = "absent" if isinstance(exc, FileNotFoundError) else _reason_for(exc)
-                results.append((name, ReadProblem(Path(directory, name), reason)))
+                results.append((name, ReadProblem(Path(directory, name), reason_for(exc))))
                 continue
             try:
                 raw = os.read(fd, 4096)
             except OSError as exc:
-                results.append((name, ReadProblem(Path(directory, name), _reason_for(exc))))
+                results.append((name, ReadProblem(Path(directory, name), reason_for(exc))))
                 continue
             finally:
                 os.close(fd)

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .files import ReadProblem, parse_int, read_int, read_small_texts, read_text
+from .files import ReadProblem, parse_int, read_int, read_small_texts, read_text, reason_for
 
 # ARPHRD_* codes from include/uapi/linux/if_arp.h that appear on GPU nodes; anything
 # else is exported as "other" so the label stays bounded.
@@ -61,12 +61,8 @@ def list_interfaces(sysfs: Path) -> list[str] | ReadProblem:
     directory = Path(sysfs) / "class" / "net"
     try:
         return sorted(os.listdir(directory))
-    except FileNotFoundError:
-        return ReadProblem(directory, "absent")
-    except PermissionError:
-        return ReadProblem(directory, "permission_denied")
-    except OSError:
-        return ReadProblem(directory, "io_error")
+    except OSError as exc:
+        return ReadProblem(directory, reason_for(exc))
 
 
 def _optional_int(path: Path, device: NetDevice) -> int | None:
