@@ -264,15 +264,19 @@ def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path
             with pytest.raises(requests.ConnectionError):
                 requests.get(f"{url}/-/ready", timeout=2)
     finally:
-        if child.poll() is None:
-            # SIGTERM first: a SIGKILLed stack would leave its Prometheus and Alertmanager
-            # (own sessions) running.
-            child.terminate()
-            try:
-                child.wait(30)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+        stop_child(child)
+
+
+def stop_child(child: subprocess.Popen) -> None:
+    if child.poll() is None:
+        # SIGTERM first: a SIGKILLed stack would leave its Prometheus and Alertmanager
+        # (own sessions) running.
+        child.terminate()
+        try:
+            child.wait(30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
 
 
 def child_pids_with_argument(argument: str) -> list[int]:
@@ -311,10 +315,4 @@ def test_stack_stops_everything_when_prometheus_dies(tmp_path):
         # Alertmanager was stopped with the stack, not left behind.
         assert child_pids_with_argument(f"--storage.path={work / 'alertmanager-data'}") == []
     finally:
-        if child.poll() is None:
-            child.terminate()
-            try:
-                child.wait(30)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+        stop_child(child)
