@@ -95,35 +95,34 @@ struct trace_event_raw_tcp_event_sk_skb___old {
 	__u8 daddr_v6[16];
 } __attribute__((preserve_access_index));
 
+/* Peer address of a retransmit record into key (IPv4 as v4-mapped IPv6). Old and new
+ * records spell family/daddr/daddr_v6 alike but are different types, so CO-RE needs each
+ * read under its own type: a macro, not a function. */
+#define READ_PEER(r, key)								\
+	do {										\
+		if (BPF_CORE_READ(r, family) == AF_INET) {				\
+			(key).addr[10] = 0xff;						\
+			(key).addr[11] = 0xff;						\
+			bpf_core_read(&(key).addr[12], 4, &(r)->daddr);	/* 4 bytes, not sizeof(u8) */ \
+		} else {								\
+			BPF_CORE_READ_INTO(&(key).addr, r, daddr_v6);			\
+		}									\
+	} while (0)
+
 SEC("tracepoint/tcp/tcp_retransmit_skb")
 int tcp_retransmit_skb(void *ctx)
 {
 	struct peer_key key = {};
-	__u16 family;
 	__u64 one = 1, *count;
 
 	if (bpf_core_type_exists(struct trace_event_raw_tcp_retransmit_skb)) {
 		struct trace_event_raw_tcp_retransmit_skb *r = ctx;
 
-		family = BPF_CORE_READ(r, family);
-		if (family == AF_INET) {
-			key.addr[10] = 0xff;
-			key.addr[11] = 0xff;
-			bpf_core_read(&key.addr[12], 4, &r->daddr);   /* 4 bytes, not sizeof(u8) */
-		} else {
-			BPF_CORE_READ_INTO(&key.addr, r, daddr_v6);
-		}
+		READ_PEER(r, key);
 	} else {
 		struct trace_event_raw_tcp_event_sk_skb___old *r = ctx;
 
-		family = BPF_CORE_READ(r, family);
-		if (family == AF_INET) {
-			key.addr[10] = 0xff;
-			key.addr[11] = 0xff;
-			bpf_core_read(&key.addr[12], 4, &r->daddr);   /* 4 bytes, not sizeof(u8) */
-		} else {
-			BPF_CORE_READ_INTO(&key.addr, r, daddr_v6);
-		}
+		READ_PEER(r, key);
 	}
 	count = bpf_map_lookup_elem(&fabric_tcp_retransmits_total, &key);
 	if (count) {
