@@ -18,7 +18,7 @@ from .context import Context
 from .exposition import Renderer
 from .framework import COLLECTORS, Collector, ScrapeCollector, build_collectors, load_collector_modules
 from .web import serve
-from .webconfig import load_web_config
+from .webconfig import WebConfigError, load_web_config
 
 log = logging.getLogger("fabricscope.exporter")
 
@@ -46,27 +46,37 @@ class RunningExporter:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-        for collector in self.collectors:
-            try:
-                collector.close()
-            except Exception:
-                log.exception("closing collector %s", collector.name)
+        _close_all(self.collectors)
+
+
+def _close_all(collectors: list[Collector]) -> None:
+    for collector in collectors:
+        try:
+            collector.close()
+        except Exception:
+            log.exception("closing collector %s", collector.name)
 
 
 def start_exporter(ctx: Context, enabled: list[str], address: str = DEFAULT_LISTEN,
                    web_config_file: str | None = None) -> RunningExporter:
+    web = load_web_config(web_config_file)   # before any probe is attached: fail fast
     load_collector_modules()
     collectors = build_collectors(ctx, enabled)
     scrape = ScrapeCollector(collectors, node=ctx.node)
     renderer = Renderer({"node": ctx.node} if ctx.node else {})
+    info = build_info(__version__)   # constant: built once, not per scrape
 
     def render_metrics() -> bytes:
-        return renderer.render([*scrape.families(), build_info(__version__)])
+        return renderer.render([*scrape.families(), info])
 
     routes = {}
     for collector in collectors:
         routes.update(collector.routes())
-    server = serve(address, render_metrics, load_web_config(web_config_file), routes, ctx.node)
+    try:
+        server = serve(address, render_metrics, web, routes, ctx.node)
+    except OSError:   # e.g. address in use: release probes and threads before failing
+        _close_all(collectors)
+        raise
     return RunningExporter(address, server, collectors, render_metrics)
 
 
@@ -111,7 +121,10 @@ def enabled_collectors(args: argparse.Namespace) -> list[str]:
 def context_from_args(args: argparse.Namespace) -> Context:
     config = {}
     if args.config_file:
-        config = yaml.safe_load(Path(args.config_file).read_text()) or {}
+        try:
+            config = yaml.safe_load(Path(args.config_file).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise SystemExit(f"--config.file {args.config_file}: {exc}") from None
         if not isinstance(config, dict):
             raise SystemExit(f"--config.file {args.config_file}: top level must be a mapping")
     ctx = Context(sysfs=Path(args.sysfs), procfs=Path(args.procfs), rootfs=Path(args.rootfs),
@@ -125,7 +138,10 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ctx = context_from_args(args)
     enabled = enabled_collectors(args)
-    exporter = start_exporter(ctx, enabled, args.listen, args.web_config)
+    try:
+        exporter = start_exporter(ctx, enabled, args.listen, args.web_config)
+    except (WebConfigError, OSError) as exc:   # bad web config, address in use, ...
+        raise SystemExit(f"fabricscope exporter: {exc}") from None
     # Everything allocated so far (modules, caches, static device info) lives for the
     # whole process: move it out of the cyclic GC's reach. Otherwise each full collection
     # walks it all, which tripled the p99 scrape latency (bench/scrape_latency.py).

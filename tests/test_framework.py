@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import subprocess
+import sys
 from pathlib import Path
 
 import bcrypt
@@ -130,9 +131,44 @@ def test_cli_flags_enable_and_disable(tmp_path):
 
     parser = argparse.ArgumentParser()
     exporter_main.add_arguments(parser)
+    defaults = exporter_main.enabled_collectors(parser.parse_args([]))
+    assert defaults == sorted(n for n, cls in COLLECTORS.items() if cls.enabled_by_default)
     for name in COLLECTORS:
-        args = parser.parse_args([f"--no-collector.{name}"])
-        assert name not in exporter_main.enabled_collectors(args)
+        disabled = exporter_main.enabled_collectors(parser.parse_args([f"--no-collector.{name}"]))
+        assert disabled == [n for n in defaults if n != name]
+        enabled = exporter_main.enabled_collectors(parser.parse_args([f"--collector.{name}"]))
+        assert name in enabled and set(defaults) <= set(enabled)
+
+
+@pytest.mark.parametrize("files, message", [
+    ({"config.yml": "infiniband: [unclosed\n"}, "--config.file"),
+    ({"config.yml": "- a list\n"}, "top level must be a mapping"),
+    ({}, "No such file"),
+    ({"config.yml": "{}\n", "web.yml": "basic_auth_users:\n  bob: plaintext\n"}, "not a bcrypt hash"),
+])
+def test_bad_startup_files_exit_with_a_clear_message(tmp_path, files, message):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    args = ["--config.file", str(tmp_path / "config.yml"), "--path.state", str(tmp_path / "state"),
+            "--web.listen-address", "127.0.0.1:0"]
+    if "web.yml" in files:
+        args += ["--web.config.file", str(tmp_path / "web.yml")]
+    result = subprocess.run([sys.executable, "-m", "fabricscope.cli", "exporter", *args],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_address_in_use_is_a_clear_error(port, tmp_path):
+    first = start_exporter(Context(node="n"), [], f"127.0.0.1:{port}")
+    try:
+        result = subprocess.run([sys.executable, "-m", "fabricscope.cli", "exporter",
+                                 f"--web.listen-address=127.0.0.1:{port}", f"--path.state={tmp_path}"],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode != 0
+        assert "Address already in use" in result.stderr and "Traceback" not in result.stderr
+    finally:
+        first.stop()
 
 
 def test_same_family_from_two_collectors_is_one_block():
