@@ -204,6 +204,17 @@ def _read_optional_text(path: str, problems: list[ReadProblem]) -> str | None:
     return value
 
 
+def _read_optional_int(path: str, problems: list[ReadProblem]) -> int | None:
+    text = _read_optional_text(path, problems)
+    if text is None:
+        return None
+    value = parse_int(text, Path(path))
+    if isinstance(value, ReadProblem):
+        problems.append(value)
+        return None
+    return value
+
+
 def _read_static(sysfs, device_dir: str, identity) -> _StaticDevice:
     problems: list[ReadProblem] = []
     text = lambda name: _read_optional_text(os.path.join(device_dir, name), problems)  # noqa: E731
@@ -231,16 +242,9 @@ def _read_pci(device_dir: str, problems: list[ReadProblem]) -> PciFunction | Non
     link = os.path.join(device_dir, "device")
     if not os.path.exists(link):
         return None
-    numa = read_small_text(os.path.join(link, "numa_node"))
-    numa_node = None
-    if not isinstance(numa, ReadProblem):
-        parsed = parse_int(numa, Path(link, "numa_node"))
-        if isinstance(parsed, ReadProblem):
-            problems.append(parsed)
-        elif parsed >= 0:
-            numa_node = parsed
-    elif numa.reason != "absent":
-        problems.append(numa)
+    numa_node = _read_optional_int(os.path.join(link, "numa_node"), problems)
+    if numa_node is not None and numa_node < 0:
+        numa_node = None   # -1: the platform does not say
     return PciFunction(os.path.realpath(link), numa_node, os.path.lexists(os.path.join(link, "physfn")))
 
 
@@ -308,14 +312,6 @@ def _read_port(sysfs, device: str, sport: _StaticPort, problems: list[ReadProble
     port.counters = PortCounters(**known, other=other)
     port.hw_counters = _read_counter_dir(f"{port_dir}/hw_counters", sport.hw_counter_files, problems)
     if sport.link_layer == "Ethernet" and sport.netdev:
-        path = os.path.join(sysfs, "class", "net", sport.netdev, "carrier_changes")
-        value = read_small_text(path)
-        if not isinstance(value, ReadProblem):
-            parsed = parse_int(value, Path(path))
-            if isinstance(parsed, ReadProblem):
-                problems.append(parsed)
-            else:
-                port.carrier_changes = parsed
-        elif value.reason != "absent":
-            problems.append(value)
+        port.carrier_changes = _read_optional_int(
+            os.path.join(sysfs, "class", "net", sport.netdev, "carrier_changes"), problems)
     return port
