@@ -37,30 +37,27 @@ INIT_RANK, INIT_ALL, INIT_SPLIT, INIT_SCALABLE = 1, 2, 3, 4
 # Int64, Uint64, Float16/Half, Float32/Float, Float64/Double, Bfloat16, Float8e4m3, Float8e5m2.
 DATATYPE_BYTES = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2, 10: 1, 11: 1}
 
-# (symbol, BPF program, retprobe). A library gets every one it exports.
+# (symbol, entry program, return program or None). A library gets every one it exports.
+_COLL_RETURN, _INIT_RETURN = "nccl_coll_return", "nccl_comm_init_return"
 PROBES = [
-    ("ncclAllReduce", "nccl_allreduce_enter", False),
-    ("ncclAllGather", "nccl_allgather_enter", False),
-    ("ncclReduceScatter", "nccl_reducescatter_enter", False),
-    ("ncclBroadcast", "nccl_broadcast_enter", False),
-    ("ncclBcast", "nccl_bcast_enter", False),
-    ("ncclReduce", "nccl_reduce_enter", False),
-    ("ncclAllToAll", "nccl_alltoall_enter", False),
-    ("ncclAlltoAll", "nccl_alltoall_enter", False),
-    ("ncclSend", "nccl_send_enter", False),
-    ("ncclRecv", "nccl_recv_enter", False),
-    ("ncclCommInitRank", "nccl_comm_init_rank_enter", False),
-    ("ncclCommInitRankConfig", "nccl_comm_init_rank_enter", False),
-    ("ncclCommInitRankScalable", "nccl_comm_init_scalable_enter", False),
-    ("ncclCommInitAll", "nccl_comm_init_all_enter", False),
-    ("ncclCommSplit", "nccl_comm_split_enter", False),
-    ("ncclCommDestroy", "nccl_comm_end_enter", False),
-    ("ncclCommAbort", "nccl_comm_end_enter", False),
+    ("ncclAllReduce", "nccl_allreduce_enter", _COLL_RETURN),
+    ("ncclAllGather", "nccl_allgather_enter", _COLL_RETURN),
+    ("ncclReduceScatter", "nccl_reducescatter_enter", _COLL_RETURN),
+    ("ncclBroadcast", "nccl_broadcast_enter", _COLL_RETURN),
+    ("ncclBcast", "nccl_bcast_enter", _COLL_RETURN),
+    ("ncclReduce", "nccl_reduce_enter", _COLL_RETURN),
+    ("ncclAllToAll", "nccl_alltoall_enter", _COLL_RETURN),
+    ("ncclAlltoAll", "nccl_alltoall_enter", _COLL_RETURN),
+    ("ncclSend", "nccl_send_enter", _COLL_RETURN),
+    ("ncclRecv", "nccl_recv_enter", _COLL_RETURN),
+    ("ncclCommInitRank", "nccl_comm_init_rank_enter", _INIT_RETURN),
+    ("ncclCommInitRankConfig", "nccl_comm_init_rank_enter", _INIT_RETURN),
+    ("ncclCommInitRankScalable", "nccl_comm_init_scalable_enter", _INIT_RETURN),
+    ("ncclCommInitAll", "nccl_comm_init_all_enter", _INIT_RETURN),
+    ("ncclCommSplit", "nccl_comm_split_enter", _INIT_RETURN),
+    ("ncclCommDestroy", "nccl_comm_end_enter", None),
+    ("ncclCommAbort", "nccl_comm_end_enter", None),
 ]
-_COLLECTIVES = {"ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast", "ncclBcast",
-                "ncclReduce", "ncclAllToAll", "ncclAlltoAll", "ncclSend", "ncclRecv"}
-_INITS = {"ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommInitRankScalable", "ncclCommInitAll",
-          "ncclCommSplit"}
 
 
 @dataclass(frozen=True)
@@ -390,16 +387,13 @@ class UprobeSource:
             library.error = f"{discovery.PROBE_SYMBOL} is not exported"
             log.warning("NCCL library %s: %s", library.ref.path, library.error)
             return
-        for symbol, program, _ in PROBES:
+        for symbol, program, return_program in PROBES:
             if symbol not in exported:
                 continue
             try:
                 library.links.append(self._obj.attach_uprobe(program, library.ref.host_path, symbol))
-                if symbol in _COLLECTIVES:
-                    library.links.append(self._obj.attach_uprobe("nccl_coll_return", library.ref.host_path,
-                                                                 symbol, retprobe=True))
-                elif symbol in _INITS:
-                    library.links.append(self._obj.attach_uprobe("nccl_comm_init_return", library.ref.host_path,
+                if return_program:
+                    library.links.append(self._obj.attach_uprobe(return_program, library.ref.host_path,
                                                                  symbol, retprobe=True))
                 library.symbols.append(symbol)
             except (BpfUnavailable, KeyError) as exc:
