@@ -47,12 +47,8 @@ class NodeHealth:
 def counter_value(port: InfiniBandPort, counter: str) -> int | None:
     if counter == "carrier_changes":
         return port.carrier_changes
-    value = getattr(port.counters, counter, None) if not counter.startswith("_") else None
-    if value is None or not isinstance(value, int):
-        value = port.counters.other.get(counter)
-    if value is None:
-        value = port.hw_counters.get(counter)
-    return value
+    value = port.counters.get(counter)
+    return port.hw_counters.get(counter) if value is None else value
 
 
 class HealthTracker:

@@ -63,6 +63,10 @@ class PortCounters:
         present.extend(self.other.items())
         return present
 
+    def get(self, name: str) -> int | None:
+        """The value of counters/<name>, None when it was not read."""
+        return getattr(self, name) if name in _COUNTER_FIELD_SET else self.other.get(name)
+
 
 _COUNTER_FIELDS = tuple(f.name for f in fields(PortCounters) if f.name != "other")
 _COUNTER_FIELD_SET = frozenset(_COUNTER_FIELDS)
