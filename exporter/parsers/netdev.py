@@ -65,8 +65,8 @@ def list_interfaces(sysfs: Path) -> list[str] | ReadProblem:
         return ReadProblem(directory, reason_for(exc))
 
 
-def _optional_int(path: Path, device: NetDevice) -> int | None:
-    value = read_int(path)
+def _value(value: int | ReadProblem, device: NetDevice) -> int | None:
+    """The value, or None after noting a problem that is more than "no such value"."""
     if isinstance(value, ReadProblem):
         if value.reason not in _NO_VALUE:
             device.problems.append(value)
@@ -97,10 +97,10 @@ def read_net_device(sysfs: Path, name: str) -> NetDevice | None:
     else:
         device.operstate = operstate.lower()
 
-    device.carrier_changes = _optional_int(base / "carrier_changes", device)
-    device.mtu = _optional_int(base / "mtu", device)
-    device.arp_type = _optional_int(base / "type", device)
-    speed = _optional_int(base / "speed", device)
+    device.carrier_changes = _value(read_int(base / "carrier_changes"), device)
+    device.mtu = _value(read_int(base / "mtu"), device)
+    device.arp_type = _value(read_int(base / "type"), device)
+    speed = _value(read_int(base / "speed"), device)
     # -1 (SPEED_UNKNOWN) is what virtual interfaces and unlinked ports report.
     device.speed_mbps = speed if speed is not None and speed > 0 else None
     device.driver = _driver(base)
@@ -114,7 +114,7 @@ def _read_statistics(directory: Path, device: NetDevice) -> dict[str, int]:
     except FileNotFoundError:
         return {}
     except OSError as exc:
-        device.problems.append(ReadProblem(directory, "permission_denied" if isinstance(exc, PermissionError) else "io_error"))
+        device.problems.append(ReadProblem(directory, reason_for(exc)))
         return {}
     stats: dict[str, int] = {}
     wanted = []
@@ -125,11 +125,8 @@ def _read_statistics(directory: Path, device: NetDevice) -> dict[str, int]:
             device.problems.append(ReadProblem(directory / stat, "bad_name"))
     # One directory open, files opened relative to it: ~25 files per interface per scrape.
     for stat, text in read_small_texts(str(directory), wanted):
-        value = text if isinstance(text, ReadProblem) else parse_int(text, directory / stat)
-        if isinstance(value, ReadProblem):
-            if value.reason not in _NO_VALUE:
-                device.problems.append(value)
-        else:
+        value = _value(text if isinstance(text, ReadProblem) else parse_int(text, directory / stat), device)
+        if value is not None:
             stats[stat] = value
     return stats
 
