@@ -1,6 +1,7 @@
 """The exporter's HTTP server: landing page, /metrics, and routes collectors contribute."""
 from __future__ import annotations
 
+import html
 import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,7 +31,7 @@ def make_handler(render_metrics: Callable[[], bytes], web: WebConfig, routes: di
     # interleave reads of the same stateful collector (e.g. counter-delta tracking).
     scrape_lock = threading.Lock()
     extra_links = "".join(f'<li><a href="{path}">{path}</a></li>' for (method, path) in sorted(routes) if method == "GET")
-    landing = LANDING_PAGE.format(node=node, extra=extra_links).encode()
+    landing = LANDING_PAGE.format(node=html.escape(node), extra=extra_links).encode()
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "fabricscope"
@@ -76,8 +77,7 @@ def make_handler(render_metrics: Callable[[], bytes], web: WebConfig, routes: di
                 self._send(200, CONTENT_TYPE, output)
             elif method in ("GET", "HEAD") and url.path == "/":
                 self._send(200, "text/html; charset=utf-8", landing)
-            elif (method if method != "HEAD" else "GET", url.path) in routes:
-                handler = routes[(method if method != "HEAD" else "GET", url.path)]
+            elif (handler := routes.get(("GET" if method == "HEAD" else method, url.path))) is not None:
                 try:
                     status, content_type, payload = handler(body, parse_qs(url.query))
                 except Exception:
