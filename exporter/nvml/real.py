@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import time
 
-from .backend import GpuInfo, LinkReading, NvmlDeviceError, NvmlUnavailable
+from .backend import ERROR_TYPES, GpuInfo, LinkReading, NvmlDeviceError, NvmlUnavailable
 
 log = logging.getLogger("fabricscope.exporter.nvml")
 
@@ -48,12 +48,9 @@ class PynvmlBackend:
             raise NvmlUnavailable(_reason(pynvml, exc), str(exc)) from None
         except OSError as exc:
             raise NvmlUnavailable("library_not_found", str(exc)) from None
-        self._error_counters = {
-            "crc_flit": pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,
-            "crc_data": pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA,
-            "replay": pynvml.NVML_NVLINK_ERROR_DL_REPLAY,
-            "recovery": pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
-        }
+        # crc_flit -> NVML_NVLINK_ERROR_DL_CRC_FLIT, ...
+        self._error_counters = {name: getattr(pynvml, f"NVML_NVLINK_ERROR_DL_{name.upper()}")
+                                for name in ERROR_TYPES}
         # (gpu uuid, link) -> (state, read at, version, remote pci bus id, remote type)
         self._static: dict[tuple[str, int], tuple] = {}
 

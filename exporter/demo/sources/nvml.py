@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from ...nvml.backend import GpuInfo, LinkReading
+from ...nvml.backend import ERROR_TYPES, GpuInfo, LinkReading
 from ..plugin import ClusterSpec, Fault, NodeSpec
 from .nccl import hang_faults, rank_period, ring_allreduce_bytes
 
@@ -24,7 +24,7 @@ SWITCH_LINKS = (5, 4, 4, 5)
 DEFAULT_PRECURSOR = 10.0
 # The four data-link counters: an H200 on driver 580 answered all of them (measured).
 # A GPU that answers NOT_SUPPORTED for one gets no series for it (see exporter/nvml/real.py).
-SUPPORTED_ERRORS = ("crc_flit", "crc_data", "replay", "recovery")
+SUPPORTED_ERRORS = ERROR_TYPES
 
 
 def _switch_of(link: int) -> int:
