@@ -285,18 +285,18 @@ def _override_route_timing(routes: list[dict[str, Any]], timing: dict[str, str])
 
 
 def write_yaml(path: Path, data: Any) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
-    tmp.replace(path)
-    return path
+    return _write_atomically(path, yaml.safe_dump(data, sort_keys=False))
 
 
 def write_json(path: Path, data: Any) -> Path:
+    return _write_atomically(path, json.dumps(data, indent=2) + "\n")
+
+
+def _write_atomically(path: Path, text: str) -> Path:
+    # Prometheus' file_sd watcher (and a config reload) must never read a half-written file.
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    # Atomic: Prometheus' file_sd watcher must never read a half-written file.
+    tmp.write_text(text)
     tmp.replace(path)
     return path
 
