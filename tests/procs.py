@@ -8,10 +8,9 @@ runs); this module only adds pytest-friendly context managers and skip-when-miss
 from __future__ import annotations
 
 import contextlib
-import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 import pytest
 import requests
@@ -23,10 +22,10 @@ HOST = "127.0.0.1"
 
 def require_binary(name: str) -> str:
     """Path of a Debian-packaged binary; skips the test with the reason when absent."""
-    found = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
-    if not found:
-        pytest.skip(f"{name} not installed ({stack.SETUP_HINT})")
-    return found
+    try:
+        return stack.find_binary(name)
+    except stack.StackError as exc:
+        pytest.skip(str(exc))
 
 
 class Server:
@@ -47,28 +46,23 @@ class Server:
         return response
 
 
-@contextlib.contextmanager
-def alertmanager(config: dict[str, Any] | Path, workdir: Path) -> Iterator[Server]:
+def alertmanager(config: dict[str, Any] | Path, workdir: Path) -> ContextManager[Server]:
     """Alertmanager on a free port with `config` (a dict is written to workdir first)."""
-    require_binary("prometheus-alertmanager")
-    config_path = _config_file(config, workdir / "alertmanager.yml")
-    port = stack.free_port(HOST)
-    process = stack.start_alertmanager(config_path, workdir / "alertmanager-data", HOST, port,
-                                       workdir / "alertmanager.log")
-    try:
-        yield Server(process, f"http://{HOST}:{port}")
-    finally:
-        process.stop()
+    return _server("alertmanager", "prometheus-alertmanager", stack.start_alertmanager, config, workdir)
+
+
+def prometheus(config: dict[str, Any] | Path, workdir: Path) -> ContextManager[Server]:
+    """Prometheus on a free port with `config` (a dict is written to workdir first)."""
+    return _server("prometheus", "prometheus", stack.start_prometheus, config, workdir)
 
 
 @contextlib.contextmanager
-def prometheus(config: dict[str, Any] | Path, workdir: Path) -> Iterator[Server]:
-    """Prometheus on a free port with `config` (a dict is written to workdir first)."""
-    require_binary("prometheus")
-    config_path = _config_file(config, workdir / "prometheus.yml")
+def _server(name: str, binary: str, start: Callable[..., stack.ManagedProcess],
+            config: dict[str, Any] | Path, workdir: Path) -> Iterator[Server]:
+    require_binary(binary)
+    config_path = _config_file(config, workdir / f"{name}.yml")
     port = stack.free_port(HOST)
-    process = stack.start_prometheus(config_path, workdir / "prometheus-data", HOST, port,
-                                     workdir / "prometheus.log")
+    process = start(config_path, workdir / f"{name}-data", HOST, port, workdir / f"{name}.log")
     try:
         yield Server(process, f"http://{HOST}:{port}")
     finally:
