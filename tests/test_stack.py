@@ -201,17 +201,10 @@ def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path
     scenario.write_text(yaml.safe_dump({"seed": 1, "cluster": {"name": "stacktest", "nodes": 3,
                                                                "gpus_per_node": 2, "hcas_per_node": 2},
                                         "tick_seconds": 1, "faults": []}))
-    child = subprocess.Popen([*FABRICSCOPE, "stack", "--workdir", str(tmp_path / "work"), "--scenario", str(scenario),
-                              "--nodes", "2", "--prometheus-port", "0", "--alertmanager-port", "0",
-                              "--scrape-interval", "1s", "--fast-alerts"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    child = start_stack_child("--workdir", str(tmp_path / "work"), "--scenario", str(scenario), "--nodes", "2",
+                              "--scrape-interval", "1s", "--fast-alerts")
     try:
-        banner = []
-        for line in child.stdout:
-            banner.append(line)
-            if line.startswith("Ctrl-C stops everything"):
-                break
-        text = "".join(banner)
+        text = read_banner(child)
         assert child.poll() is None, text + child.stderr.read()
         prometheus_url = re.search(r"^Prometheus:\s+(http://\S+)", text, re.M).group(1)
         alertmanager_url = re.search(r"^Alertmanager:\s+(http://\S+)", text, re.M).group(1)
@@ -222,7 +215,7 @@ def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path
         def all_targets_up():
             targets = requests.get(f"{prometheus_url}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
             up = {(t["labels"]["node"], t["labels"]["cluster"]) for t in targets
-          if t["health"] == "up" and t["labels"]["job"] == stack.SCRAPE_JOB}
+                  if t["health"] == "up" and t["labels"]["job"] == stack.SCRAPE_JOB}
             return up == {("gpu-node-0", "stacktest"), ("gpu-node-1", "stacktest")}
 
         procs.wait_for(all_targets_up, 60, "Prometheus to scrape both simulated nodes")
@@ -267,6 +260,22 @@ def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path
         stop_child(child)
 
 
+def start_stack_child(*args: str) -> subprocess.Popen:
+    """`fabricscope stack` as a user runs it, on ports chosen free at start."""
+    return subprocess.Popen([*FABRICSCOPE, "stack", *args, "--prometheus-port", "0", "--alertmanager-port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+
+
+def read_banner(child: subprocess.Popen) -> str:
+    """Its stdout up to the banner's last line (or to EOF, when it exits early)."""
+    banner = []
+    for line in child.stdout:
+        banner.append(line)
+        if line.startswith("Ctrl-C stops everything"):
+            break
+    return "".join(banner)
+
+
 def stop_child(child: subprocess.Popen) -> None:
     if child.poll() is None:
         # SIGTERM first: a SIGKILLed stack would leave its Prometheus and Alertmanager
@@ -298,13 +307,10 @@ def test_stack_stops_everything_when_prometheus_dies(tmp_path):
     procs.require_binary("prometheus")
     procs.require_binary("prometheus-alertmanager")
     work = tmp_path / "work"
-    child = subprocess.Popen([*FABRICSCOPE, "stack", "--workdir", str(work), "--nodes", "1",
-                              "--prometheus-port", "0", "--alertmanager-port", "0"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    child = start_stack_child("--workdir", str(work), "--nodes", "1")
     try:
-        for line in child.stdout:
-            if line.startswith("Ctrl-C stops everything"):
-                break
+        banner = read_banner(child)
+        assert child.poll() is None, banner + child.stderr.read()
         prometheus = child_pids_with_argument(f"--storage.tsdb.path={work / 'prometheus-data'}")
         alertmanager = child_pids_with_argument(f"--storage.path={work / 'alertmanager-data'}")
         assert len(prometheus) == 1 and len(alertmanager) == 1
