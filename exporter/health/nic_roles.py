@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..parsers.files import ReadProblem, read_text
+
 ROLES = ("compute", "storage", "management", "unknown")
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
@@ -41,11 +43,9 @@ class NicPlacement:
 
 
 def _read(path: str) -> str | None:
-    try:
-        with open(path) as handle:
-            return handle.read().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
+    # read_text, not read_small_text: <procfs>/net/route outgrows one page on hosts with many routes.
+    text = read_text(Path(path))
+    return None if isinstance(text, ReadProblem) else text
 
 
 def _is_gpu(function_dir: str) -> bool:
