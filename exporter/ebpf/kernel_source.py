@@ -30,7 +30,6 @@ class KernelMapSource:
         self.tracker = tracker
         self._objects: dict[str, object] = {}           # object name -> BpfObject
         self._attached: dict[str, bool] = {p: False for d in decls for p in d.programs}
-        self._object_problems: dict[str, tuple[str, str]] = {}
         self._stats = None
         self._lock = threading.Lock()
         self._reason, self._message = reasons.DISABLED, "not started"
@@ -48,6 +47,7 @@ class KernelMapSource:
             self._reason, self._message = exc.reason, exc.message
             return
         tracefs_ok, tracefs_message = None, ""
+        problems: dict[str, tuple[str, str]] = {}   # object -> (reason, message), the last one wins
         for decl in self.decls:
             skip: tuple[str, ...] = ()
             if decl.tracefs_programs:
@@ -57,18 +57,18 @@ class KernelMapSource:
                 if not tracefs_ok:
                     # The object's tp_btf/raw_tp programs still run; these stay unattached.
                     skip = decl.tracefs_programs
-                    self._object_problems[decl.object] = (reasons.NO_TRACEFS, tracefs_message)
+                    problems[decl.object] = (reasons.NO_TRACEFS, tracefs_message)
             if set(skip) == set(decl.programs):
                 continue
             try:
                 self._objects[decl.object] = self._load(decl, skip)
             except BpfUnavailable as exc:
-                self._object_problems[decl.object] = (exc.reason, exc.message)
+                problems[decl.object] = (exc.reason, exc.message)
                 log.error("eBPF object %s unavailable (%s): %s", decl.object, exc.reason, exc.message)
         if self._objects:
             self._reason, self._message = reasons.OK, ""
-        elif self._object_problems:
-            self._reason, self._message = next(iter(self._object_problems.values()))
+        elif problems:
+            self._reason, self._message = next(iter(problems.values()))
         else:
             self._reason, self._message = reasons.OBJECT_MISSING, "no BPF program declarations found"
         if self._objects and enable_stats:
@@ -102,9 +102,6 @@ class KernelMapSource:
 
     def availability(self) -> tuple[str, str]:
         return self._reason, self._message
-
-    def object_problems(self) -> dict[str, tuple[str, str]]:
-        return dict(self._object_problems)
 
     def programs(self) -> dict[str, bool]:
         return dict(self._attached)
