@@ -98,9 +98,9 @@ class ProcessTracker:
         """Make the next sync() scan procfs whatever the interval says."""
         self._last_sync = float("-inf")
 
-    def sync(self, tracked_map, majors_map, force: bool = False) -> None:
+    def sync(self, tracked_map, majors_map) -> None:
         now = time.monotonic()
-        if not force and now - self._last_sync < self.interval:
+        if now - self._last_sync < self.interval:
             return
         self._last_sync = now
         majors = self.majors()
