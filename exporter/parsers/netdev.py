@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .files import ReadProblem, parse_int, read_int, read_small_texts, read_text, reason_for
+from .files import ReadProblem, parse_int, read_small_texts, reason_for
 
 # ARPHRD_* codes from include/uapi/linux/if_arp.h that appear on GPU nodes; anything
 # else is exported as "other" so the label stays bounded.
@@ -34,6 +34,9 @@ _STAT_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 # Reasons that mean "this interface has no such value" rather than "something is wrong":
 # virtual interfaces and links that are down answer EINVAL for speed.
 _NO_VALUE = {"absent", "unsupported"}
+
+# The interface's own attribute files that NetDevice holds.
+_ATTRIBUTES = ("operstate", "carrier_changes", "mtu", "type", "speed")
 
 IFNAMSIZ = 16   # interface names are at most 15 bytes plus NUL
 
@@ -65,6 +68,10 @@ def list_interfaces(sysfs: Path) -> list[str] | ReadProblem:
         return ReadProblem(directory, reason_for(exc))
 
 
+def _parse(text: str | ReadProblem, path: Path) -> int | ReadProblem:
+    return text if isinstance(text, ReadProblem) else parse_int(text, path)
+
+
 def _value(value: int | ReadProblem, device: NetDevice) -> int | None:
     """The value, or None after noting a problem that is more than "no such value"."""
     if isinstance(value, ReadProblem):
@@ -89,18 +96,20 @@ def read_net_device(sysfs: Path, name: str) -> NetDevice | None:
     if not base.is_dir():
         return None
     device = NetDevice(name=name)
+    # One directory open for the attribute files too, as for statistics/ below.
+    attributes = dict(read_small_texts(str(base), _ATTRIBUTES))
 
-    operstate = read_text(base / "operstate")
+    operstate = attributes["operstate"]
     if isinstance(operstate, ReadProblem):
         if operstate.reason != "absent":
             device.problems.append(operstate)
     else:
         device.operstate = operstate.lower()
 
-    device.carrier_changes = _value(read_int(base / "carrier_changes"), device)
-    device.mtu = _value(read_int(base / "mtu"), device)
-    device.arp_type = _value(read_int(base / "type"), device)
-    speed = _value(read_int(base / "speed"), device)
+    device.carrier_changes = _value(_parse(attributes["carrier_changes"], base / "carrier_changes"), device)
+    device.mtu = _value(_parse(attributes["mtu"], base / "mtu"), device)
+    device.arp_type = _value(_parse(attributes["type"], base / "type"), device)
+    speed = _value(_parse(attributes["speed"], base / "speed"), device)
     # -1 (SPEED_UNKNOWN) is what virtual interfaces and unlinked ports report.
     device.speed_mbps = speed if speed is not None and speed > 0 else None
     device.driver = _driver(base)
@@ -125,7 +134,7 @@ def _read_statistics(directory: Path, device: NetDevice) -> dict[str, int]:
             device.problems.append(ReadProblem(directory / stat, "bad_name"))
     # One directory open, files opened relative to it: ~25 files per interface per scrape.
     for stat, text in read_small_texts(str(directory), wanted):
-        value = _value(text if isinstance(text, ReadProblem) else parse_int(text, directory / stat), device)
+        value = _value(_parse(text, directory / stat), device)
         if value is not None:
             stats[stat] = value
     return stats
