@@ -73,18 +73,16 @@ class CounterMonitor:
         tracks = self._ports.setdefault(port_key, {})
         for counter, thresholds in self.by_counter.items():
             value = values.get(counter)
-            if value is None:   # absent or unreadable this scrape: keep what we know
-                track = tracks.get(counter)
-                if track:
-                    verdict.latched.extend(self.by_key[k] for k in track.latched if k in self.by_key)
-                continue
             track = tracks.get(counter)
             if track is None:
-                tracks[counter] = _Track([[now, now, value]])
-                self._persisted_changed = True
+                if value is not None:
+                    tracks[counter] = _Track([[now, now, value]])
+                    self._persisted_changed = True
                 continue
-            self._judge(port_key, counter, value, now, track, thresholds, verdict)
-            verdict.latched.extend(self.by_key[k] for k in sorted(track.latched) if k in self.by_key)
+            if value is not None:   # absent or unreadable this scrape: keep what we know
+                self._judge(port_key, counter, value, now, track, thresholds, verdict)
+            # Latched keys are always keys of this monitor's thresholds (restore drops others).
+            verdict.latched.extend(self.by_key[k] for k in sorted(track.latched))
         return verdict
 
     def _judge(self, port_key, counter, value, now, track, thresholds, verdict) -> None:
