@@ -7,7 +7,6 @@ with the cursor so counters stay monotonic across restarts.
 """
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import stat
@@ -20,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from ..framework import Collector, register
 from ..kmsg_patterns import KNOWN_XIDS, PATTERNS, xid_label, xid_severity
-from ..parsers.files import ReadProblem, read_text
+from ..parsers.files import ReadProblem, read_text, reason_for
 from ..parsers.kmsg import Classifier, KmsgFormatError, parse_record
 from ..statefile import StateFile
 
@@ -114,7 +113,7 @@ class DeviceSource:
                 continue
             except OSError as exc:
                 # Keep what was read; the collector reopens the device on the next scrape.
-                reason = "unsupported" if exc.errno == errno.EINVAL else "io_error"
+                reason = reason_for(exc)
                 errors[reason] = errors.get(reason, 0) + 1
                 self.failed = True
                 break
@@ -235,14 +234,8 @@ class KmsgCollector(Collector):
                 self.device = DeviceSource(path)
             raw_records = self.device.read(errors) if self.device is not None else \
                 read_file_records(path, self.state, errors)
-        except FileNotFoundError:
-            self._error("absent")
-            return
-        except PermissionError:
-            self._error("permission_denied")
-            return
         except OSError as exc:
-            self._error("unsupported" if exc.errno == errno.EINVAL else "io_error")
+            self._error(reason_for(exc))
             self.close()   # reopen on the next scrape
             return
         finally:
