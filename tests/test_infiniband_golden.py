@@ -1,6 +1,6 @@
 """Golden exposition: the exporter on the node fixture, scraped over HTTP, against a committed file.
 
-Regenerate after an intended change with FABRICSCOPE_UPDATE_GOLDEN=1 and review the diff.
+Regenerate after an intended change with FABRIC_UPDATE_GOLDEN=1 and review the diff.
 """
 from __future__ import annotations
 
@@ -44,6 +44,6 @@ def test_exposition_matches_golden(tmp_path, port):
         exporter.stop()
     assert response.status_code == 200
     actual = _stable(response.text)
-    if os.environ.get("FABRICSCOPE_UPDATE_GOLDEN"):
+    if os.environ.get("FABRIC_UPDATE_GOLDEN"):
         GOLDEN.write_text(actual)
     assert _canonical(actual) == _canonical(GOLDEN.read_text())
