@@ -7,6 +7,7 @@ interfaces and the other files of the same interface are still exported.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Iterable
 
@@ -157,10 +158,7 @@ def expose(devices: list[NetDevice], default_route: set[str] | None) -> Iterable
                 family = stats[stat] = CounterMetricFamily(
                     f"fabric_netdev_{stat}", f"Interface counter statistics/{stat}.", labels=["interface"])
             family.add_metric(labels, value)
-        reasons: dict[str, int] = {}
-        for problem in device.problems:
-            reasons[problem.reason] = reasons.get(problem.reason, 0) + 1
-        for reason, count in sorted(reasons.items()):
+        for reason, count in sorted(Counter(problem.reason for problem in device.problems).items()):
             errors.add_metric([device.name, reason], count)
 
     yield from (info, up, carrier, speed, mtu, errors)

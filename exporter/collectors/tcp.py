@@ -7,6 +7,7 @@ rest is still exported.
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Iterable, NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -104,10 +105,7 @@ class TcpCollector(Collector):
                 errors.add_metric([file, text.reason], 1)
                 continue
             parsed[file] = parse_snmp(text)
-            reasons: dict[str, int] = {}
-            for problem in parsed[file].problems:
-                reasons[problem.reason] = reasons.get(problem.reason, 0) + 1
-            for reason, count in sorted(reasons.items()):
+            for reason, count in sorted(Counter(problem.reason for problem in parsed[file].problems).items()):
                 errors.add_metric([file, reason], count)
         yield from expose(parsed)
         yield errors
