@@ -42,14 +42,13 @@ class MapConverter:
                                          "Kernel-side map updates that failed (map full): events lost.",
                                          labels=["map"])
         for decl in self.decls:
-            self._source, self._object = source, decl.object   # for _other(), this pass only
             for metric in decl.metrics:
                 try:
                     items = source.read_map(decl.object, metric.name)
                 except KeyError:
                     continue   # object not loaded: absent series, never a fake 0
                 try:
-                    yield self._convert(metric, items)
+                    yield self._convert(metric, items, source, decl.object)
                 except (ValueError, struct.error) as exc:
                     self._read_errors[metric.name] = self._read_errors.get(metric.name, 0) + 1
                     if metric.name not in self._logged:
@@ -64,10 +63,11 @@ class MapConverter:
             read_errors.add_metric([name], count)
         yield read_errors
 
-    def _convert(self, metric: MetricDecl, items: list[tuple[bytes, bytes]]) -> Metric:
+    def _convert(self, metric: MetricDecl, items: list[tuple[bytes, bytes]], source: MapSource,
+                 obj: str) -> Metric:
         if metric.type == "log2_histogram":
             return self._histogram(metric, items)
-        return self._counter(metric, items)
+        return self._counter(metric, items, source, obj)
 
     def _histogram(self, metric: MetricDecl, items: list[tuple[bytes, bytes]]) -> Metric:
         family = HistogramMetricFamily(metric.name, metric.help, labels=[])
@@ -76,7 +76,8 @@ class MapConverter:
             family.add_metric([], buckets, total)
         return family
 
-    def _counter(self, metric: MetricDecl, items: list[tuple[bytes, bytes]]) -> Metric:
+    def _counter(self, metric: MetricDecl, items: list[tuple[bytes, bytes]], source: MapSource,
+                 obj: str) -> Metric:
         decoders: list[Decoder] = [self._decoders[label.decoder] for label in metric.labels]
         readings = []
         for key, value in items:
@@ -85,7 +86,7 @@ class MapConverter:
             labels = decode_key(key, decoders) if decoders else ()
             readings.append((key, labels, struct.unpack("<Q", value)[0]))
         if metric.other_map:
-            for key, value, labels in self._other(metric, decoders[1:]):
+            for key, value, labels in self._other(metric, decoders[1:], source, obj):
                 readings.append((b"other:" + key, labels, value))
         totals = self._counters.setdefault(metric.name, LabelCounters()).update(readings)
         family = CounterMetricFamily(metric.name.removesuffix("_total"), metric.help,
@@ -94,9 +95,9 @@ class MapConverter:
             family.add_metric(list(labels), total)
         return family
 
-    def _other(self, metric: MetricDecl, rest: list[Decoder]):
+    def _other(self, metric: MetricDecl, rest: list[Decoder], source: MapSource, obj: str):
         try:
-            items = self._source.read_map(self._object, metric.other_map)
+            items = source.read_map(obj, metric.other_map)
         except KeyError:
             return
         for key, value in items:
