@@ -59,6 +59,16 @@ def _bdf(bus: int, device: int = 0, function: int = 0) -> str:
     return f"0000:{bus:02x}:{device:02x}.{function}"
 
 
+def _behind_root_port(domain: int, port_device: int, bdf: str, vendor: str, device: str, pci_class: str,
+                      numa_node: int, driver: str, **link) -> list[PciFunction]:
+    """Root port <domain>:<port_device>.0 of host bridge pci0000:<domain> and one function
+    directly behind it (no switch)."""
+    port_bdf = _bdf(domain, port_device)
+    port = f"devices/pci0000:{domain:02x}/{port_bdf}"
+    return [PciFunction(port_bdf, port, VENDOR_INTEL, DEVICE_ROOT_PORT, CLASS_BRIDGE, numa_node, "pcieport"),
+            PciFunction(bdf, f"{port}/{bdf}", vendor, device, pci_class, numa_node, driver, **link)]
+
+
 def build_topology(gpus: int, hcas: int) -> NodeTopology:
     functions: list[PciFunction] = []
     hca_bdfs: list[str] = []
@@ -91,31 +101,17 @@ def build_topology(gpus: int, hcas: int) -> NodeTopology:
                                          CLASS_3D, numa, "nvidia"))
             gpu_bdfs.append(bdf)
     # Storage NIC: straight off a root port on NUMA node 3, no switch, no GPU nearby.
-    storage_root = 0xe0
-    storage = _bdf(storage_root + 1)
-    storage_port = f"devices/pci0000:{storage_root:02x}/{_bdf(storage_root, 1)}"
-    functions += [
-        PciFunction(_bdf(storage_root, 1), storage_port, VENDOR_INTEL, DEVICE_ROOT_PORT, CLASS_BRIDGE, 3, "pcieport"),
-        PciFunction(storage, f"{storage_port}/{storage}", VENDOR_MELLANOX, DEVICE_CONNECTX7, CLASS_ETHERNET, 3,
-                    "mlx5_core"),
-    ]
+    storage = _bdf(0xe1)
+    functions += _behind_root_port(0xe0, 1, storage, VENDOR_MELLANOX, DEVICE_CONNECTX7, CLASS_ETHERNET, 3,
+                                   "mlx5_core")
     hca_bdfs.append(storage)
     # Management NIC: NUMA node 1.
-    mgmt_root = 0xa0
-    management = _bdf(mgmt_root + 1)
-    mgmt_port = f"devices/pci0000:{mgmt_root:02x}/{_bdf(mgmt_root, 1)}"
-    functions += [
-        PciFunction(_bdf(mgmt_root, 1), mgmt_port, VENDOR_INTEL, DEVICE_ROOT_PORT, CLASS_BRIDGE, 1, "pcieport"),
-        PciFunction(management, f"{mgmt_port}/{management}", VENDOR_INTEL, DEVICE_E810, CLASS_ETHERNET, 1, "ice",
-                    link_speed="16.0 GT/s PCIe"),
-    ]
+    management = _bdf(0xa1)
+    functions += _behind_root_port(0xa0, 1, management, VENDOR_INTEL, DEVICE_E810, CLASS_ETHERNET, 1, "ice",
+                                   link_speed="16.0 GT/s PCIe")
     # NVSwitches (what each GPU's NVLinks lead to), one root port each on NUMA node 2.
     for k in range(4):
-        port = f"devices/pci0000:bf/{_bdf(0xbf, 1 + k)}"
-        nvswitch = _bdf(0xc0 + k)
-        functions += [
-            PciFunction(_bdf(0xbf, 1 + k), port, VENDOR_INTEL, DEVICE_ROOT_PORT, CLASS_BRIDGE, 2, "pcieport"),
-            PciFunction(nvswitch, f"{port}/{nvswitch}", VENDOR_NVIDIA, DEVICE_NVSWITCH, CLASS_OTHER_BRIDGE, 2,
-                        "nvidia-nvswitch", link_speed="16.0 GT/s PCIe", link_width=2),
-        ]
+        functions += _behind_root_port(0xbf, 1 + k, _bdf(0xc0 + k), VENDOR_NVIDIA, DEVICE_NVSWITCH,
+                                       CLASS_OTHER_BRIDGE, 2, "nvidia-nvswitch", link_speed="16.0 GT/s PCIe",
+                                       link_width=2)
     return NodeTopology(tuple(functions), tuple(hca_bdfs), tuple(gpu_bdfs), management)
