@@ -58,9 +58,6 @@ class Scenario:
     def node_name(self, index: int) -> str:
         return f"{self.node_prefix}-{index}"
 
-    def node_names(self) -> list[str]:
-        return [self.node_name(i) for i in range(self.nodes)]
-
     def with_nodes(self, nodes: int) -> "Scenario":
         """The same scenario on a different node count; faults on nodes that no longer exist
         are dropped (the caller is told which), cluster-wide faults stay."""

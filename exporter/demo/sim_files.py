@@ -27,9 +27,6 @@ class TreeWriter:
         self._made: set[str] = set()        # directories known to exist
         self.writes = 0                     # files actually replaced, for the tick benchmark
 
-    def path(self, rel: str) -> Path:
-        return self.root / rel
-
     def mkdir(self, rel: str) -> None:
         if rel not in self._made:
             (self.root / rel).mkdir(parents=True, exist_ok=True)
