@@ -22,9 +22,7 @@ import argparse
 import math
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,11 +32,13 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import requests
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-REPO = Path(__file__).resolve().parent.parent
-RULES = sorted((REPO / "rules").glob("*.yaml"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fabricscope import stack  # noqa: E402
+
+RULES = stack.rule_files()
 CLUSTER = "bench"
 GPUS_PER_NODE = 8
 NVLINKS_PER_GPU = 18
@@ -216,12 +216,6 @@ def serve(cluster: Cluster) -> ThreadingHTTPServer:
     return server
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def prometheus_config(exporter_port: int, nodes: list[str]) -> dict:
     return {
         "global": {"scrape_interval": "15s", "scrape_timeout": "10s", "evaluation_interval": "30s",
@@ -304,26 +298,18 @@ def main() -> int:
           f"{len(sample) // 1024} KiB exposition a node); built in {built:.1f}s")
 
     workdir = Path(tempfile.mkdtemp(prefix="fabric-rule-bench-"))
-    config = workdir / "prometheus.yml"
-    config.write_text(yaml.safe_dump(prometheus_config(server.server_address[1], list(cluster.nodes))))
-    port = free_port()
+    config = stack.write_yaml(workdir / "prometheus.yml",
+                              prometheus_config(server.server_address[1], list(cluster.nodes)))
+    port = stack.free_port()
     url = f"http://127.0.0.1:{port}"
-    log = (workdir / "prometheus.log").open("w")
-    process = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
-                                f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=2h",
-                                "--log.level=warn"], stdout=log, stderr=subprocess.STDOUT)
+    # stack's process handling (readiness wait, log tail on failure, reaping), with the
+    # binary --prometheus names.
+    process = stack.ManagedProcess(
+        "prometheus", [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
+                       f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=2h",
+                       "--log.level=warn"], f"{url}/-/ready", workdir / "prometheus.log")
     try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                if requests.get(f"{url}/-/ready", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if process.poll() is not None or time.time() > deadline:
-                print(f"Prometheus did not start; log: {workdir / 'prometheus.log'}", file=sys.stderr)
-                return 1
-            time.sleep(0.5)
+        process.start(timeout=60)
         print(f"Prometheus {url} with {', '.join(p.name for p in RULES)}; measuring for {args.duration}s ...")
 
         durations: dict[str, list[float]] = {}
@@ -344,14 +330,12 @@ def main() -> int:
         scrape = instant(url, 'avg(scrape_duration_seconds{job="fabricscope"})') or 0
         up = instant(url, 'sum(up{job="fabricscope"})') or 0
         firing = requests.get(f"{url}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
+    except stack.StackError as exc:   # Prometheus did not start; the message has its log's tail
+        print(exc, file=sys.stderr)
+        return 1
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        process.stop(timeout=30)
         server.shutdown()
-        log.close()
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
 
