@@ -448,7 +448,7 @@ def test_gpu_bus_ids_agree_with_the_simulated_nvml(tmp_path):
     assert source is not None, json.dumps(engine.sources[0].failures)
     nvml_ids = [g.pci_bus_id.lower().replace("00000000:", "0000:") for g in source.gpus()]
     assert nvml_ids == list(engine.nodes[0].topology.gpu_bdfs)
-    assert nvml   # the module is the one the engine discovered
+    assert isinstance(source, nvml.NvmlSimSource)   # built by the module the engine discovered
 
 
 def test_plugin_faults_with_nested_targets_do_not_disturb_the_nodes(tmp_path, monkeypatch):
