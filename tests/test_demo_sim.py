@@ -243,9 +243,12 @@ def test_sources_get_a_deterministic_rng_per_node_and_module(tmp_path):
     nodes = tuple(NodeSpec(f"n-{i}", i, 1, 1, tmp_path) for i in range(2))
     cluster = ClusterSpec("t", nodes, 5)
     modules = {"x": types.SimpleNamespace(make_source=make("x")), "y": types.SimpleNamespace(make_source=make("y"))}
-    first = [NodeSources(n, cluster, modules) for n in nodes] and dict(seen)
+    for n in nodes:
+        NodeSources(n, cluster, modules)
+    first = dict(seen)
     seen.clear()
-    [NodeSources(n, cluster, modules) for n in nodes]
+    for n in nodes:
+        NodeSources(n, cluster, modules)
     assert seen == first
     assert len(set(first.values())) == 4, "each (node, module) pair has its own stream"
 
@@ -452,8 +455,6 @@ def test_gpu_bus_ids_agree_with_the_simulated_nvml(tmp_path):
 
 
 def test_plugin_faults_with_nested_targets_do_not_disturb_the_nodes(tmp_path, monkeypatch):
-    import types
-
     plugin = types.SimpleNamespace(make_source=lambda n, c, r: types.SimpleNamespace(key="k", step=lambda *a: None),
                                    FAULT_KINDS=("partition",))
     monkeypatch.setattr("exporter.demo.sim_sources.discover_source_modules", lambda: {"p": plugin})
