@@ -95,19 +95,19 @@ class SimNode:
         self._write_dynamic()
 
     def tick(self, now: float, dt: float, faults: list[Fault], write: bool = True) -> None:
-        """Advance to scenario time `now` (dt seconds after the previous tick) under `faults`.
+        """Advance to scenario time `now` (dt seconds after the previous tick) under `faults`,
+        those active on this node or cluster-wide (the engine selects them).
         write=False advances the model only (catching up missed ticks); kernel log
         records are appended either way, as they happen."""
         self.now = now
-        mine = [f for f in faults if f.node in (None, self.spec.name)]
-        self._apply_link_state(now, mine)
+        self._apply_link_state(now, faults)
         self.sysfs.tick(dt)
-        microburst = next((f.params for f in mine if f.kind == "microburst"), None)
+        microburst = next((f.params for f in faults if f.kind == "microburst"), None)
         self.procfs.advance(dt, microburst)
-        for fault in mine:
+        for fault in faults:
             if fault.kind == "symbol_error_storm":
                 self._symbol_errors(fault, dt)
-        for fault in mine:
+        for fault in faults:
             if fault.kind not in ONSET_FAULTS:
                 continue
             key = _fault_key(fault)
