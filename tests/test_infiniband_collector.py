@@ -7,6 +7,7 @@ again with an injected clock, so velocity windows are exercised without sleeping
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -303,21 +304,26 @@ def test_state_is_written_only_when_it_changes(node):
     col = node.collector()
     node.scrape(col)
     path = node.state_dir / "infiniband.json"
-    first = path.stat().st_ino
+    # An atomic rewrite gives the name a new inode. A hard link keeps the written inode
+    # alive, so the filesystem cannot hand its number to the next rewrite (ext4 does reuse
+    # a freed number at once) and `samefile` tells a rewrite apart from no write.
+    written = node.root / "written"
+    os.link(path, written)
     node.scrape(col)
     node.scrape(col)
-    assert path.stat().st_ino == first           # quiet scrapes: no rewrite (atomic replace = new inode)
+    assert path.samefile(written)                # quiet scrapes: no rewrite
     node.counter("mlx5_0", "symbol_error", 1)
     node.scrape(col)
-    assert path.stat().st_ino == first           # a counter that merely moved waits for the next snapshot
+    assert path.samefile(written)                # a counter that merely moved waits for the next snapshot
     node.counter("mlx5_0", "symbol_error", 2)
     node.scrape(col, advance=60.0)
-    assert path.stat().st_ino != first
+    assert not path.samefile(written)
     assert json.loads(path.read_text())["counters"]["mlx5_0/1"]["symbol_error"]["v"] == 2
-    second = path.stat().st_ino
+    written.unlink()
+    os.link(path, written)
     node.counter("mlx5_0", "link_downed", 5)     # a fatal breach latches: persisted at once
     node.scrape(col)
-    assert path.stat().st_ino != second
+    assert not path.samefile(written)
 
 
 def test_boot_id_change_clears_state_and_emits_baselines(node):
