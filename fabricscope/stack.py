@@ -198,10 +198,9 @@ FAST_ALERT_OVERRIDES: dict[str, Any] = {
 }
 
 
-def render_rules(overrides: dict[str, Any], out_dir: Path) -> list[Path]:
-    """The mixin rendered with `overrides` by the rules' own helper (rules/render.py),
-    into `out_dir`. rules/ is not an installed package, so the helper is loaded from the
-    checkout this module lives in."""
+def rules_renderer():
+    """The rules' own rendering helper, rules/render.py (render(), RenderError). rules/ is
+    not an installed package, so it is loaded from the checkout this module lives in."""
     import importlib.util
 
     helper = RULES_DIR / "render.py"
@@ -210,6 +209,12 @@ def render_rules(overrides: dict[str, Any], out_dir: Path) -> list[Path]:
         raise StackError(f"{helper} not found: rendering rules with overrides needs the repository checkout")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def render_rules(overrides: dict[str, Any], out_dir: Path) -> list[Path]:
+    """The mixin rendered with `overrides` by rules/render.py, into `out_dir`."""
+    module = rules_renderer()
     try:
         return module.render(overrides, out_dir)
     except module.RenderError as exc:
