@@ -5,7 +5,6 @@ Runs the real tools: the Debian `jsonnet` binary renders, `promtool check rules`
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -15,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fabricscope import stack
+
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "rules"
 RUNBOOKS = REPO / "docs" / "runbooks"
@@ -22,20 +23,15 @@ RENDERED = ("fabricscope-recording.yaml", "fabricscope-alerts.yaml")
 SEVERITIES = {"critical", "warning", "info"}
 
 
-def load_render_module():
-    spec = importlib.util.spec_from_file_location("fabricscope_rules_render", RULES / "render.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-render_module = load_render_module()
+render_module = stack.rules_renderer()
 
 
 def tool(name: str) -> str:
-    found = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
-    assert found, f"{name} not found: install it with `make setup` (Debian package)"
-    return found
+    """Path of a Debian-packaged tool; these tests fail (not skip) without it."""
+    try:
+        return stack.find_binary(name)
+    except stack.StackError as exc:
+        pytest.fail(str(exc))
 
 
 def run(command: list[str], cwd: Path = RULES) -> subprocess.CompletedProcess:
