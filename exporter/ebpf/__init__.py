@@ -3,5 +3,5 @@
 libbpf.py    load CO-RE objects, attach tracepoint/tp_btf/raw_tp/uprobe programs, read maps
 reasons.py   the bounded reasons eBPF can be unavailable (fabric_ebpf_available{reason})
 objects.py   where compiled objects live, building them with exporter/bpf/Makefile
-elfsym.py    symbol -> file offset for uprobes
+elfsym.py    function symbols of an ELF: file offset for uprobes, exported names
 """

@@ -5,12 +5,12 @@ whose maps we may not read, is skipped, never an error.
 """
 from __future__ import annotations
 
-import mmap
 import os
 import re
-import struct
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..ebpf.elfsym import SHT_DYNSYM, open_elf
 
 # libnccl.so, libnccl.so.2, libnccl.so.2.21.5
 NCCL_LIBRARY = re.compile(r"/libnccl\.so(\.\d+)*$")
@@ -73,7 +73,7 @@ _symbol_cache: dict[tuple[int, int, int], frozenset[str]] = {}
 
 def exported_functions(path: str) -> frozenset[str]:
     """Names of the defined functions in the ELF's .dynsym (cached by file identity).
-    Reads through mmap: a 300 MB library is not copied into memory."""
+    Raises OSError, or ValueError when the file is not ELF64."""
     st = os.stat(path)
     key = (st.st_dev, st.st_ino, int(st.st_mtime))
     if key not in _symbol_cache:
@@ -84,21 +84,5 @@ def exported_functions(path: str) -> frozenset[str]:
 
 
 def _read_dynsym(path: str) -> frozenset[str]:
-    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-            raise ValueError(f"{path}: not a little-endian ELF64 file")
-        e_shoff, = struct.unpack_from("<Q", data, 0x28)
-        e_shentsize, e_shnum = struct.unpack_from("<HH", data, 0x3A)
-        sections = [struct.unpack_from("<IIQQQQIIQQ", data, e_shoff + i * e_shentsize) for i in range(e_shnum)]
-        names = set()
-        for (_n, sh_type, _f, _a, offset, size, link, _i, _al, entsize) in sections:
-            if sh_type != 11 or not entsize:          # SHT_DYNSYM
-                continue
-            strtab = sections[link][4]
-            for pos in range(offset, offset + size, entsize):
-                st_name, st_info, _o, st_shndx, st_value, _s = struct.unpack_from("<IBBHQQ", data, pos)
-                if st_shndx == 0 or not st_value or (st_info & 0xF) not in (2, 10):   # FUNC, IFUNC
-                    continue
-                end = data.find(b"\0", strtab + st_name)
-                names.add(data[strtab + st_name:end].decode(errors="replace"))
-        return frozenset(names)
+    with open_elf(path) as elf:
+        return frozenset(name.decode(errors="replace") for name, _ in elf.defined_functions(SHT_DYNSYM))
