@@ -59,12 +59,9 @@ class CounterMonitor:
         self._values_moved = False          # only routine value changes since the last write
         self._last_taken: float | None = None
 
-    def forget(self, port_key: str | None = None) -> None:
-        """Drop history: for one port (device gone) or all (boot-ID change)."""
-        if port_key is None:
-            self._ports.clear()
-        else:
-            self._ports.pop(port_key, None)
+    def forget(self) -> None:
+        """Drop all history (boot-ID change: counters restart from zero)."""
+        self._ports.clear()
         self._persisted_changed = True
 
     def observe(self, port_key: str, values: Mapping[str, int | None], now: float | None = None) -> CounterVerdict:
