@@ -111,7 +111,6 @@ class IngestRoutes:
     def __init__(self, tracker: NcclTracker) -> None:
         self.tracker = tracker
         self.requests = {"accepted": 0, "rejected": 0}
-        self.records_accepted = 0
 
     def routes(self) -> dict:
         return {("POST", "/nccl/operations"): self.post_operations,
@@ -130,7 +129,6 @@ class IngestRoutes:
                 payload["field"] = exc.field
             return _json(400, payload)
         self.requests["accepted"] += 1
-        self.records_accepted += len(calls)
         return _json(202, {"accepted": len(calls)})
 
     def get_active(self, body: bytes, query: dict) -> tuple[int, str, bytes]:

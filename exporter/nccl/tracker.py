@@ -47,18 +47,16 @@ class ConflictError(ValueError):
 
 
 class Histogram:
-    __slots__ = ("buckets", "counts", "total", "count")
+    __slots__ = ("buckets", "counts", "total")
 
     def __init__(self, buckets: tuple[float, ...]) -> None:
         self.buckets = buckets
         self.counts = [0] * (len(buckets) + 1)   # last slot: above the top bucket (+Inf)
         self.total = 0.0
-        self.count = 0
 
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.buckets, value)] += 1
         self.total += value
-        self.count += 1
 
     def cumulative(self) -> list[tuple[str, float]]:
         """[(le, cumulative count)] including +Inf, as prometheus_client wants them."""
