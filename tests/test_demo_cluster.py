@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.demo.cluster import DemoCluster
 from exporter.demo.scenario import load_scenario
+from tests.procs import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 STORM = {"kind": "symbol_error_storm", "node": 1, "at": "1s", "target": {"device": "mlx5_1", "port": 1},
@@ -34,16 +35,6 @@ def scrape(address: str) -> dict[tuple, float]:
 
 def sample(samples, name, **labels):
     return samples.get((name, tuple(sorted(labels.items()))))
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
