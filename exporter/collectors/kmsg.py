@@ -273,9 +273,8 @@ class KmsgCollector(Collector):
         if self.state.source_read:
             events = CounterMetricFamily("fabric_kernel_log_events", "Kernel log lines matching a NIC failure pattern.",
                                          labels=["source", "pattern", "severity"])
-            counts = dict(self.state.events)
-            for row in PATTERNS:   # every known pattern from 0, so increase() sees the first event
-                counts.setdefault(f"{row.source}|{row.name}|{row.severity}", 0)
+            # Every known pattern from 0, so increase() sees the first event.
+            counts = dict.fromkeys(_EVENT_KEYS, 0) | self.state.events
             for key, value in sorted(counts.items()):
                 events.add_metric(key.split("|", 2), value)
             xids = CounterMetricFamily("fabric_kernel_log_xid_events", "NVRM Xid errors by Xid code ('other' when undocumented).",
