@@ -139,10 +139,6 @@ class DemoCluster:
         self.ticks_run = 0
 
     @property
-    def nodes(self) -> list[str]:
-        return [node.spec.name for node in self.engine.nodes]
-
-    @property
     def targets(self) -> list[tuple[str, str]]:
         """(node name, "host:port") of each node's exporter, in node order."""
         return list(self._targets)
