@@ -189,7 +189,7 @@ def read_device(sysfs: Path | str, entry: os.DirEntry, cache: StaticCache) -> In
         identity = (entry.inode(), 0)
     static = cache.get(entry.name)
     if static is None or static.identity != identity:
-        static = cache[entry.name] = _read_static(sysfs, entry.path, identity)
+        static = cache[entry.name] = _read_static(entry.path, identity)
     device = InfiniBandDevice(entry.name, static.board_id, static.fw_ver, static.hca_type,
                               static.node_guid, static.pci, problems=list(static.problems))
     if static.pci is not None and static.pci.is_virtual_function:
@@ -219,7 +219,7 @@ def _read_optional_int(path: str, problems: list[ReadProblem]) -> int | None:
     return value
 
 
-def _read_static(sysfs, device_dir: str, identity) -> _StaticDevice:
+def _read_static(device_dir: str, identity: tuple[int, int]) -> _StaticDevice:
     problems: list[ReadProblem] = []
     text = lambda name: _read_optional_text(os.path.join(device_dir, name), problems)  # noqa: E731
     static = _StaticDevice(identity, text("board_id"), text("fw_ver"), text("hca_type"),
