@@ -73,7 +73,6 @@ class _Lib:
         self._declare("bpf_object__find_program_by_name", vp, [vp, c_char_p])
         self._declare("bpf_object__next_program", vp, [vp, vp])
         self._declare("bpf_object__find_map_by_name", vp, [vp, c_char_p])
-        self._declare("bpf_object__next_map", vp, [vp, vp])
         self._declare("bpf_program__name", c_char_p, [vp])
         self._declare("bpf_program__fd", c_int, [vp])
         self._declare("bpf_program__set_autoload", c_int, [vp, ctypes.c_bool])
@@ -97,7 +96,6 @@ class _Lib:
         self._declare("libbpf_set_print", vp, [_PRINT_FN])
         self._declare("ring_buffer__new", vp, [c_int, _SAMPLE_FN, vp, vp])
         self._declare("ring_buffer__poll", c_int, [vp, c_int])
-        self._declare("ring_buffer__consume", c_int, [vp])
         self._declare("ring_buffer__free", None, [vp])
         self.libc.vsnprintf.restype = c_int
         self.libc.vsnprintf.argtypes = [c_char_p, ctypes.c_size_t, c_char_p, vp]
@@ -354,24 +352,6 @@ class BpfObject:
             raise KeyError(f"{self.path.name} has no program {name!r}")
         return prog
 
-    def program_names(self) -> list[str]:
-        self._check_open()
-        names, prog = [], None
-        while True:
-            prog = self._lib.so.bpf_object__next_program(self._ptr, prog)
-            if not prog:
-                return names
-            names.append(self._lib.so.bpf_program__name(prog).decode())
-
-    def map_names(self) -> list[str]:
-        self._check_open()
-        names, m = [], None
-        while True:
-            m = self._lib.so.bpf_object__next_map(self._ptr, m)
-            if not m:
-                return names
-            names.append(self._lib.so.bpf_map__name(m).decode())
-
     def attach(self, program_name: str) -> Link:
         """Attach by the program's SEC() (tracepoint/, tp_btf/, raw_tp/ ...)."""
         with self._lock:
@@ -459,10 +439,6 @@ class BpfObject:
                     continue   # kernel older than 5.1: no run statistics
                 run_time, run_cnt = struct.unpack_from("<QQ", info.raw, _PROG_INFO_RUN_TIME_NS)
                 stats[self._lib.so.bpf_program__name(prog).decode()] = (run_cnt, run_time)
-
-    @property
-    def links(self) -> list[Link]:
-        return list(self._links)
 
     def close(self) -> None:
         with self._lock:
