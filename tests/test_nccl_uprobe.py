@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import struct
 import subprocess
 import time
 from pathlib import Path
