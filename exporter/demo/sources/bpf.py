@@ -102,6 +102,7 @@ class BpfSimSource:
         self.runs: dict[str, int] = {name: 0 for name in NS_PER_EVENT}
         self._programs = [p for decl in load_declarations() for p in decl.programs]
         self._fraction: dict[str, float] = {}    # carried fractional counts between steps
+        self._readers = self._map_readers()
         # The demo's tick thread steps while exporter threads scrape: one lock for both.
         self._lock = threading.Lock()
 
@@ -212,9 +213,17 @@ class BpfSimSource:
         pass
 
     def read_map(self, obj: str, map_name: str) -> list[tuple[bytes, bytes]]:
+        read = self._readers.get((obj, map_name))
+        if read is None:
+            raise KeyError(f"{obj}/{map_name}")
+        with self._lock:
+            return read()
+
+    def _map_readers(self) -> dict:
+        """(object, map) -> a function building the map's current (key, value) pairs."""
         zero = struct.pack("<I", 0)
         u64 = lambda v: struct.pack("<Q", v)   # noqa: E731
-        maps = {
+        return {
             ("tcp", "fabric_tcp_rtt_seconds"): lambda: [(zero, self.rtt.encode())],
             ("tcp", "fabric_tcp_connect_latency_seconds"): lambda: [(zero, self.connect.encode())],
             ("tcp", "fabric_tcp_retransmits_total"): lambda: [(k, u64(v)) for k, v in self.retransmits.items()],
@@ -232,10 +241,6 @@ class BpfSimSource:
                 (struct.pack("<I", op), u64(self.mmaps.get(OTHER + struct.pack("<I", op), 0))) for op in range(3)],
             ("syscalls", "fabric_ebpf_map_update_errors_total"): lambda: [(struct.pack("<I", i), u64(0)) for i in range(3)],
         }
-        if (obj, map_name) not in maps:
-            raise KeyError(f"{obj}/{map_name}")
-        with self._lock:
-            return maps[(obj, map_name)]()
 
     @staticmethod
     def _tracked(counts: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
