@@ -96,6 +96,7 @@ class NcclSimSource:
             return
         hangs = hang_faults(faults)
         hung_ranks = {int(fault.target.get("rank", -1)) for fault in hangs}
+        hang_start = min((f.start for f in hangs), default=None)
         for rank in self.ranks:
             if not hangs and (rank.stopped or rank.blocked_token is not None):
                 self._resume(rank)
@@ -105,7 +106,6 @@ class NcclSimSource:
                 rank.next_call = now - PERIOD
             period = rank_period(rank.rank, faults)
             while rank.next_call <= now and not rank.stopped:
-                hang_start = min((f.start for f in hangs), default=None)
                 if rank.rank in hung_ranks and hang_start is not None and rank.next_call >= hang_start:
                     rank.stopped = True          # the faulty rank never issues again
                     break
