@@ -28,3 +28,8 @@ def test_absent_and_directory(tmp_path):
     assert read_text(tmp_path / "missing").reason == "absent"
     (tmp_path / "dir").mkdir()
     assert read_text(tmp_path / "dir").reason == "not_a_file"
+
+
+def test_a_file_where_a_directory_belongs_is_not_a_file(tmp_path):
+    (tmp_path / "counters").write_text("not a directory\n")
+    assert read_text(tmp_path / "counters" / "symbol_error").reason == "not_a_file"

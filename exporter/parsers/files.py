@@ -72,7 +72,7 @@ def reason_for(exc: OSError) -> str:
     """The bounded reason label for a failed read of a sysfs/procfs path."""
     if exc.errno == errno.ENOENT:
         return "absent"
-    if exc.errno == errno.EISDIR:
+    if exc.errno in (errno.EISDIR, errno.ENOTDIR):   # a file where a directory belongs, or the reverse
         return "not_a_file"
     if exc.errno in (errno.EACCES, errno.EPERM):
         return "permission_denied"

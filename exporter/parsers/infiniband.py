@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from .files import ReadProblem, parse_int, read_small_text, read_small_texts
+from .files import ReadProblem, parse_int, read_small_text, read_small_texts, reason_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +230,7 @@ def _read_static(device_dir: str, identity: tuple[int, int]) -> _StaticDevice:
         port_names = [e.name for e in os.scandir(ports_dir) if e.name.isdigit()]
     except OSError as exc:
         if not isinstance(exc, FileNotFoundError):
-            problems.append(ReadProblem(Path(ports_dir), "io_error"))
+            problems.append(ReadProblem(Path(ports_dir), reason_for(exc)))
         port_names = []
     for name in sorted(port_names, key=int):
         port_dir = os.path.join(ports_dir, name)
@@ -271,7 +271,7 @@ def _list_files(directory: str, problems: list[ReadProblem]) -> tuple[str, ...]:
     except FileNotFoundError:
         return ()
     except OSError as exc:
-        problems.append(ReadProblem(Path(directory), "not_a_file" if isinstance(exc, NotADirectoryError) else "io_error"))
+        problems.append(ReadProblem(Path(directory), reason_for(exc)))
         return ()
 
 
