@@ -47,13 +47,18 @@ static __always_inline void hist_observe(void *map, __u64 value)
 	h->sum += value;
 }
 
-static __always_inline void counter_add(void *map, __u64 n)
+/* Add n to slot `index` of a per-CPU array of __u64 counters. */
+static __always_inline void counter_add_at(void *map, __u32 index, __u64 n)
 {
-	__u32 zero = 0;
-	__u64 *c = bpf_map_lookup_elem(map, &zero);
+	__u64 *c = bpf_map_lookup_elem(map, &index);
 
 	if (c)
 		*c += n;
+}
+
+static __always_inline void counter_add(void *map, __u64 n)
+{
+	counter_add_at(map, 0, n);
 }
 
 /* Map-update failures (a full map) are counted here, keyed by a small per-object map id,
@@ -68,10 +73,7 @@ static __always_inline void counter_add(void *map, __u64 n)
 
 static __always_inline void map_error(void *errors, __u32 map_id)
 {
-	__u64 *c = bpf_map_lookup_elem(errors, &map_id);
-
-	if (c)
-		*c += 1;
+	counter_add_at(errors, map_id, 1);
 }
 
 #define DECLARE_HIST(name) \

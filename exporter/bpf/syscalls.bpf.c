@@ -168,11 +168,7 @@ int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 		if (id == NR_ioctl && gpu_ioctl(regs)) {
 			counter_add(&fabric_gpu_driver_ioctls_other, 1);
 		} else if (is_mmap) {
-			__u32 op = mmap_op(id);
-			__u64 *count = bpf_map_lookup_elem(&fabric_process_mmap_calls_other, &op);
-
-			if (count)
-				*count += 1;
+			counter_add_at(&fabric_process_mmap_calls_other, mmap_op(id), 1);
 		}
 		return 0;
 	}
