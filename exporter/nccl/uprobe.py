@@ -329,7 +329,7 @@ class UprobeSource:
             for ref in self._libraries_of(pid, maps):
                 entry = found.setdefault((ref.dev, ref.inode), (ref, set()))
                 entry[1].add(pid)
-        traced = set().union(*(pids for _, pids in found.values())) if found else set()
+        traced = set().union(*(pids for _, pids in found.values()))
         with self._lock:
             new = [(key, ref) for key, (ref, _) in found.items() if key not in self._libraries]
             gone = [self._libraries.pop(key) for key in list(self._libraries) if key not in found]
@@ -341,7 +341,7 @@ class UprobeSource:
                 log.info("traced process %d exited%s", pid,
                          f" with {inflight} NCCL call(s) open" if inflight else "")
             # Traced: mapping a library whose probes are in place (new ones join below).
-            self._pids = set().union(set(), *(lib.pids for lib in self._libraries.values() if lib.links))
+            self._pids = set().union(*(lib.pids for lib in self._libraries.values() if lib.links))
         if not found and not self._told_no_library:
             log.info("no process maps libnccl yet; looking again every %.1fs", self.rescan_seconds)
         self._told_no_library = not found
