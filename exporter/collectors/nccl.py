@@ -25,8 +25,7 @@ log = logging.getLogger("fabricscope.exporter.nccl")
 
 DEFAULT_OBJECT = Path(__file__).resolve().parent.parent / "bpf" / "nccl.bpf.o"
 LABELS = ["comm", "rank", "op"]
-CONFIG_KEYS = {"hang_multiplier", "min_completed", "window", "max_comms", "max_series", "idle_evict_seconds",
-               "uprobes", "rescan_seconds", "bpf_object"}
+CONFIG_KEYS = NcclTracker.CONFIG_KEYS | {"uprobes", "rescan_seconds", "bpf_object"}
 
 
 @register

@@ -141,6 +141,10 @@ class TrackerSnapshot:
 
 
 class NcclTracker:
+    # The `nccl` config keys that are tracker settings (from_config).
+    CONFIG_KEYS = frozenset({"hang_multiplier", "min_completed", "window", "max_comms", "max_series",
+                             "idle_evict_seconds"})
+
     def __init__(self, *, hang_multiplier: float = 3.0, min_completed: int = 5, window: int = 20,
                  max_comms: int = 128, max_series: int = 4096, idle_evict_seconds: float = 3600.0,
                  clock: Callable[[], float] = time.time) -> None:
@@ -165,8 +169,7 @@ class NcclTracker:
 
     @classmethod
     def from_config(cls, section: dict[str, Any], clock: Callable[[], float] = time.time) -> "NcclTracker":
-        known = {"hang_multiplier", "min_completed", "window", "max_comms", "max_series", "idle_evict_seconds"}
-        return cls(clock=clock, **{key: section[key] for key in known if key in section})
+        return cls(clock=clock, **{key: section[key] for key in cls.CONFIG_KEYS if key in section})
 
     # ---- feeding ---------------------------------------------------------------------
 
