@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from .events import OPS, NcclCall
-from .tracker import ConflictError, NcclTracker
+from .tracker import NcclTracker, RecordError
 
 MAX_RECORDS = 10_000
 _COMM_PATTERN = re.compile(r"^[0-9A-Za-z_.:-]{1,64}$")
@@ -22,11 +22,8 @@ _REQUIRED = ("op", "comm", "rank", "nranks", "bytes", "start")
 _MIN_TIMESTAMP, _MAX_TIMESTAMP = 1e9, 1e10
 
 
-class IngestError(ValueError):
-    def __init__(self, message: str, index: int | None = None, field_name: str | None = None) -> None:
-        super().__init__(message)
-        self.index = index
-        self.field = field_name
+class IngestError(RecordError):
+    """A request body or record that is not valid input."""
 
 
 def parse_operations(body: bytes) -> list[NcclCall]:
@@ -120,7 +117,7 @@ class IngestRoutes:
         try:
             calls = parse_operations(body)
             self.tracker.record_batch(calls)
-        except (IngestError, ConflictError) as exc:
+        except RecordError as exc:            # invalid input, or a conflict with stored records
             self.requests["rejected"] += 1
             payload = {"error": str(exc)}
             if exc.index is not None:

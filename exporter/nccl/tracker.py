@@ -37,13 +37,17 @@ DURATION_BUCKETS = (1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5
 _SAME_START = 1e-6
 
 
-class ConflictError(ValueError):
-    """A record disagrees with what is already stored (e.g. another nranks for a rank)."""
+class RecordError(ValueError):
+    """A record that cannot be taken; `index` and `field` say which, where known."""
 
     def __init__(self, message: str, index: int | None = None, field_name: str | None = None) -> None:
         super().__init__(message)
         self.index = index
         self.field = field_name
+
+
+class ConflictError(RecordError):
+    """A record disagrees with what is already stored (e.g. another nranks for a rank)."""
 
 
 class Histogram:
