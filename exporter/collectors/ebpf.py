@@ -146,6 +146,11 @@ class EbpfCollector(Collector):
         for program, ok in sorted(self._source.programs().items()):
             attached.add_metric([program], 1.0 if ok else 0.0)
         yield attached
+        untracked = GaugeMetricFamily("fabric_ebpf_untracked_processes",
+                                      "Processes of interest that did not fit the kernel's tracked-process "
+                                      "map; their syscalls count under comm=\"other\".", labels=[])
+        untracked.add_metric([], float(self._source.untracked_processes()))
+        yield untracked
         stats = self._source.program_stats()
         enabled = GaugeMetricFamily("fabric_ebpf_run_statistics_enabled", "1 if the kernel accounts BPF "
                                     "program run count and time (ebpf.enable_stats or sysctl "

@@ -127,6 +127,9 @@ class KernelMapSource:
     def peers(self) -> dict[str, str]:
         return {}
 
+    def untracked_processes(self) -> int:
+        return self.tracker.untracked if self.tracker is not None else 0
+
     def refresh(self) -> None:
         syscalls = self._objects.get("syscalls")
         if syscalls is None or self.tracker is None:

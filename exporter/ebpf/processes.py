@@ -84,7 +84,9 @@ class ProcessTracker:
         self.interval = interval_seconds
         self._tracked: set[int] = set()
         self._last_sync = float("-inf")
-        self.overflow = 0
+        # Processes that should be counted by name but found no room in the kernel's
+        # tracked_tgids map on the last sync (they count under "other" instead).
+        self.untracked = 0
 
     def majors(self) -> list[int]:
         if self.explicit_majors is not None:
@@ -118,8 +120,11 @@ class ProcessTracker:
                 tracked_map.update(struct.pack("<I", tgid), struct.pack("<I", 1))
             except Exception as exc:   # map full or closed: count it, keep the rest
                 log.warning("cannot track process %d: %s", tgid, exc)
-                self.overflow += 1
                 continue
             added.add(tgid)
-        self.overflow += max(0, len(wanted - self._tracked) - room)
         self._tracked = kept | added
+        untracked = len(wanted - self._tracked)
+        if untracked and untracked != self.untracked:
+            log.warning("%d processes of interest do not fit the tracked-process map (%d entries); "
+                        "their syscalls count under comm=\"other\"", untracked, tracked_map.max_entries)
+        self.untracked = untracked

@@ -26,6 +26,9 @@ class MapSource(Protocol):
     def peers(self) -> dict[str, str]:
         """Peer IP -> cluster host name the source knows of (config adds to it)."""
 
+    def untracked_processes(self) -> int:
+        """Processes of interest the kernel could not track by name (map full); 0 if none."""
+
     def refresh(self) -> None:
         """Housekeeping before a scrape reads the maps (e.g. which processes to track)."""
 

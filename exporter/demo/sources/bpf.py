@@ -209,6 +209,9 @@ class BpfSimSource:
     def peers(self) -> dict[str, str]:
         return dict(self._peers)
 
+    def untracked_processes(self) -> int:
+        return 0   # the simulated node's process set always fits
+
     def refresh(self) -> None:
         pass
 
