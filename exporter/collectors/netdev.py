@@ -36,7 +36,13 @@ DEFAULT_ETHTOOL_INCLUDE = (
 )
 
 
-def _compile(flag: str, pattern: str | None) -> re.Pattern | None:
+def _pattern(ctx, flag: str, default: str) -> re.Pattern | None:
+    """--collector.netdev.<flag>, else the config file's netdev.<flag_with_underscores>, else
+    the default; None when that is empty."""
+    key = flag.replace("-", "_")
+    pattern = getattr(ctx.args, f"netdev_{key}", None)
+    if pattern is None:
+        pattern = ctx.section("netdev").get(key, default)
     if not pattern:
         return None
     try:
@@ -63,19 +69,12 @@ class NetdevCollector(Collector):
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
-        section = ctx.section("netdev")
-        include = getattr(ctx.args, "netdev_device_include", None)
-        exclude = getattr(ctx.args, "netdev_device_exclude", None)
-        include = section.get("device_include", DEFAULT_INCLUDE) if include is None else include
-        exclude = section.get("device_exclude", DEFAULT_EXCLUDE) if exclude is None else exclude
-        self.include = _compile("device-include", include)
-        self.exclude = _compile("device-exclude", exclude)
-        ethtool = getattr(ctx.args, "netdev_ethtool_include", None)
-        ethtool = section.get("ethtool_include", DEFAULT_ETHTOOL_INCLUDE) if ethtool is None else ethtool
+        self.include = _pattern(ctx, "device-include", DEFAULT_INCLUDE)
+        self.exclude = _pattern(ctx, "device-exclude", DEFAULT_EXCLUDE)
         # An injected sysfs root describes another machine (a fixture, the demo, a host
         # mount in a container): ioctls on this namespace's interfaces would not match it.
         real_sysfs = Path(ctx.sysfs).resolve() == Path("/sys")
-        self.ethtool_include = _compile("ethtool-include", ethtool) if real_sysfs else None
+        self.ethtool_include = _pattern(ctx, "ethtool-include", DEFAULT_ETHTOOL_INCLUDE) if real_sysfs else None
 
     def wanted(self, interface: str) -> bool:
         if self.include is not None and not self.include.search(interface):
