@@ -20,7 +20,6 @@ import argparse
 import http.client
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,14 +33,9 @@ sys.path.insert(0, str(REPO))
 from exporter.demo.plugin import ClusterSpec, NodeSpec  # noqa: E402
 from exporter.demo.sim_kmsg import KERN_INFO, KERN_WARNING  # noqa: E402
 from exporter.demo.sim_node import SimNode  # noqa: E402
+from fabricscope.stack import free_port  # noqa: E402
 
 HOST_COLLECTORS = ["infiniband", "netdev", "tcp", "kmsg"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def build_node(root: Path, kmsg_lines: int) -> SimNode:

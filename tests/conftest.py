@@ -1,16 +1,11 @@
-"""Shared fixtures: free ports, a running exporter on a given context."""
+"""Shared fixtures: free ports, root detection."""
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from fabricscope.stack import free_port  # noqa: F401  (tests import it from here)
 
 
 @pytest.fixture
