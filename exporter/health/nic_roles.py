@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..parsers.files import ReadProblem, read_text
+from ..parsers.netdev import parse_default_route_interfaces
 
 ROLES = ("compute", "storage", "management", "unknown")
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -92,13 +93,7 @@ def switch_anchor(pci_path: str) -> str | None:
 
 
 def default_route_interfaces(procfs: Path | str) -> set[str]:
-    text = _read(os.path.join(procfs, "net", "route")) or ""
-    interfaces = set()
-    for line in text.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) >= 8 and fields[1] == "00000000" and fields[7] == "00000000":
-            interfaces.add(fields[0])
-    return interfaces
+    return parse_default_route_interfaces(_read(os.path.join(procfs, "net", "route")) or "")
 
 
 def gpu_proximity(nics: list[NicPlacement], gpus: list[Gpu]) -> dict[str, bool | None]:
