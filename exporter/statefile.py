@@ -14,7 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
 log = logging.getLogger("fabricscope.exporter.state")
+
+# Why a load returned no stored state; every stateful collector exports all three, 0 or 1.
+LOAD_PROBLEMS = ("missing", "corrupt", "unreadable")
 
 
 class StateFile:
@@ -71,3 +76,21 @@ class StateFile:
             self.write_errors += 1
             log.error("cannot write state file %s: %s", self.path, exc)
             return False
+
+
+def state_metrics(collector: str, load_problem: str | None, write_errors: int, boot_id_changes: int) -> list[Metric]:
+    """The families every stateful collector exports about its state (same names, help
+    and labels everywhere, so the framework merges them into one block per name)."""
+    problem = GaugeMetricFamily("fabric_state_file_problem",
+                                "1 when the collector's persistent state could not be loaded at start.",
+                                labels=["collector", "problem"])
+    for name in LOAD_PROBLEMS:
+        problem.add_metric([collector, name], 1.0 if load_problem == name else 0.0)
+    writes = CounterMetricFamily("fabric_state_file_write_errors", "Failed atomic state writes.",
+                                 labels=["collector"])
+    writes.add_metric([collector], write_errors)
+    boots = CounterMetricFamily("fabric_node_boot_id_changes",
+                                "Boot-ID changes the collector saw (its state cleared or cursor reset).",
+                                labels=["collector"])
+    boots.add_metric([collector], boot_id_changes)
+    return [problem, writes, boots]

@@ -22,9 +22,7 @@ from ..health.link_state import is_active
 from ..health.thresholds import load_thresholds
 from ..health.tracker import HealthTracker
 from ..parsers.infiniband import InfiniBandDevice, StaticCache, read_infiniband
-from ..statefile import StateFile
-
-_STATE_PROBLEMS = ("missing", "corrupt", "unreadable")
+from ..statefile import StateFile, state_metrics
 
 
 @register
@@ -161,14 +159,7 @@ class InfiniBandCollector(Collector):
         for key, count in sorted(tracker.down_transitions.items()):
             d, _, p = key.rpartition("/")
             downs.add_metric([d, p], count)
-        boots = c("fabric_node_boot_id_changes", "Boot-ID changes seen (state cleared, baselines emitted).",
-                  labels=["collector"])
-        boots.add_metric([self.name], tracker.boot_id_changes)
-        problem = g("fabric_state_file_problem", "1 when persistent state could not be loaded at start.",
-                    labels=["collector", "problem"])
-        for name in _STATE_PROBLEMS:
-            problem.add_metric([self.name, name], int(tracker.load_problem == name))
-        write_errors = c("fabric_state_file_write_errors", "Failed atomic state writes.", labels=["collector"])
-        write_errors.add_metric([self.name], tracker.state_file.write_errors)
-        families += [missing, events, resets, downs, boots, problem, write_errors]
+        families += [missing, events, resets, downs]
+        families += state_metrics(self.name, tracker.load_problem, tracker.state_file.write_errors,
+                                  tracker.boot_id_changes)
         return families

@@ -21,7 +21,7 @@ from ..framework import Collector, register
 from ..kmsg_patterns import KNOWN_XIDS, PATTERNS, xid_label, xid_severity
 from ..parsers.files import ReadProblem, read_text, reason_for
 from ..parsers.kmsg import Classifier, KmsgFormatError, parse_record
-from ..statefile import StateFile
+from ..statefile import StateFile, state_metrics
 
 log = logging.getLogger("fabricscope.exporter.kmsg")
 
@@ -33,7 +33,6 @@ MAX_DEVICE_RECORDS_PER_SCRAPE = 200_000
 DEVICE_READ_SIZE = 16 * 1024
 # Enough of a file's start to notice it was replaced by one that grew past our offset.
 HEAD_BYTES = 64
-STATE_PROBLEMS = ("missing", "corrupt", "unreadable")
 
 
 @dataclass
@@ -269,7 +268,6 @@ class KmsgCollector(Collector):
                 state.events[key] = state.events.get(key, 0) + 1
 
     def _expose(self) -> Iterable[Metric]:
-        collector = [self.name]
         if self.state.source_read:
             events = CounterMetricFamily("fabric_kernel_log_events", "Kernel log lines matching a NIC failure pattern.",
                                          labels=["source", "pattern", "severity"])
@@ -290,18 +288,4 @@ class KmsgCollector(Collector):
         for reason, value in sorted(self.read_errors.items()):
             read_errors.add_metric([reason], value)
         yield read_errors
-        problem = GaugeMetricFamily("fabric_state_file_problem", "1 when the collector's persistent state could not be loaded at start.",
-                                    labels=["collector", "problem"])
-        for name in STATE_PROBLEMS:   # all three, 0 or 1, as every stateful collector exports them
-            problem.add_metric(collector + [name], 1.0 if self.load_problem == name else 0.0)
-        yield problem
-        yield _single_counter("fabric_state_file_write_errors", "Failed atomic state writes.",
-                              collector, self.state_file.write_errors)
-        yield _single_counter("fabric_node_boot_id_changes", "Boot ID changes seen (kernel log cursor reset).",
-                              collector, self.boot_id_changes)
-
-
-def _single_counter(name: str, help_text: str, collector: list[str], value: float) -> CounterMetricFamily:
-    family = CounterMetricFamily(name, help_text, labels=["collector"])
-    family.add_metric(collector, value)
-    return family
+        yield from state_metrics(self.name, self.load_problem, self.state_file.write_errors, self.boot_id_changes)
