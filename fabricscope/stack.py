@@ -221,12 +221,6 @@ def render_rules(overrides: dict[str, Any], out_dir: Path) -> list[Path]:
         raise StackError(f"rendering rules with overrides: {exc}") from None
 
 
-def file_sd_groups(targets: list[tuple[str, str]], cluster: str) -> list[dict[str, Any]]:
-    """Prometheus file_sd JSON: one group per node so each target carries its node label."""
-    return [{"targets": [address], "labels": {"cluster": cluster, "node": node}}
-            for node, address in targets]
-
-
 def prometheus_config(cluster: str, targets_file: Path, alertmanager_address: str,
                       rules: list[Path], scrape_interval: str = "5s",
                       evaluation_interval: str = "5s", self_address: str | None = None) -> dict[str, Any]:
@@ -291,10 +285,6 @@ def _override_route_timing(routes: list[dict[str, Any]], timing: dict[str, str])
 
 def write_yaml(path: Path, data: Any) -> Path:
     return _write_atomically(path, yaml.safe_dump(data, sort_keys=False))
-
-
-def write_json(path: Path, data: Any) -> Path:
-    return _write_atomically(path, json.dumps(data, indent=2) + "\n")
 
 
 def _write_atomically(path: Path, text: str) -> Path:
@@ -527,10 +517,11 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
     (workdir / "notifications.log").unlink(missing_ok=True)
 
     from exporter.demo.cluster import DemoCluster
+    from exporter.demo.main import write_targets_file
 
     stack.cluster = DemoCluster(scenario, workdir / "cluster", base_port=0, listen_host=host)
     stack.cluster.start()
-    targets_file = write_json(workdir / "targets.json", file_sd_groups(stack.cluster.targets, scenario.cluster_name))
+    targets_file = write_targets_file(workdir / "targets.json", stack.cluster.targets, scenario.cluster_name)
 
     webhook_url = args.webhook_url
     if not webhook_url:

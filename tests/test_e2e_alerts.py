@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import requests
 
+from exporter.demo.main import write_targets_file
 from fabricscope import stack
 from tests import procs
 
@@ -161,7 +162,7 @@ def run(tmp_path_factory):
                 cluster_mod.DemoCluster(scenario, work / "cluster") as cluster:
             # Scenario second 0 on the wall clock (the cluster's clock is monotonic).
             t0 = time.time() - cluster.now()
-            targets = stack.write_json(work / "targets.json", stack.file_sd_groups(cluster.targets, CLUSTER))
+            targets = write_targets_file(work / "targets.json", cluster.targets, CLUSTER)
             prom_config = stack.prometheus_config(CLUSTER, targets, am.url.removeprefix("http://"), rules,
                                                   scrape_interval="1s", evaluation_interval="1s")
             with procs.prometheus(prom_config, work / "prom") as prom:

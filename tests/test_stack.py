@@ -18,6 +18,7 @@ import pytest
 import requests
 import yaml
 
+from exporter.demo.main import write_targets_file
 from fabricscope import stack
 from tests import procs
 
@@ -59,8 +60,8 @@ def test_alertmanager_config_with_broken_base_file_names_it(tmp_path):
 
 
 def test_prometheus_config_passes_promtool(tmp_path):
-    targets = stack.write_json(tmp_path / "targets.json",
-                               stack.file_sd_groups([("gpu-node-0", "127.0.0.1:1"), ("gpu-node-1", "127.0.0.1:2")], "demo"))
+    targets = write_targets_file(tmp_path / "targets.json",
+                                 [("gpu-node-0", "127.0.0.1:1"), ("gpu-node-1", "127.0.0.1:2")], "demo")
     assert json.loads(targets.read_text()) == [
         {"targets": ["127.0.0.1:1"], "labels": {"cluster": "demo", "node": "gpu-node-0"}},
         {"targets": ["127.0.0.1:2"], "labels": {"cluster": "demo", "node": "gpu-node-1"}}]

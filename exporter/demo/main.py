@@ -39,21 +39,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=["debug", "info", "warning", "error"])
 
 
-def targets_document(cluster: DemoCluster) -> list[dict]:
-    return [{"targets": [address], "labels": {"node": node, "cluster": cluster.scenario.cluster_name}}
-            for node, address in cluster.targets]
+def file_sd_groups(targets: list[tuple[str, str]], cluster_name: str) -> list[dict]:
+    """Prometheus file_sd JSON: one group per node so each target carries its node label."""
+    return [{"targets": [address], "labels": {"node": node, "cluster": cluster_name}}
+            for node, address in targets]
 
 
-def write_targets_file(path: str | Path, cluster: DemoCluster) -> None:
+def write_targets_file(path: str | Path, targets: list[tuple[str, str]], cluster_name: str) -> Path:
     """Atomically, so a Prometheus watching the file never reads half of it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w") as handle:
-        json.dump(targets_document(cluster), handle, indent=2)
+        json.dump(file_sd_groups(targets, cluster_name), handle, indent=2)
         handle.write("\n")
-    os.chmod(tmp, 0o644)
+    os.chmod(tmp, 0o644)   # mkstemp makes it 0600; a Prometheus running as its own user reads it
     os.replace(tmp, path)
+    return path
 
 
 def banner(cluster: DemoCluster) -> str:
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     try:
         if args.targets_file:
-            write_targets_file(args.targets_file, cluster)
+            write_targets_file(args.targets_file, cluster.targets, cluster.scenario.cluster_name)
         print(banner(cluster), flush=True)
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
