@@ -30,17 +30,8 @@ sys.path.insert(0, str(ROOT))
 from exporter.ebpf import objects  # noqa: E402
 from exporter.nccl.tracker import NcclTracker  # noqa: E402
 from exporter.nccl.uprobe import UprobeSource  # noqa: E402
+from tests.nccl_fake.build import build_fake_nccl  # noqa: E402
 
-FAKE = ROOT / "tests" / "nccl_fake"
-
-
-def build(out: Path) -> Path:
-    library = out / "libnccl.so.2"
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", library, FAKE / "fake_nccl.c"], check=True)
-    driver = out / "driver"
-    subprocess.run(["gcc", "-O2", "-o", driver, FAKE / "driver.c", f"-I{FAKE}", f"-L{out}", "-l:libnccl.so.2",
-                    f"-Wl,-rpath,{out}"], check=True)
-    return driver
 
 
 def run_driver(driver: Path, calls: int, source: UprobeSource | None) -> float:
@@ -76,7 +67,7 @@ def main() -> None:
         if not ok:
             raise SystemExit(f"cannot build nccl.bpf.o: {output}")
     with tempfile.TemporaryDirectory() as tmp:
-        driver = build(Path(tmp))
+        _, driver = build_fake_nccl(Path(tmp))
         plain, probed, counted, lost, exporter_cpu = [], [], [], [], []
         for _ in range(args.rounds):
             plain.append(run_driver(driver, args.calls, None))

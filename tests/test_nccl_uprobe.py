@@ -15,10 +15,10 @@ from exporter.context import Context
 from exporter.nccl import discovery
 from exporter.nccl.commid import comm_label, splitmix64, unique_id_hash
 from exporter.nccl.tracker import NcclTracker
+from tests.nccl_fake.build import build_fake_nccl
 from exporter.nccl.uprobe import (EV_COLL_ENTER, EV_COLL_RETURN, EV_COMM_END, EV_COMM_INIT, EVENT, INIT_ALL,
                                   INIT_RANK, INIT_SPLIT, EventHandler, decode_event)
 
-FAKE_DIR = Path(__file__).resolve().parent / "nccl_fake"
 FAKE_UNIQUE_ID = bytes((i * 37 + 11) & 0xFF for i in range(128))    # ncclGetUniqueId in fake_nccl.c
 
 
@@ -112,13 +112,7 @@ def test_maps_parsing_and_static_fallback():
 def fake_nccl(tmp_path_factory):
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not installed")
-    out = tmp_path_factory.mktemp("nccl_fake")
-    library = out / "libnccl.so.2"
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", library, FAKE_DIR / "fake_nccl.c"], check=True)
-    driver = out / "driver"
-    subprocess.run(["gcc", "-O2", "-o", driver, FAKE_DIR / "driver.c", f"-I{FAKE_DIR}", f"-L{out}",
-                    "-l:libnccl.so.2", f"-Wl,-rpath,{out}"], check=True)
-    return library, driver
+    return build_fake_nccl(tmp_path_factory.mktemp("nccl_fake"))
 
 
 def test_fake_library_exports_the_probed_functions(fake_nccl):

@@ -1,0 +1,20 @@
+"""Build the fake libnccl.so.2 (NCCL's real signatures) and its test driver with gcc.
+
+Shared by tests/test_nccl_uprobe.py and bench/nccl_uprobe_cost.py.
+"""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+FAKE_DIR = Path(__file__).resolve().parent
+
+
+def build_fake_nccl(out: Path) -> tuple[Path, Path]:
+    """(library, driver) built into `out`; the driver finds the library through its rpath."""
+    library = out / "libnccl.so.2"
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", library, FAKE_DIR / "fake_nccl.c"], check=True)
+    driver = out / "driver"
+    subprocess.run(["gcc", "-O2", "-o", driver, FAKE_DIR / "driver.c", f"-I{FAKE_DIR}", f"-L{out}",
+                    "-l:libnccl.so.2", f"-Wl,-rpath,{out}"], check=True)
+    return library, driver
