@@ -67,7 +67,6 @@ def test_every_node_serves_its_own_metrics(cluster):
 
 
 def test_symbol_error_storm_shows_on_the_target_port_only(cluster):
-    pytest.importorskip("exporter.collectors.infiniband")
     storm_node = dict(cluster.targets)["gpu-node-1"]
     quiet_node = dict(cluster.targets)["gpu-node-0"]
 

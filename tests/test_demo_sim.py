@@ -313,17 +313,11 @@ class Scraper:
         return [s for family in self.registry.collect() for s in family.samples if s.name == name]
 
 
-def needs(*collectors):
-    for name in collectors:
-        pytest.importorskip(f"exporter.collectors.{name}", reason=f"collector {name} not present")
-
-
 def symbol_errors(scraper, device):
     return scraper.value("fabric_infiniband_port_counter_total", device=device, port="1", counter="symbol_error")
 
 
 def test_healthy_node_breaches_nothing_for_ten_minutes(tmp_path):
-    needs("infiniband", "netdev", "kmsg")
     engine = engine_at(tmp_path, small())
     scraper = Scraper(engine, ["infiniband", "netdev", "kmsg"])
     for _ in range(40):
@@ -341,7 +335,6 @@ def test_healthy_node_breaches_nothing_for_ten_minutes(tmp_path):
 
 
 def test_symbol_error_storm_hits_the_target_port_only_and_breaches(tmp_path):
-    needs("infiniband")
     storm = {"kind": "symbol_error_storm", "node": 0, "at": 5, "duration": 60, "target": {"device": "mlx5_1"}}
     engine = engine_at(tmp_path, small(storm, hcas=3, gpus=3))
     scraper = Scraper(engine, ["infiniband"])
@@ -362,7 +355,6 @@ def test_symbol_error_storm_hits_the_target_port_only_and_breaches(tmp_path):
 
 
 def test_link_flap_toggles_state_counts_downs_and_logs(tmp_path):
-    needs("infiniband", "kmsg")
     flap = {"kind": "link_flap", "node": 0, "at": 2, "target": {"device": "mlx5_0"},
             "params": {"count": 3, "period_seconds": 4, "down_seconds": 2}}
     engine = engine_at(tmp_path, small(flap))
@@ -383,7 +375,6 @@ def test_link_flap_toggles_state_counts_downs_and_logs(tmp_path):
 
 
 def test_link_down_on_the_storage_nic_takes_its_netdev_down(tmp_path):
-    needs("infiniband", "netdev")
     down = {"kind": "link_down", "node": 0, "at": 2, "duration": 5, "target": {"device": "mlx5_2"}}
     engine = engine_at(tmp_path, small(down))
     scraper = Scraper(engine, ["infiniband", "netdev"])
@@ -405,7 +396,6 @@ def test_link_down_on_the_storage_nic_takes_its_netdev_down(tmp_path):
 
 
 def test_microburst_raises_tcp_retransmits_and_timeouts(tmp_path):
-    needs("tcp")
     burst = {"kind": "microburst", "node": 0, "at": 11, "duration": 10}
     engine = engine_at(tmp_path, small(burst))
     scraper = Scraper(engine, ["tcp"])
@@ -427,7 +417,6 @@ def test_microburst_raises_tcp_retransmits_and_timeouts(tmp_path):
 
 
 def test_kernel_faults_reach_the_kmsg_collector(tmp_path):
-    needs("kmsg")
     faults = [{"kind": "nvlink_down", "node": 0, "at": 2, "target": {"gpu": 1, "link": 5}},
               {"kind": "mlx5_fatal", "node": 0, "at": 3, "duration": 2, "target": {"device": "mlx5_1"}}]
     engine = engine_at(tmp_path, small(*faults))
@@ -445,7 +434,7 @@ def test_kernel_faults_reach_the_kmsg_collector(tmp_path):
 
 
 def test_gpu_bus_ids_agree_with_the_simulated_nvml(tmp_path):
-    nvml = pytest.importorskip("exporter.demo.sources.nvml")
+    from exporter.demo.sources import nvml
     engine = engine_at(tmp_path, small(gpus=8, hcas=8))
     source = engine.context(0).sources.get("nvml")
     assert source is not None, json.dumps(engine.sources[0].failures)

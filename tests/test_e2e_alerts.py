@@ -147,8 +147,7 @@ def firing_alerts(prometheus: procs.Server) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    cluster_mod = pytest.importorskip("exporter.demo.cluster", reason="exporter.demo.cluster (DemoCluster) missing")
-    scenario_mod = pytest.importorskip("exporter.demo.scenario", reason="exporter.demo.scenario missing")
+    from exporter.demo import cluster as cluster_mod, scenario as scenario_mod
     for binary in ("prometheus", "prometheus-alertmanager"):
         procs.require_binary(binary)
     work = tmp_path_factory.mktemp("e2e")

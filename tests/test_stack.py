@@ -161,7 +161,6 @@ def test_taken_port_fails_clearly_and_starts_nothing(tmp_path):
 
 
 def test_bad_scenario_fails_clearly(tmp_path):
-    pytest.importorskip("exporter.demo.scenario", reason="exporter.demo.scenario (the scenario loader) missing")
     scenario = tmp_path / "bad.yaml"
     scenario.write_text("faults: [{kind: no_such_fault, at: 1s}]\n")
     result = run_stack("--workdir", str(tmp_path), "--scenario", str(scenario),
@@ -172,7 +171,6 @@ def test_bad_scenario_fails_clearly(tmp_path):
 
 
 def test_unusable_workdir_fails_clearly(tmp_path):
-    pytest.importorskip("exporter.demo.scenario", reason="exporter.demo.scenario (the scenario loader) missing")
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory\n")
     result = run_stack("--workdir", str(blocker / "stack"), "--prometheus-port", "0", "--alertmanager-port", "0")
@@ -194,7 +192,6 @@ def drain(lines: "queue.Queue[str]") -> list[str]:
 
 @pytest.mark.slow
 def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path):
-    pytest.importorskip("exporter.demo.cluster", reason="exporter.demo.cluster (DemoCluster) missing")
     procs.require_binary("prometheus")
     procs.require_binary("prometheus-alertmanager")
     scenario = tmp_path / "healthy.yaml"
@@ -303,7 +300,6 @@ def child_pids_with_argument(argument: str) -> list[int]:
 
 @pytest.mark.slow
 def test_stack_stops_everything_when_prometheus_dies(tmp_path):
-    pytest.importorskip("exporter.demo.cluster", reason="exporter.demo.cluster (DemoCluster) missing")
     procs.require_binary("prometheus")
     procs.require_binary("prometheus-alertmanager")
     work = tmp_path / "work"
