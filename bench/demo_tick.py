@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter.demo.cluster import DemoEngine  # noqa: E402
-from exporter.demo.scenario import default_scenario_path, load_scenario  # noqa: E402
+from fabricscope.demo.cluster import DemoEngine  # noqa: E402
+from fabricscope.demo.scenario import default_scenario_path, load_scenario  # noqa: E402
 
 
 def measure(workdir: Path, use_tmpfs: bool, ticks: int, start_at: float, with_sources: bool = True) -> dict:
@@ -28,7 +28,7 @@ def measure(workdir: Path, use_tmpfs: bool, ticks: int, start_at: float, with_so
     if with_sources:
         engine.build()
     else:   # the node filesystems alone: what the scenario engine itself costs
-        import exporter.demo.cluster as cluster_module
+        import fabricscope.demo.cluster as cluster_module
 
         original = cluster_module.discover_source_modules
         cluster_module.discover_source_modules = dict

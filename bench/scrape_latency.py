@@ -30,9 +30,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from exporter.demo.plugin import ClusterSpec, NodeSpec  # noqa: E402
-from exporter.demo.sim_kmsg import KERN_INFO, KERN_WARNING  # noqa: E402
-from exporter.demo.sim_node import SimNode  # noqa: E402
+from fabricscope.demo.plugin import ClusterSpec, NodeSpec  # noqa: E402
+from fabricscope.demo.sim_kmsg import KERN_INFO, KERN_WARNING  # noqa: E402
+from fabricscope.demo.sim_node import SimNode  # noqa: E402
 from fabricscope.stack import free_port  # noqa: E402
 
 HOST_COLLECTORS = ["infiniband", "netdev", "tcp", "kmsg"]
@@ -148,10 +148,10 @@ def compare_with_node_exporter(args: argparse.Namespace, tree: Path) -> int:
 
 
 def measure_gpu_side(args: argparse.Namespace, tree: Path, node: SimNode) -> int:
-    from exporter.context import Context
-    from exporter.demo.sim_sources import NodeSources, discover_source_modules
-    from exporter.framework import COLLECTORS, load_collector_modules
-    from exporter.main import start_exporter
+    from fabricscope.exporter.context import Context
+    from fabricscope.demo.sim_sources import NodeSources, discover_source_modules
+    from fabricscope.exporter.framework import COLLECTORS, load_collector_modules
+    from fabricscope.exporter.main import start_exporter
 
     spec = node.spec
     cluster = ClusterSpec(name="bench", nodes=(spec,), seed=7)

@@ -11,8 +11,8 @@ import sys
 
 # subcommand -> (module with add_arguments(parser) and run(args), one-line help)
 SUBCOMMANDS = {
-    "exporter": ("exporter.main", "run the node exporter"),
-    "demo": ("exporter.demo.main", "run the simulated demo cluster (one exporter per node)"),
+    "exporter": ("fabricscope.exporter.main", "run the node exporter"),
+    "demo": ("fabricscope.demo.main", "run the simulated demo cluster (one exporter per node)"),
     "stack": ("fabricscope.stack", "run the demo stack: demo cluster, Prometheus with the rules, Alertmanager"),
 }
 

@@ -444,7 +444,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_stack_scenario(path: str | None, nodes: int | None):
     """The scenario to run, resized to --nodes when given."""
-    from exporter.demo.scenario import ScenarioError, default_scenario_path, load_scenario
+    from fabricscope.demo.scenario import ScenarioError, default_scenario_path, load_scenario
 
     source = Path(path) if path else default_scenario_path()
     try:
@@ -516,8 +516,8 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
         shutil.rmtree(workdir / stale, ignore_errors=True)
     (workdir / "notifications.log").unlink(missing_ok=True)
 
-    from exporter.demo.cluster import DemoCluster
-    from exporter.demo.main import write_targets_file
+    from fabricscope.demo.cluster import DemoCluster
+    from fabricscope.demo.main import write_targets_file
 
     stack.cluster = DemoCluster(scenario, workdir / "cluster", base_port=0, listen_host=host)
     stack.cluster.start()

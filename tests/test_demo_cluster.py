@@ -13,8 +13,8 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.demo.cluster import DemoCluster
-from exporter.demo.scenario import load_scenario
+from fabricscope.demo.cluster import DemoCluster
+from fabricscope.demo.scenario import load_scenario
 from tests.procs import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -159,10 +159,10 @@ def test_default_demo_starts_fast(tmp_path):
     """`make run` must show data quickly: the full default cluster serves a scrape within
     a few seconds of start (reported, not asserted as a timing)."""
     began = time.perf_counter()
-    with DemoCluster(load_scenario(REPO / "exporter/demo/scenarios/default.yaml"), tmp_path / "demo") as running:
+    with DemoCluster(load_scenario(REPO / "fabricscope/demo/scenarios/default.yaml"), tmp_path / "demo") as running:
         samples = scrape(running.targets[-1][1])
         elapsed = time.perf_counter() - began
-    assert sample(samples, "fabric_exporter_build_info", node="gpu-node-3", version=__import__("exporter").__version__)
+    assert sample(samples, "fabric_exporter_build_info", node="gpu-node-3", version=__import__("fabricscope.exporter", fromlist=["_"]).__version__)
     print(f"default 4-node demo: first scrape {elapsed:.2f}s after start")
 
 
@@ -180,7 +180,7 @@ def test_cli_reports_a_port_in_use_by_node_and_address(tmp_path):
     assert result.returncode == 1
     assert f"gpu-node-0: cannot listen on 127.0.0.1:{port}: Address already in use" in result.stderr
     assert "Traceback" not in result.stderr
-    from exporter.demo.sim_files import tmpfs_home
+    from fabricscope.demo.sim_files import tmpfs_home
 
     if tmpfs_home(tmp_path / "w") is not None:   # memory-backed trees are not left behind
         assert not (tmp_path / "w" / "gpu-node-0").exists()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.demo.scenario import (FILESYSTEM_FAULTS, SOURCE_FAULTS, ScenarioError, default_scenario_path,
+from fabricscope.demo.scenario import (FILESYSTEM_FAULTS, SOURCE_FAULTS, ScenarioError, default_scenario_path,
                                     load_scenario, parse_duration)
 
 
@@ -149,6 +149,6 @@ def test_source_plugins_can_declare_their_own_fault_kinds(monkeypatch):
     import types
 
     plugin = types.SimpleNamespace(make_source=lambda *a: None, FAULT_KINDS=("gpu_thermal_throttle",))
-    monkeypatch.setattr("exporter.demo.sim_sources.discover_source_modules", lambda: {"thermal": plugin})
+    monkeypatch.setattr("fabricscope.demo.sim_sources.discover_source_modules", lambda: {"thermal": plugin})
     loaded = load_scenario(scenario({"kind": "gpu_thermal_throttle", "node": 0, "at": "1s", "params": {"gpu": 2}}))
     assert loaded.faults[0].kind == "gpu_thermal_throttle" and loaded.faults[0].params == {"gpu": 2}

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from exporter.demo.cluster import DemoEngine
-from exporter.demo.plugin import ClusterSpec, NodeSpec
-from exporter.demo.scenario import load_scenario
-from exporter.demo.sim_files import TreeWriter
-from exporter.demo.sim_node import NodeRootError, prepare_root
-from exporter.demo.sim_sources import NodeSources, discover_source_modules
-from exporter.demo.sim_sysfs import HW_COUNTERS, PORT_COUNTERS
-from exporter.framework import ScrapeCollector
+from fabricscope.demo.cluster import DemoEngine
+from fabricscope.demo.plugin import ClusterSpec, NodeSpec
+from fabricscope.demo.scenario import load_scenario
+from fabricscope.demo.sim_files import TreeWriter
+from fabricscope.demo.sim_node import NodeRootError, prepare_root
+from fabricscope.demo.sim_sources import NodeSources, discover_source_modules
+from fabricscope.demo.sim_sysfs import HW_COUNTERS, PORT_COUNTERS
+from fabricscope.exporter.framework import ScrapeCollector
 
 
 def small(*faults, nodes=1, gpus=2, hcas=2, seed=7, tick=1):
@@ -193,10 +193,10 @@ def test_a_foreign_directory_is_never_wiped(tmp_path):
 
 def test_every_source_module_is_discovered():
     modules = discover_source_modules()
-    from exporter.demo import sources
+    from fabricscope.demo import sources
 
     expected = {info.name for info in __import__("pkgutil").iter_modules(sources.__path__)
-                if hasattr(__import__(f"exporter.demo.sources.{info.name}", fromlist=["x"]), "make_source")}
+                if hasattr(__import__(f"fabricscope.demo.sources.{info.name}", fromlist=["x"]), "make_source")}
     assert set(modules) == expected
 
 
@@ -266,7 +266,7 @@ def test_engine_steps_sources_before_the_files_with_node_faults(tmp_path, monkey
             order.append(("source", self.node.name, now, sorted(f.kind for f in faults)))
 
     module = types.SimpleNamespace(make_source=lambda node, cluster, rng: Recorder(node))
-    monkeypatch.setattr("exporter.demo.cluster.discover_source_modules", lambda: {"recorder": module})
+    monkeypatch.setattr("fabricscope.demo.cluster.discover_source_modules", lambda: {"recorder": module})
     scenario = small({"kind": "microburst", "node": 1, "at": 1},
                      {"kind": "nccl_hang", "at": 1, "target": {"rank": 0}}, nodes=2)
     engine = DemoEngine(scenario, tmp_path)
@@ -291,7 +291,7 @@ class Scraper:
     """One node's collectors on a private registry, with the scenario clock as their clock."""
 
     def __init__(self, engine: DemoEngine, names: list[str], index: int = 0):
-        from exporter.framework import COLLECTORS, load_collector_modules
+        from fabricscope.exporter.framework import COLLECTORS, load_collector_modules
 
         load_collector_modules()
         ctx = engine.context(index)
@@ -434,7 +434,7 @@ def test_kernel_faults_reach_the_kmsg_collector(tmp_path):
 
 
 def test_gpu_bus_ids_agree_with_the_simulated_nvml(tmp_path):
-    from exporter.demo.sources import nvml
+    from fabricscope.demo.sources import nvml
     engine = engine_at(tmp_path, small(gpus=8, hcas=8))
     source = engine.context(0).sources.get("nvml")
     assert source is not None, json.dumps(engine.sources[0].failures)
@@ -446,8 +446,8 @@ def test_gpu_bus_ids_agree_with_the_simulated_nvml(tmp_path):
 def test_plugin_faults_with_nested_targets_do_not_disturb_the_nodes(tmp_path, monkeypatch):
     plugin = types.SimpleNamespace(make_source=lambda n, c, r: types.SimpleNamespace(key="k", step=lambda *a: None),
                                    FAULT_KINDS=("partition",))
-    monkeypatch.setattr("exporter.demo.sim_sources.discover_source_modules", lambda: {"p": plugin})
-    monkeypatch.setattr("exporter.demo.cluster.discover_source_modules", lambda: {"p": plugin})
+    monkeypatch.setattr("fabricscope.demo.sim_sources.discover_source_modules", lambda: {"p": plugin})
+    monkeypatch.setattr("fabricscope.demo.cluster.discover_source_modules", lambda: {"p": plugin})
     engine = engine_at(tmp_path, small({"kind": "partition", "at": 1, "target": {"ranks": [0, 1], "zone": {"a": 1}}}))
     before = engine.nodes[0].writer.writes
     for _ in range(3):

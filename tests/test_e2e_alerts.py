@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import requests
 
-from exporter.demo.main import write_targets_file
+from fabricscope.demo.main import write_targets_file
 from fabricscope import stack
 from tests import procs
 
@@ -147,7 +147,7 @@ def firing_alerts(prometheus: procs.Server) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from exporter.demo import cluster as cluster_mod, scenario as scenario_mod
+    from fabricscope.demo import cluster as cluster_mod, scenario as scenario_mod
     for binary in ("prometheus", "prometheus-alertmanager"):
         procs.require_binary(binary)
     work = tmp_path_factory.mktemp("e2e")
@@ -196,7 +196,7 @@ def run(tmp_path_factory):
 
 def job_comm(cluster_spec) -> str:
     """The communicator label the simulated job's ranks report."""
-    from exporter.demo.sources.nccl import job_comm as comm_of
+    from fabricscope.demo.sources.nccl import job_comm as comm_of
 
     return comm_of(cluster_spec)
 

@@ -12,15 +12,15 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry
 
-from exporter.context import Context
-from exporter.demo.plugin import ClusterSpec, Fault, NodeSpec
-from exporter.demo.sources import bpf as sim_bpf
-from exporter.ebpf import decoders, histogram, processes
-from exporter.ebpf.counters import LabelCounters
-from exporter.ebpf.declarations import load_declarations, parse_declaration
-from exporter.ebpf.families import MapConverter
-from exporter.framework import COLLECTORS, load_collector_modules
-from exporter.main import start_exporter
+from fabricscope.exporter.context import Context
+from fabricscope.demo.plugin import ClusterSpec, Fault, NodeSpec
+from fabricscope.demo.sources import bpf as sim_bpf
+from fabricscope.exporter.ebpf import decoders, histogram, processes
+from fabricscope.exporter.ebpf.counters import LabelCounters
+from fabricscope.exporter.ebpf.declarations import load_declarations, parse_declaration
+from fabricscope.exporter.ebpf.families import MapConverter
+from fabricscope.exporter.framework import COLLECTORS, load_collector_modules
+from fabricscope.exporter.main import start_exporter
 
 load_collector_modules()
 

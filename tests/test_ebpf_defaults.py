@@ -5,8 +5,8 @@ import argparse
 
 import pytest
 
-from exporter.collectors.ebpf import EbpfCollector
-from exporter.context import Context
+from fabricscope.exporter.collectors.ebpf import EbpfCollector
+from fabricscope.exporter.context import Context
 
 
 def objects_loaded(tmp_path, config, with_gpu: bool) -> set[str]:

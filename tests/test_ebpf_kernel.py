@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from exporter.context import Context
-from exporter.ebpf import objects
-from exporter.framework import COLLECTORS, load_collector_modules
+from fabricscope.exporter.context import Context
+from fabricscope.exporter.ebpf import objects
+from fabricscope.exporter.framework import COLLECTORS, load_collector_modules
 
 load_collector_modules()
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.ebpf import elfsym, objects, reasons
-from exporter.ebpf.reasons import BpfUnavailable, reason_for_errno
+from fabricscope.exporter.ebpf import elfsym, objects, reasons
+from fabricscope.exporter.ebpf.reasons import BpfUnavailable, reason_for_errno
 
 BTF = Path("/sys/kernel/btf/vmlinux")
 needs_bpf = pytest.mark.skipif(os.geteuid() != 0 or not BTF.exists(),
@@ -33,7 +33,7 @@ def bpf_objects() -> Path:
 
 @pytest.fixture
 def selftest(bpf_objects):
-    from exporter.ebpf.libbpf import BpfObject
+    from fabricscope.exporter.ebpf.libbpf import BpfObject
     obj = BpfObject.load(bpf_objects / "selftest.bpf.o")
     yield obj
     obj.close()
@@ -102,14 +102,14 @@ def test_elf_rejects_non_elf(tmp_path):
 # ---- the real loader -------------------------------------------------------------
 
 def test_missing_object_is_object_missing(tmp_path):
-    from exporter.ebpf.libbpf import BpfObject
+    from fabricscope.exporter.ebpf.libbpf import BpfObject
     with pytest.raises(BpfUnavailable) as info:
         BpfObject.load(tmp_path / "absent.bpf.o")
     assert info.value.reason == reasons.OBJECT_MISSING
 
 
 def test_garbage_object_is_bad_object(tmp_path):
-    from exporter.ebpf.libbpf import BpfObject
+    from fabricscope.exporter.ebpf.libbpf import BpfObject
     bad = tmp_path / "bad.bpf.o"
     bad.write_bytes(b"\x7fELF" + b"\0" * 60 + b"garbage")
     with pytest.raises(BpfUnavailable) as info:
@@ -119,7 +119,7 @@ def test_garbage_object_is_bad_object(tmp_path):
 
 @needs_bpf
 def test_verifier_rejection_is_load_failed_with_the_log(tmp_path, bpf_objects):
-    from exporter.ebpf.libbpf import BpfObject
+    from fabricscope.exporter.ebpf.libbpf import BpfObject
     if shutil.which("clang") is None:
         pytest.skip("needs clang to build the rejected program")
     src = tmp_path / "reject.bpf.c"
@@ -208,7 +208,7 @@ def test_full_map_is_map_full(selftest):
 
 @needs_bpf
 def test_program_stats_count_runs_while_enabled(bpf_objects):
-    from exporter.ebpf.libbpf import BpfObject, enable_bpf_stats
+    from fabricscope.exporter.ebpf.libbpf import BpfObject, enable_bpf_stats
     stats = enable_bpf_stats()
     try:
         with BpfObject.load(bpf_objects / "sched.bpf.o") as obj:
@@ -224,7 +224,7 @@ def test_program_stats_count_runs_while_enabled(bpf_objects):
 
 @needs_bpf
 def test_closed_object_refuses_reads(bpf_objects):
-    from exporter.ebpf.libbpf import BpfObject
+    from fabricscope.exporter.ebpf.libbpf import BpfObject
     obj = BpfObject.load(bpf_objects / "sched.bpf.o")
     counter = obj.map("fabric_sched_context_switches_total")
     obj.close()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import struct
 
-from exporter.ebpf.processes import ProcessTracker
+from fabricscope.exporter.ebpf.processes import ProcessTracker
 
 
 class SmallMap:

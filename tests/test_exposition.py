@@ -8,9 +8,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
                                     InfoMetricFamily, Metric)
 
-from exporter.context import Context
-from exporter.exposition import render
-from exporter.framework import ScrapeCollector, build_collectors, load_collector_modules
+from fabricscope.exporter.context import Context
+from fabricscope.exporter.exposition import render
+from fabricscope.exporter.framework import ScrapeCollector, build_collectors, load_collector_modules
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "node"
 
@@ -81,7 +81,7 @@ def test_fixture_node_matches_generate_latest(tmp_path):
 
 
 def test_cached_renderer_matches_on_repeat_and_after_label_churn():
-    from exporter.exposition import Renderer
+    from fabricscope.exporter.exposition import Renderer
 
     renderer = Renderer({"node": "n-1"}, max_series=3)
     first = renderer.render(tricky_families())
@@ -96,7 +96,7 @@ def test_cached_renderer_matches_on_repeat_and_after_label_churn():
 def test_value_formatting_matches_go_style_everywhere():
     from prometheus_client.utils import floatToGoString
 
-    from exporter.exposition import _format_value
+    from fabricscope.exporter.exposition import _format_value
 
     for value in (0, 0.0, -0.0, 1, 3, 2.5, 999999.0, 999999.99, 1e6, 1234567.0, 1e21, 1.5e-7, -1e7,
                   -2.5, 2**53, float("inf"), float("-inf"), float("nan"), 1e308, -1e308):

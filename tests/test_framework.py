@@ -12,10 +12,10 @@ import requests
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 
-from exporter.context import Context
-from exporter.framework import Collector, ScrapeCollector, build_collectors, COLLECTORS
-from exporter.main import start_exporter
-from exporter.webconfig import WebConfigError, load_web_config
+from fabricscope.exporter.context import Context
+from fabricscope.exporter.framework import Collector, ScrapeCollector, build_collectors, COLLECTORS
+from fabricscope.exporter.main import start_exporter
+from fabricscope.exporter.webconfig import WebConfigError, load_web_config
 
 
 class Good(Collector):
@@ -126,7 +126,7 @@ def test_web_config_errors_are_specific(tmp_path, text, message):
 
 
 def test_cli_flags_enable_and_disable(tmp_path):
-    from exporter import main as exporter_main
+    from fabricscope.exporter import main as exporter_main
     import argparse
 
     parser = argparse.ArgumentParser()
@@ -172,7 +172,7 @@ def test_address_in_use_is_a_clear_error(port, tmp_path):
 
 
 def test_same_family_from_two_collectors_is_one_block():
-    from exporter.exposition import render
+    from fabricscope.exporter.exposition import render
     from prometheus_client.core import GaugeMetricFamily
 
     class StateA(Collector):

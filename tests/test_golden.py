@@ -41,7 +41,7 @@ def scrape_fixture(tmp_path: Path) -> str:
     shutil.copytree(FIXTURE, tree, symlinks=True)
     port = free_port()
     disabled = []
-    from exporter.framework import load_collector_modules
+    from fabricscope.exporter.framework import load_collector_modules
 
     for name in load_collector_modules():
         if name not in COLLECTORS:

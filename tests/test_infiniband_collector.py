@@ -15,11 +15,11 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry
 
-from exporter.collectors.infiniband import InfiniBandCollector
-from exporter.context import Context
-from exporter.framework import build_collectors, load_collector_modules
-from exporter.health.thresholds import ThresholdConfigError
-from exporter.main import start_exporter
+from fabricscope.exporter.collectors.infiniband import InfiniBandCollector
+from fabricscope.exporter.context import Context
+from fabricscope.exporter.framework import build_collectors, load_collector_modules
+from fabricscope.exporter.health.thresholds import ThresholdConfigError
+from fabricscope.exporter.main import start_exporter
 
 FIXTURE_SYS = Path(__file__).parent / "fixtures" / "node" / "sys"
 ROUTE_HEADER = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"

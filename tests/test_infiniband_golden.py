@@ -10,8 +10,8 @@ from pathlib import Path
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.context import Context
-from exporter.main import start_exporter
+from fabricscope.exporter.context import Context
+from fabricscope.exporter.main import start_exporter
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GOLDEN = FIXTURES / "ib" / "expected_infiniband.prom"

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.health.counter_monitor import CounterMonitor
-from exporter.health.thresholds import (DEFAULT_THRESHOLDS, CounterThreshold, ThresholdConfigError,
+from fabricscope.exporter.health.counter_monitor import CounterMonitor
+from fabricscope.exporter.health.thresholds import (DEFAULT_THRESHOLDS, CounterThreshold, ThresholdConfigError,
                                         load_thresholds)
 
 

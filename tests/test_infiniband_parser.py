@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.parsers.infiniband import (CodedState, ParseError, StaticCache, parse_coded_state, parse_rate,
+from fabricscope.exporter.parsers.infiniband import (CodedState, ParseError, StaticCache, parse_coded_state, parse_rate,
                                          read_infiniband)
 
 FIXTURE_SYS = Path(__file__).parent / "fixtures" / "node" / "sys"
@@ -129,7 +129,7 @@ def test_no_infiniband_class_is_no_devices(tmp_path):
 
 
 def test_read_small_texts_reports_each_file(tmp_path):
-    from exporter.parsers.files import ReadProblem, read_small_texts
+    from fabricscope.exporter.parsers.files import ReadProblem, read_small_texts
 
     (tmp_path / "ok").write_text("17\n")
     (tmp_path / "empty").write_text("")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.health import nic_roles
-from exporter.health.nic_roles import NicPlacement, classify, default_route_interfaces, find_gpus, gpu_proximity
+from fabricscope.exporter.health import nic_roles
+from fabricscope.exporter.health.nic_roles import NicPlacement, classify, default_route_interfaces, find_gpus, gpu_proximity
 FIXTURE_SYS = Path(__file__).parent / "fixtures" / "node" / "sys"
 
 ROUTE_HEADER = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"

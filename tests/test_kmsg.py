@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from exporter.collectors.kmsg import KmsgCollector
-from exporter.context import Context
-from exporter.framework import ScrapeCollector
-from exporter.kmsg_patterns import FATAL_XIDS, KNOWN_XIDS, PATTERNS
-from exporter.parsers.kmsg import Classifier, KmsgFormatError, parse_record
+from fabricscope.exporter.collectors.kmsg import KmsgCollector
+from fabricscope.exporter.context import Context
+from fabricscope.exporter.framework import ScrapeCollector
+from fabricscope.exporter.kmsg_patterns import FATAL_XIDS, KNOWN_XIDS, PATTERNS
+from fabricscope.exporter.parsers.kmsg import Classifier, KmsgFormatError, parse_record
 
 FIXTURE = Path(__file__).parent / "fixtures" / "node"
 FIXTURE_RECORDS = 31

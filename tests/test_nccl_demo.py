@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from exporter.context import Context
-from exporter.demo.plugin import ClusterSpec, Fault, NodeSpec
-from exporter.demo.sources import nccl as demo_nccl
-from exporter.framework import ScrapeCollector, build_collectors, load_collector_modules
+from fabricscope.exporter.context import Context
+from fabricscope.demo.plugin import ClusterSpec, Fault, NodeSpec
+from fabricscope.demo.sources import nccl as demo_nccl
+from fabricscope.exporter.framework import ScrapeCollector, build_collectors, load_collector_modules
 
 EPOCH = 1_800_000_000.0
 

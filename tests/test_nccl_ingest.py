@@ -8,9 +8,9 @@ import time
 import pytest
 import requests
 
-from exporter.context import Context
-from exporter.main import start_exporter
-from exporter.nccl.ingest import IngestError, parse_operations
+from fabricscope.exporter.context import Context
+from fabricscope.exporter.main import start_exporter
+from fabricscope.exporter.nccl.ingest import IngestError, parse_operations
 
 NOW = time.time()
 

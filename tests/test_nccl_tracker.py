@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
-from exporter.nccl.events import NcclCall
-from exporter.nccl.tracker import ConflictError, NcclTracker
+from fabricscope.exporter.nccl.events import NcclCall
+from fabricscope.exporter.nccl.tracker import ConflictError, NcclTracker
 
 T0 = 1_800_000_000.0
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from exporter.context import Context
-from exporter.nccl import discovery
-from exporter.nccl.commid import comm_label, splitmix64, unique_id_hash
-from exporter.nccl.tracker import NcclTracker
+from fabricscope.exporter.context import Context
+from fabricscope.exporter.nccl import discovery
+from fabricscope.exporter.nccl.commid import comm_label, splitmix64, unique_id_hash
+from fabricscope.exporter.nccl.tracker import NcclTracker
 from tests.nccl_fake.build import build_fake_nccl
-from exporter.nccl.uprobe import (EV_COLL_ENTER, EV_COLL_RETURN, EV_COMM_END, EV_COMM_INIT, EVENT, INIT_ALL,
+from fabricscope.exporter.nccl.uprobe import (EV_COLL_ENTER, EV_COLL_RETURN, EV_COMM_END, EV_COMM_INIT, EVENT, INIT_ALL,
                                   INIT_RANK, INIT_SPLIT, EventHandler, decode_event)
 
 FAKE_UNIQUE_ID = bytes((i * 37 + 11) & 0xFF for i in range(128))    # ncclGetUniqueId in fake_nccl.c
@@ -125,7 +125,7 @@ def test_fake_library_exports_the_probed_functions(fake_nccl):
 # ---- root: the real BPF path ---------------------------------------------------------------
 
 def bpf_object() -> Path:
-    from exporter.ebpf import objects
+    from fabricscope.exporter.ebpf import objects
 
     path = objects.object_path("nccl")
     if not path.is_file():
@@ -139,8 +139,8 @@ def bpf_object() -> Path:
 def uprobe_exporter(port, tmp_path):
     if os.geteuid() != 0:
         pytest.skip("needs root: uprobes load BPF programs")
-    from exporter.ebpf import reasons
-    from exporter.main import start_exporter
+    from fabricscope.exporter.ebpf import reasons
+    from fabricscope.exporter.main import start_exporter
 
     problem = reasons.preflight()
     if problem:
@@ -285,7 +285,7 @@ def test_a_call_blocked_inside_nccl_is_in_flight_and_hanging_then_completes(upro
 
 
 def test_missing_object_is_a_reason_not_a_crash(port, tmp_path):
-    from exporter.main import start_exporter
+    from fabricscope.exporter.main import start_exporter
 
     ctx = Context(state_dir=tmp_path, node="n1",
                   config={"nccl": {"bpf_object": str(tmp_path / "absent.bpf.o")}})

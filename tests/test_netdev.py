@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from exporter.collectors.netdev import DEFAULT_ETHTOOL_INCLUDE, NetdevCollector
-from exporter.context import Context
-from exporter.framework import ScrapeCollector, build_collectors, load_collector_modules
-from exporter.parsers.netdev import (list_interfaces, parse_default_route_interfaces, read_ethtool_statistics,
+from fabricscope.exporter.collectors.netdev import DEFAULT_ETHTOOL_INCLUDE, NetdevCollector
+from fabricscope.exporter.context import Context
+from fabricscope.exporter.framework import ScrapeCollector, build_collectors, load_collector_modules
+from fabricscope.exporter.parsers.netdev import (list_interfaces, parse_default_route_interfaces, read_ethtool_statistics,
                                      read_net_device)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "node"
@@ -218,7 +218,7 @@ def test_host_collectors_over_http_pass_promtool_lint(tmp_path, port):
     import requests
     from prometheus_client.parser import text_string_to_metric_families
 
-    from exporter.main import start_exporter
+    from fabricscope.exporter.main import start_exporter
 
     promtool = shutil.which("promtool")
     ctx = Context(sysfs=FIXTURE / "sys", procfs=FIXTURE / "proc", kmsg=FIXTURE / "kmsg",

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from exporter.context import Context
-from exporter.demo.plugin import ClusterSpec, Fault, NodeSpec
-from exporter.demo.sources import nvml as demo_nvml
-from exporter.framework import ScrapeCollector, build_collectors, load_collector_modules
-from exporter.nvml import GpuInfo, LinkReading, NvmlDeviceError
+from fabricscope.exporter.context import Context
+from fabricscope.demo.plugin import ClusterSpec, Fault, NodeSpec
+from fabricscope.demo.sources import nvml as demo_nvml
+from fabricscope.exporter.framework import ScrapeCollector, build_collectors, load_collector_modules
+from fabricscope.exporter.nvml import GpuInfo, LinkReading, NvmlDeviceError
 
 
 def registry_for(ctx):

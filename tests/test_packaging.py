@@ -1,4 +1,5 @@
-"""pyproject.toml lists the packages explicitly; every package directory must be in it."""
+"""pyproject.toml lists the packages explicitly; every package directory must be in it, under
+its `fabricscope.` import name (package-dir maps the top-level folders into the namespace)."""
 from __future__ import annotations
 
 import os
@@ -6,11 +7,25 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SKIP = {".venv", "tests", "var", "build", "bench", "rules", "docs", "deploy", "alertmanager", "dashboards"}
+SKIP = {".venv", "tests", "var", "build", "bench", "rules", "docs", "deploy", "alertmanager"}
+
+
+def _setuptools():
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def import_name(parts: tuple[str, ...]) -> str:
+    """The import name of a package folder: a folder that package-dir maps is renamed."""
+    folder_to_name = {folder: name for name, folder in _setuptools().get("package-dir", {}).items()}
+    for depth in range(len(parts), 0, -1):
+        prefix = "/".join(parts[:depth])
+        if prefix in folder_to_name:
+            return ".".join((folder_to_name[prefix], *parts[depth:]))
+    return ".".join(parts)
 
 
 def test_every_package_is_listed():
-    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    listed = set(_setuptools()["packages"])
     found = set()
     # os.walk does not follow symlinks: the demo's node trees are symlink graphs.
     for directory, subdirs, files in os.walk(REPO):
@@ -19,5 +34,9 @@ def test_every_package_is_listed():
             subdirs.clear()
             continue
         if parts and "__init__.py" in files:
-            found.add(".".join(parts))
+            found.add(import_name(parts))
     assert found == listed
+
+
+def test_no_generic_top_level_package_is_installed():
+    assert all(name == "fabricscope" or name.startswith("fabricscope.") for name in _setuptools()["packages"])

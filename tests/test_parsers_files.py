@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.parsers.files import ReadProblem, read_int, read_text
+from fabricscope.exporter.parsers.files import ReadProblem, read_int, read_text
 
 
 @pytest.mark.parametrize("content, expected", [

@@ -18,7 +18,7 @@ import pytest
 import requests
 import yaml
 
-from exporter.demo.main import write_targets_file
+from fabricscope.demo.main import write_targets_file
 from fabricscope import stack
 from tests import procs
 

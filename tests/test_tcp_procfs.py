@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from exporter.collectors.tcp import FIELDS
-from exporter.context import Context
-from exporter.framework import ScrapeCollector, build_collectors, load_collector_modules
-from exporter.parsers.snmp import parse_snmp
+from fabricscope.exporter.collectors.tcp import FIELDS
+from fabricscope.exporter.context import Context
+from fabricscope.exporter.framework import ScrapeCollector, build_collectors, load_collector_modules
+from fabricscope.exporter.parsers.snmp import parse_snmp
 
 FIXTURE = Path(__file__).parent / "fixtures" / "node"
 

@@ -20,8 +20,8 @@ import random
 import struct
 import threading
 
-from ...ebpf.declarations import load_declarations
-from ...ebpf.histogram import HIST_SLOTS, Log2Histogram, encode_log2_hist, slot_for
+from fabricscope.exporter.ebpf.declarations import load_declarations
+from fabricscope.exporter.ebpf.histogram import HIST_SLOTS, Log2Histogram, encode_log2_hist, slot_for
 from ..plugin import ClusterSpec, Fault, NodeSpec
 
 RTT_MEDIAN_US = 40.0

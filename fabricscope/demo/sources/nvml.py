@@ -1,7 +1,7 @@
 """Simulated NVML: HGX-style GPUs, each with 18 NVLinks into four NVSwitches.
 
 Implements exporter.nvml.NvmlBackend, so the nvlink collector reads it exactly as it reads
-the real NVML. Link traffic follows the simulated NCCL job (exporter/demo/sources/nccl.py):
+the real NVML. Link traffic follows the simulated NCCL job (fabricscope/demo/sources/nccl.py):
 each rank's ring-AllReduce bytes are spread over its active links, and stop while an
 nccl_hang fault holds the job.
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from ...nvml.backend import ERROR_TYPES, GpuInfo, LinkReading
+from fabricscope.exporter.nvml.backend import ERROR_TYPES, GpuInfo, LinkReading
 from ..plugin import ClusterSpec, Fault, NodeSpec
 from .nccl import hang_faults, rank_period, ring_allreduce_bytes
 

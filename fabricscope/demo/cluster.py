@@ -21,9 +21,9 @@ import threading
 import time
 from pathlib import Path
 
-from ..context import Context
-from ..framework import load_collector_modules
-from ..main import RunningExporter, start_exporter
+from fabricscope.exporter.context import Context
+from fabricscope.exporter.framework import load_collector_modules
+from fabricscope.exporter.main import RunningExporter, start_exporter
 from .plugin import ClusterSpec, NodeSpec
 from .scenario import Scenario, load_scenario
 from .sim_files import claim_tmpfs_home, tmpfs_home

@@ -1,4 +1,4 @@
-"""Discovery and isolation of the demo's simulated sources (exporter/demo/sources/*.py).
+"""Discovery and isolation of the demo's simulated sources (fabricscope/demo/sources/*.py).
 
 A source module that fails to import, to build, or to step is logged and set aside; the
 rest of the node (and the cluster) keeps running, exactly like a failing collector.
@@ -20,7 +20,7 @@ _import_failures: set[str] = set()
 
 
 def discover_source_modules() -> dict[str, ModuleType]:
-    """Every module in exporter.demo.sources with a make_source function, by module name."""
+    """Every module in fabricscope.demo.sources with a make_source function, by module name."""
     from . import sources
 
     found: dict[str, ModuleType] = {}

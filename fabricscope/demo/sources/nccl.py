@@ -16,8 +16,8 @@ from __future__ import annotations
 import random
 import time
 
-from ...nccl.commid import UNIQUE_ID_BYTES, comm_label, unique_id_hash
-from ...nccl.events import NcclCall
+from fabricscope.exporter.nccl.commid import UNIQUE_ID_BYTES, comm_label, unique_id_hash
+from fabricscope.exporter.nccl.events import NcclCall
 from ..plugin import ClusterSpec, Fault, NodeSpec
 
 PERIOD = 0.1                      # seconds of simulated time between a rank's AllReduces
