@@ -25,7 +25,7 @@ system-deps:
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,sidecar,chaos,dashboards]'
 	touch $@
 
 run: setup

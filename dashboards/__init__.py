@@ -1,0 +1,1 @@
+"""Grafana dashboards as code (grafanalib), rendered to committed JSON."""
