@@ -153,6 +153,9 @@ _NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._:/-]{0,127})")
 
 SEVERITIES = {"critical": "critical", "warning": "warning", "info": "info",
               "page": "critical", "fatal": "critical", "ticket": "warning", "warn": "warning"}
+# Kernel-log and Xid events are fatal or non_fatal (exporter/health); alert words map onto them.
+EVENT_SEVERITIES = {"fatal": "fatal", "critical": "fatal", "page": "fatal", "non_fatal": "non_fatal",
+                    "non-fatal": "non_fatal", "nonfatal": "non_fatal", "warning": "non_fatal", "warn": "non_fatal"}
 PORT_STATES = {"down": "DOWN", "init": "INIT", "armed": "ARMED", "active": "ACTIVE", "up": "ACTIVE"}
 FAILURE_TYPES = {t: t for t in ("device_failure", "power_failure", "rack_failure", "switch_failure")}
 DEVICE_FIELDS = {f: f for f in ("node", "device", "role", "hca_type", "fw_version", "board_id", "numa_node")}
@@ -180,6 +183,9 @@ TYPES: dict[str, ParamType] = {t.name: t for t in (
     ParamType("severity", "an alert severity", _choice(SEVERITIES, "a severity"),
               {"type": "string", "enum": ["critical", "warning", "info"]},
               choices=("critical", "warning", "info")),
+    ParamType("event_severity", "a kernel-log event severity (fatal, non_fatal)",
+              _choice(EVENT_SEVERITIES, "an event severity"), {"type": "string", "enum": ["fatal", "non_fatal"]},
+              choices=("fatal", "non_fatal")),
     ParamType("port_state", "an InfiniBand port state", _choice(PORT_STATES, "a port state"),
               {"type": "string", "enum": ["down", "init", "armed", "active"]},
               choices=("DOWN", "INIT", "ARMED", "ACTIVE")),

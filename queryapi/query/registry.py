@@ -44,6 +44,7 @@ class ParamSpec(BaseModel):
     default: Any = None
     label: str | None = None          # label name for {{ match }}; default: parameter name
     label_from: str | None = None     # label name comes from this (device_field) parameter
+    nl_from: list[str] = []           # extracted slots (besides its own name) that can fill it
 
     @model_validator(mode="after")
     def _known_type(self) -> "ParamSpec":
