@@ -40,5 +40,12 @@ class Interpreter:
         match = self.matcher.match(message, extraction, previous)
         result = Interpretation(match, extraction)
         if self.refiner is not None and self.refiner.available():
-            result.llm = self.refiner.refine(message, extraction, match, previous, result)
+            result.llm = self.refiner.refine(message, extraction.slots, match.to_dict())
+            if result.llm.get("used"):
+                # Validated by the registry already; the deterministic pick stays as an alternative.
+                if match.query_name and match.query_name != result.llm["query_name"]:
+                    match.alternatives.insert(0, {"query_name": match.query_name, "score": round(match.score, 2)})
+                match.query_name = result.llm["query_name"]
+                match.params = result.llm["params"]
+                match.missing, match.invalid = [], {}
         return result
