@@ -12,7 +12,7 @@ import re
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from fabricscope.queryapi.query.escape import UnencodableValue, escape_label_value, promql_string
+from fabricscope.queryapi.promql import UnencodableValue, escape_label_value, quote as promql_string
 from fabricscope.queryapi.query.params import ParamError
 from fabricscope.queryapi.query.registry import default_registry
 

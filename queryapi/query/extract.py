@@ -53,7 +53,7 @@ FIELD_VALUE = re.compile(r"\b(?P<f>role|firmware|fw_version|hca_type|board_id|nu
                          r"[\"']?(?P<v>[A-Za-z0-9][\w.-]*)", re.I)
 # Anything shaped like a host or switch name: letters, then -/_ groups ending in a digit.
 NAME_LIKE = re.compile(r"\b[a-z][a-z0-9]*(?:[-_.][a-z0-9]+)*[-_.]?[0-9]+\b", re.I)
-SHORT_HOST = re.compile(r"\b(?P<kind>node|host|server|machine)[-_ ]?(?P<n>[0-9]{1,4})\b", re.I)
+SHORT_HOST = re.compile(r"(?<![\w.-])(?P<kind>node|host|server|machine)[-_ ]?(?P<n>[0-9]{1,4})\b", re.I)
 _NOT_NAMES = re.compile(r"^(?:p[0-9]+|[0-9].*|gpus?[0-9]+|rank[0-9]+|port[0-9]+|top[0-9]+|mlx5|x[0-9]+)$", re.I)
 _SERVICE_STOP = {"the", "a", "an", "my", "our", "each", "every", "all", "by", "of", "is", "are", "which", "what",
                  "slo", "slos", "their", "its", "any", "per", "level", "for", "with", "in", "on", "from",

@@ -4,7 +4,7 @@ A registered query names a type per parameter; whatever asks (HTTP, MeshQL, the 
 extractor, an LLM, an MCP client) goes through the same `ParamType.parse`, so a value that
 reaches a PromQL template is always canonical: numbers are ints or floats, durations are
 Prometheus durations, strings match a bounded pattern (and are still written through
-`escape.promql_string`, never pasted).
+`promql.quote`, never pasted).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .escape import UnencodableValue, escape_label_value
+from ..promql import UnencodableValue, escape_label_value
 
 
 class ParamError(ValueError):

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .escape import promql_string
+from ..promql import quote as promql_string
 from .params import TYPES, ParamError, parse_value
 
 REGISTRY_PATH = Path(__file__).with_name("queries.yaml")
