@@ -78,7 +78,8 @@ class PrometheusClient:
         if at is not None:
             params["time"] = f"{at:.3f}"
         if timeout is not None:
-            params["timeout"] = f"{max(0.001, min(timeout, self.timeout)):.3f}s"
+            # Prometheus durations take whole units: milliseconds.
+            params["timeout"] = f"{max(1, int(min(timeout, self.timeout) * 1000))}ms"
         data = self._call("/api/v1/query", params)
         return _vector(data)
 
