@@ -34,6 +34,7 @@ BLUEPRINTS = [
     "fabricscope.queryapi.probes:bp",
     "fabricscope.queryapi.housekeeping:bp",
     "fabricscope.queryapi.tracing.api:bp",
+    "fabricscope.queryapi.query.api:bp",
 ]
 
 OPENAPI_PATH = "/api/v1/openapi.json"

@@ -38,7 +38,8 @@ def test_no_request_generated_from_the_openapi_document_gets_a_5xx(tmp_path):
                  "-H", f"Authorization: Bearer {keys['admin']}", "--tls-verify", str(sidecar.certs.ca),
                  "--checks", "not_a_server_error", "--max-examples", str(EXAMPLES), "--seed", "20261126",
                  "--request-timeout", "20", "--suppress-health-check", "all"],
-                capture_output=True, text=True, timeout=540, env={**os.environ, "NO_COLOR": "1"})
+                capture_output=True, text=True, timeout=540, env={**os.environ, "NO_COLOR": "1"},
+                cwd=tmp_path)   # its run artefacts (.schemathesis/) stay out of the checkout
         finally:
             sidecar.stop()
     output = result.stdout + result.stderr
