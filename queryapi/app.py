@@ -33,6 +33,7 @@ BLUEPRINTS = [
     "fabricscope.queryapi.probes:bp",
     "fabricscope.queryapi.housekeeping:bp",
     "fabricscope.queryapi.query.api:bp",
+    "fabricscope.queryapi.chaos_api:bp",
 ]
 
 OPENAPI_PATH = "/api/v1/openapi.json"
