@@ -120,7 +120,8 @@ def setup(app, state) -> None:
 def _service() -> ChaosService:
     service = current_app.extensions.get(EXTENSION)
     if service is None:
-        raise ApiError(503, "no cluster topology is configured for chaos simulations: start the sidecar with "
+        # 404, not 5xx: nothing is broken, this sidecar simply has no topology to simulate on.
+        raise ApiError(404, "no cluster topology is configured for chaos simulations: start the sidecar with "
                             "--chaos-topology FILE (docs/chaos.md)", code="chaos_no_topology")
     return service
 

@@ -119,7 +119,7 @@ def test_unknown_ids_scopes_and_no_topology(env):
     assert [d["name"] for d in devices["devices"]] == ["core-0", "core-1", "core-2", "core-3"]
     bare = make_app(chaos_topology=None, database=str(env_db(client))).test_client()
     response = submit(bare, keys["writer-5"], device="core-0")
-    assert response.status_code == 503 and response.get_json()["error"]["code"] == "chaos_no_topology"
+    assert response.status_code == 404 and response.get_json()["error"]["code"] == "chaos_no_topology"
 
 
 def env_db(client):
