@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Debian packages the tests and the demo stack need: real Prometheus, promtool,
-# Alertmanager, amtool, node_exporter (benchmark baseline), jsonnet, and the eBPF
-# toolchain (clang, bpftool, libbpf). Installs only what is missing; needs root for that.
+# Alertmanager, amtool, node_exporter (benchmark baseline), jsonnet, the eBPF
+# toolchain (clang, bpftool, libbpf), and headless Chromium (the report's browser test). Installs only what is missing; needs root for that.
 set -euo pipefail
 
 need=()
@@ -18,6 +18,7 @@ have bpftool || need+=(bpftool)
 dpkg -s libbpf1 >/dev/null 2>&1 || need+=(libbpf1)
 have nft || need+=(nftables)
 have ip || need+=(iproute2)
+have chromium || need+=(chromium)
 
 if [ ${#need[@]} -eq 0 ]; then
     exit 0
