@@ -30,7 +30,7 @@ LAG = f'comm_rank:fabric_nccl_arrival_lag_seconds:mean5m{{{c.matchers("cluster")
 # (max lag of its comm - its own lag); times the collectives per second, that is GPU-seconds
 # idle per second, i.e. GPUs idle on average; times the operator's $/GPU-hour.
 IDLE_GPUS = f"""sum by (cluster, comm) (
-  (max by (cluster, comm) ({LAG}) - on (cluster, comm) group_right {LAG})
+  (max by (cluster, comm) ({LAG}) - on (cluster, comm) group_right () ({LAG}))
   * on (cluster, comm, rank) group_left
   sum by (cluster, comm, rank) (rate(fabric_nccl_calls_total{{{SCOPE}}}[{c.RATE}]))
 )"""

@@ -96,9 +96,14 @@ def dashboard() -> g.Dashboard:
             c.prom(per_second("fabric_netdev_rx_bytes_total", "node, interface"), legend="{{node}} {{interface}} rx"),
             c.prom(per_second("fabric_netdev_tx_bytes_total", "node, interface"), legend="{{node}} {{interface}} tx")],
             "Bps", "Bytes per second per network interface (/sys/class/net statistics)."),
-        c.timeseries("Interface drops and errors", [c.prom(
-            f"""sum by (node, interface) (rate({{__name__=~"fabric_netdev_(rx|tx)_(dropped|errors)_total", {SEL}}}[{c.RATE}]))""",
-            legend="{{node}} {{interface}}")], "pps", "Dropped and errored packets per second, both directions."),
+        c.timeseries("Interface drops and errors", [
+            c.prom(f"""{per_second('fabric_netdev_rx_dropped_total', 'node, interface')}
+                       + {per_second('fabric_netdev_tx_dropped_total', 'node, interface')}""",
+                   legend="{{node}} {{interface}} dropped"),
+            c.prom(f"""{per_second('fabric_netdev_rx_errors_total', 'node, interface')}
+                       + {per_second('fabric_netdev_tx_errors_total', 'node, interface')}""",
+                   legend="{{node}} {{interface}} errors")],
+            "pps", "Dropped and errored packets per second, both directions."),
         c.table("InfiniBand ports", [c.prom(f"fabric_infiniband_port_rate_bytes_per_second{{{SEL}}}",
                                             instant=True, table=True)], "Bps",
                 "The node's InfiniBand/RoCE ports and their link rate. Click a port for its fabric view.",

@@ -21,9 +21,9 @@ LAG = f'comm_rank:fabric_nccl_arrival_lag_seconds:mean5m{{{c.matchers("cluster",
 # Median and median absolute deviation of the ranks' arrival lag within each communicator:
 # the same robust statistics the straggler alert applies.
 LAG_MEDIAN = f"quantile by (cluster, comm) (0.5, {LAG})"
-LAG_DEVIATION = f"({LAG} - on (cluster, comm) group_left {LAG_MEDIAN})"
+LAG_DEVIATION = f"({LAG} - on (cluster, comm) group_left () ({LAG_MEDIAN}))"
 LAG_MAD = f"quantile by (cluster, comm) (0.5, abs{LAG_DEVIATION})"
-MAD_SCORE = f"{LAG_DEVIATION} / on (cluster, comm) group_left ({LAG_MAD} > 0)"
+MAD_SCORE = f"{LAG_DEVIATION} / on (cluster, comm) group_left () ({LAG_MAD} > 0)"
 
 
 def gpu_variable() -> g.Template:

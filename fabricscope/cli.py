@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "exporter": ("fabricscope.exporter.main", "run the node exporter"),
     "demo": ("fabricscope.demo.main", "run the simulated demo cluster (one exporter per node)"),
     "stack": ("fabricscope.stack", "run the demo stack: demo cluster, Prometheus with the rules, Alertmanager"),
+    "report": ("fabricscope.dashboards.report", "render the dashboards to PNG images and one HTML page from Prometheus"),
 }
 
 
