@@ -13,7 +13,7 @@ import sys
 SUBCOMMANDS = {
     "exporter": ("fabricscope.exporter.main", "run the node exporter"),
     "demo": ("fabricscope.demo.main", "run the simulated demo cluster (one exporter per node)"),
-    "stack": ("fabricscope.stack", "run the demo stack: demo cluster, Prometheus with the rules, Alertmanager"),
+    "stack": ("fabricscope.stack.cli", "run the demo stack: demo cluster, Prometheus with the rules, Alertmanager"),
 }
 
 
