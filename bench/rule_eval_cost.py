@@ -36,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fabricscope import stack  # noqa: E402
 from fabricscope.httpserver import HttpServer, respond  # noqa: E402
+from fabricscope.exporter.ebpf.declarations import load_declarations  # noqa: E402
+from fabricscope.exporter.ebpf.histogram import bucket_bounds  # noqa: E402
 
 RULES = stack.rule_files()
 CLUSTER = "bench"
@@ -44,7 +46,9 @@ NVLINKS_PER_GPU = 18
 HCAS_PER_NODE = 8
 RANKS_PER_NODE = 8
 NCCL_OPS = ("AllReduce", "AllGather")
-SECONDS_BUCKETS = [2.0 ** e for e in range(-20, 1)]  # ~1us .. 1s, log2 like the BPF maps
+# The bucket bounds the exporter really exposes (the BPF maps' declared layouts).
+EBPF_BUCKETS = {m.name: [float(le) for le in bucket_bounds(m.layout, m.unit_seconds)]
+                for decl in load_declarations() for m in decl.metrics if m.layout}
 NCCL_BUCKETS = [0.001 * 2 ** e for e in range(0, 12)]  # 1ms .. 2s
 IB_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
                "port_rcv_remote_physical_errors", "port_rcv_switch_relay_errors", "port_xmit_discards",
@@ -92,8 +96,9 @@ def node_series(index: int) -> list[Series]:
     out.append(Series("fabric_ebpf_available", {**base, "reason": "ok"}, 1))
     # TCP: RTT and connect histograms, procfs counters. Node 5 has a microburst profile.
     rtt = 0.0005 if index != 5 else 0.004
-    out += histogram("fabric_tcp_rtt_seconds", base, SECONDS_BUCKETS, 2000, rtt)
-    out += histogram("fabric_tcp_connect_latency_seconds", base, SECONDS_BUCKETS, 5, 0.0002)
+    out += histogram("fabric_tcp_rtt_seconds", base, EBPF_BUCKETS["fabric_tcp_rtt_seconds"], 2000, rtt)
+    out += histogram("fabric_tcp_connect_latency_seconds", base, EBPF_BUCKETS["fabric_tcp_connect_latency_seconds"],
+                     5, 0.0002)
     for counter in ("retransmitted_segments", "out_segments", "in_segments", "in_errors", "out_resets",
                     "active_opens", "passive_opens", "timeouts", "syn_retransmits", "lost_retransmits"):
         out.append(Series(f"fabric_tcp_{counter}_total", base, 1000, 10))

@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "exporter": ("fabricscope.exporter.main", "run the node exporter"),
     "demo": ("fabricscope.demo.main", "run the simulated demo cluster (one exporter per node)"),
     "stack": ("fabricscope.stack.cli", "run the demo stack: demo cluster, Prometheus with the rules, Alertmanager"),
+    "sidecar": ("fabricscope.queryapi.server", "run the query sidecar (tracing, SLO correlation, cluster questions)"),
 }
 
 

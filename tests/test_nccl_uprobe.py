@@ -15,7 +15,7 @@ from fabricscope.exporter.context import Context
 from fabricscope.exporter.nccl import discovery
 from fabricscope.exporter.nccl.commid import comm_label, splitmix64, unique_id_hash
 from fabricscope.exporter.nccl.tracker import NcclTracker
-from tests.nccl_fake.build import build_fake_nccl
+from tests.nccl_fake.build import build_fake_nccl, build_step_driver
 from fabricscope.exporter.nccl.uprobe import (EV_COLL_ENTER, EV_COLL_RETURN, EV_COMM_END, EV_COMM_INIT, EVENT, INIT_ALL,
                                   INIT_RANK, INIT_SPLIT, EventHandler, decode_event)
 
@@ -146,7 +146,8 @@ def uprobe_exporter(port, tmp_path):
     if problem:
         pytest.skip(f"eBPF unavailable here: {problem[1]}")
     ctx = Context(state_dir=tmp_path, node="n1",
-                  config={"nccl": {"rescan_seconds": 0.2, "bpf_object": str(bpf_object())}})
+                  config={"nccl": {"rescan_seconds": 0.2, "boundary_ops": 10,
+                                    "bpf_object": str(bpf_object())}})
     running = start_exporter(ctx, ["nccl"], f"127.0.0.1:{port}")
     [collector] = running.collectors
     if collector.uprobes is None or collector.uprobes.reason != "ok":
@@ -297,3 +298,123 @@ def test_missing_object_is_a_reason_not_a_crash(port, tmp_path):
         assert samples[series("fabric_scrape_collector_success", collector="nccl")] == 1
     finally:
         running.stop()
+
+
+# ---- arrival lag and the hang's culprit: several ranks of one job ------------------------------
+
+@pytest.fixture(scope="module")
+def step_driver(fake_nccl):
+    library, _ = fake_nccl
+    return build_step_driver(library.parent)
+
+
+class Job:
+    """NRANKS step-driver processes on one communicator, sharing one barrier file."""
+
+    def __init__(self, driver, tmp_path, nranks, nsteps, delays=None, stop=None):
+        barrier = tmp_path / "barrier"
+        barrier.write_bytes(b"\0" * 64)
+        delays, stop = delays or {}, stop or {}
+        self.procs = [subprocess.Popen([str(driver), str(nranks), str(rank), str(nsteps), str(delays.get(rank, 0)),
+                                        str(stop.get(rank, 0)), str(barrier)],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                      for rank in range(nranks)]
+        for proc in self.procs:
+            assert proc.stdout.readline().strip() == "ready"
+
+    def tell(self, rank, line="go"):
+        self.procs[rank].stdin.write(line + "\n")
+        self.procs[rank].stdin.flush()
+
+    def expect(self, rank, line):
+        assert self.procs[rank].stdout.readline().strip() == line
+
+    def finish(self):
+        for rank in range(len(self.procs)):
+            self.tell(rank, "exit")
+        for proc in self.procs:
+            assert proc.wait(timeout=30) == 0
+
+    def kill(self):
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def run_job(base, driver, tmp_path, nranks, nsteps, delays=None):
+    job = Job(driver, tmp_path, nranks, nsteps, delays)
+    try:
+        wait_for(lambda: scrape(base).get(series("fabric_nccl_processes_traced")) == nranks, "all ranks traced")
+        for rank in range(nranks):
+            job.tell(rank)
+        for rank in range(nranks):
+            job.expect(rank, "done")
+        comm = comm_label(unique_id_hash(FAKE_UNIQUE_ID))
+        count = lambda r: scrape(base).get(series("fabric_nccl_arrival_lag_seconds_count", comm=comm, rank=str(r)))
+        wait_for(lambda: all(count(r) == nsteps for r in range(nranks)), "every step's lag of every rank")
+        samples = scrape(base)
+        job.finish()
+    finally:
+        job.kill()
+    mean = {r: samples[series("fabric_nccl_arrival_lag_seconds_sum", comm=comm, rank=str(r))] / nsteps
+            for r in range(nranks)}
+    return samples, comm, mean
+
+
+def test_a_late_rank_shows_its_delay_as_arrival_lag_and_no_other_does(uprobe_exporter, step_driver, tmp_path):
+    base, _ = uprobe_exporter
+    delay = 0.05
+    samples, comm, mean = run_job(base, step_driver, tmp_path, nranks=4, nsteps=30, delays={2: int(delay * 1e6)})
+    assert mean[2] == pytest.approx(delay, rel=0.10), mean
+    assert all(mean[r] < 0.1 * delay for r in (0, 1, 3)), mean
+    # Every rank keeps the same period: call-to-call durations cannot tell the late rank.
+    periods = [samples[series("fabric_nccl_operation_duration_seconds_sum", comm=comm, rank=str(r), op="AllReduce")]
+               for r in range(4)]
+    assert max(periods) - min(periods) < 0.1 * min(periods), periods
+    # The sequence number and the entry time at the last boundary (op 30 with boundary_ops
+    # 10): what a rule joins across nodes. The late rank entered op 30 `delay` after the rest.
+    entered = {}
+    for r in range(4):
+        assert samples[series("fabric_nccl_operation_sequence", comm=comm, rank=str(r))] == 30
+        assert samples[series("fabric_nccl_sequence_boundary", comm=comm, rank=str(r))] == 30
+        entered[r] = samples[series("fabric_nccl_sequence_boundary_entry_timestamp_seconds", comm=comm, rank=str(r))]
+    assert entered[2] - min(entered.values()) == pytest.approx(delay, rel=0.10)
+
+
+def test_without_delay_no_rank_lags(uprobe_exporter, step_driver, tmp_path):
+    base, _ = uprobe_exporter
+    _, _, mean = run_job(base, step_driver, tmp_path, nranks=4, nsteps=30)
+    assert all(m < 0.005 for m in mean.values()), mean
+
+
+def test_a_stopped_rank_is_named_the_culprit_while_its_peers_wait(uprobe_exporter, step_driver, tmp_path):
+    base, _ = uprobe_exporter
+    job = Job(step_driver, tmp_path, nranks=3, nsteps=40, stop={1: 20})
+    comm = comm_label(unique_id_hash(FAKE_UNIQUE_ID))
+    try:
+        wait_for(lambda: scrape(base).get(series("fabric_nccl_processes_traced")) == 3, "all ranks traced")
+        for rank in range(3):
+            job.tell(rank)
+        job.expect(1, "stopped")
+
+        def culprits():
+            return requests.get(base + "/nccl/operations/active", timeout=10).json()["culprits"]
+
+        [culprit] = wait_for(culprits, "the hang's culprit")
+        assert culprit == {"comm": comm, "rank": 1, "reason": "not_entered", "sequence": 20, "op": "AllReduce",
+                           "waiting_ranks": [0, 2],
+                           "message": "rank 1 never entered AllReduce #20, which ranks 0 and 2 are waiting in"}
+        samples = scrape(base)
+        assert samples[series("fabric_nccl_hang_culprit", comm=comm, rank="1", reason="not_entered")] == 1
+        assert [k for k in samples if k.startswith("fabric_nccl_hang_culprit")] == \
+            [series("fabric_nccl_hang_culprit", comm=comm, rank="1", reason="not_entered")]
+        assert samples[series("fabric_nccl_hanging", comm=comm, rank="0", op="AllReduce")] == 1
+        # The rank resumes: the hang and its culprit clear.
+        job.tell(1)
+        for rank in range(3):
+            job.expect(rank, "done")
+        wait_for(lambda: not culprits(), "the culprit to clear")
+        job.finish()
+    finally:
+        job.kill()

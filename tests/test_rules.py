@@ -77,6 +77,15 @@ def test_promtool_unit_tests_pass():
     assert result.returncode == 0, f"promtool test rules failed:\n{result.stdout}\n{result.stderr}"
 
 
+def test_microburst_cases_are_generated_from_the_exporters_bucket_layout():
+    """rules/tests/tcp_microburst.yaml is what the generator writes from the exporter's
+    current bucket layout and the mixin's current thresholds (it cannot drift)."""
+    import sys
+
+    result = run([sys.executable, str(RULES / "tests" / "generate_microburst.py"), "--check"], cwd=REPO)
+    assert result.returncode == 0, result.stderr
+
+
 def test_every_alert_follows_the_mixin_conventions():
     names = set()
     for rule in alert_rules():

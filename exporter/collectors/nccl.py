@@ -3,7 +3,7 @@
 The tracker (exporter/nccl/tracker.py) does the accounting; this module wires its event
 sources and maps its snapshot to metric families. Config section `nccl`:
   hang_multiplier (3.0), min_completed (5), window (20), max_comms (128),
-  max_series (4096), idle_evict_seconds (3600): see NcclTracker;
+  max_series (4096), idle_evict_seconds (3600), boundary_ops (64): see NcclTracker;
   uprobes (true): attach to libnccl in running processes;
   rescan_seconds (2.0): how often to look for new processes;
   bpf_object: path of nccl.bpf.o (default: exporter/bpf/nccl.bpf.o).
@@ -99,9 +99,39 @@ class NcclCollector(Collector):
             current = active.get((op.comm, op.rank, op.op))
             hanging.add_metric([op.comm, str(op.rank), op.op], 1.0 if current and current.hanging else 0.0)
         yield from (info, calls, nbytes, enqueue, duration, last, average, inflight, hanging)
+        yield from self._arrival_families(snap)
         yield from self._housekeeping(snap)
         if self.uprobes is not None:
             yield from self._uprobe_families()
+
+    def _arrival_families(self, snap) -> Iterable[Metric]:
+        lag = HistogramMetricFamily("fabric_nccl_arrival_lag_seconds", "Per collective: when the rank entered "
+                                    "it minus the earliest entry among the comm's ranks on this node (absent "
+                                    "with one local rank: see fabric_nccl_sequence_boundary_*).",
+                                    labels=["comm", "rank"])
+        sequence = GaugeMetricFamily("fabric_nccl_operation_sequence", "Collectives the rank has entered on "
+                                     "the comm (Send/Recv excluded): the k of its latest op.",
+                                     labels=["comm", "rank"])
+        boundary = GaugeMetricFamily("fabric_nccl_sequence_boundary", "The rank's latest sequence number that "
+                                     f"is a multiple of {self.tracker.boundary_ops} (boundary_ops).",
+                                     labels=["comm", "rank"])
+        boundary_start = GaugeMetricFamily("fabric_nccl_sequence_boundary_entry_timestamp_seconds", "When the "
+                                           "rank entered its op at fabric_nccl_sequence_boundary (UNIX seconds; "
+                                           "joins ranks of several nodes).", labels=["comm", "rank"])
+        for seq in snap.sequences:
+            labels = [seq.comm, str(seq.rank)]
+            sequence.add_metric(labels, seq.sequence)
+            if seq.lag_count:
+                lag.add_metric(labels, seq.lag, seq.lag_sum)
+            if seq.boundary_start is not None:
+                boundary.add_metric(labels, seq.boundary)
+                boundary_start.add_metric(labels, seq.boundary_start)
+        culprit = GaugeMetricFamily("fabric_nccl_hang_culprit", "1 while a hang on the comm names this rank: "
+                                    "not_entered (its sequence is behind its peers') or stuck_in_call (its "
+                                    "call has not returned while a peer's has).", labels=["comm", "rank", "reason"])
+        for c in snap.culprits:
+            culprit.add_metric([c.comm, str(c.rank), c.reason], 1.0)
+        yield from (lag, sequence, boundary, boundary_start, culprit)
 
     def _housekeeping(self, snap) -> Iterable[Metric]:
         evicted = CounterMetricFamily("fabric_nccl_comms_evicted", "Communicators dropped from memory: idle "

@@ -129,8 +129,9 @@ class IngestRoutes:
         return _json(202, {"accepted": len(calls)})
 
     def get_active(self, body: bytes, query: dict) -> tuple[int, str, bytes]:
-        active = self.tracker.active_operations()
+        active, culprits = self.tracker.hang_culprits()
         return _json(200, {"operations": [operation.as_json() for operation in active],
+                           "culprits": [culprit.as_json() for culprit in culprits],
                            "hang_multiplier": self.tracker.hang_multiplier,
                            "min_completed": self.tracker.min_completed,
                            "window": self.tracker.window})

@@ -16,6 +16,20 @@ at its return), POST /nccl/operations and the demo (record / record_batch).
 
 Hanging = in-flight elapsed > multiplier x rolling average of the last `window` completed
 operations of that (comm, rank, op), judged only once `min_completed` operations exist.
+
+Arrival lag and sequence numbers (docs/nccl.md, "Arrival lag"):
+- Every rank of a communicator calls its collectives in the same order, so the k-th
+  collective a rank enters on a comm is the same operation on every rank. Its sequence
+  number k (Send/Recv excluded: they involve two ranks, not the comm) joins the ranks.
+- In a synchronous job every rank has the same call-to-call period; a late rank differs
+  only in *when* it enters. Arrival lag of rank r at op k = entry(r, k) - min over the
+  comm's local ranks of entry(., k), observed once every local rank has entered op k.
+- For a comm spanning nodes, each rank exports its sequence number and the entry time of
+  its latest op at a sequence boundary (k a multiple of `boundary_ops`), so a PromQL rule
+  can join ranks of several nodes on the same op k.
+- The hang's culprit: while a comm hangs, a local rank whose sequence number is behind its
+  local peers never entered the op they wait in (`not_entered`); a rank whose API call has
+  not returned while a peer's has is `stuck_in_call`.
 """
 from __future__ import annotations
 
@@ -33,8 +47,16 @@ ENQUEUE_BUCKETS = (1e-6, 4e-6, 16e-6, 64e-6, 256e-6, 1e-3, 4e-3, 16e-3, 64e-3, 0
 # Operation duration (call-to-call or start->end): sub-millisecond to a minute.
 DURATION_BUCKETS = (1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
+# Arrival lag: the earliest local rank is 0; a late rank microseconds to seconds.
+LAG_BUCKETS = (1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
 # Two starts closer than this are the same operation (ingest: a start record, then its end).
 _SAME_START = 1e-6
+# Point-to-point calls involve two ranks, not the communicator: no sequence number.
+_P2P = frozenset({"Send", "Recv"})
+# Ops waiting for a local rank that never enters them (it stopped, or its entry was lost):
+# beyond this many the oldest are forgotten.
+_MAX_PENDING_ARRIVALS = 256
 
 
 class RecordError(ValueError):
@@ -91,11 +113,22 @@ class _InFlight:
 
 
 @dataclass
+class _RankSequence:
+    sequence: int = 0                  # collectives entered (Send/Recv excluded)
+    last_op: str = ""
+    boundary: int = 0                  # the latest sequence number that is a multiple of boundary_ops
+    boundary_start: float | None = None
+    lag: Histogram = field(default_factory=lambda: Histogram(LAG_BUCKETS))
+
+
+@dataclass
 class _Comm:
     nranks: dict[int, int] = field(default_factory=dict)           # rank -> nranks
     stats: dict[tuple[int, str], _OpStats] = field(default_factory=dict)
     inflight: dict[int, _InFlight] = field(default_factory=dict)    # rank -> its open operation
     last_activity: float = 0.0
+    ranks: dict[int, _RankSequence] = field(default_factory=dict)   # the local ranks that take part
+    arrivals: dict[int, dict[int, float]] = field(default_factory=dict)   # sequence -> rank -> entry
 
 
 @dataclass(frozen=True)
@@ -114,6 +147,48 @@ class OpSnapshot:
 
 
 @dataclass(frozen=True)
+class RankSequence:
+    comm: str
+    rank: int
+    sequence: int
+    boundary: int
+    boundary_start: float | None
+    lag: list[tuple[str, float]]
+    lag_sum: float
+    lag_count: int
+
+
+@dataclass(frozen=True)
+class Culprit:
+    comm: str
+    rank: int
+    reason: str                # not_entered | stuck_in_call
+    sequence: int              # the op the waiting ranks are in
+    op: str
+    waiting: tuple[int, ...]   # local ranks waiting for it
+
+    def message(self) -> str:
+        waiting = _join_ranks(self.waiting)
+        verb = "is" if len(self.waiting) == 1 else "are"
+        if self.reason == "not_entered":
+            return (f"rank {self.rank} never entered {self.op} #{self.sequence}, "
+                    f"which {waiting} {verb} waiting in")
+        return (f"rank {self.rank} is stuck inside {self.op} #{self.sequence} (the call has not returned) "
+                f"while {waiting} {verb} waiting")
+
+    def as_json(self) -> dict[str, Any]:
+        return {"comm": self.comm, "rank": self.rank, "reason": self.reason, "sequence": self.sequence,
+                "op": self.op, "waiting_ranks": list(self.waiting), "message": self.message()}
+
+
+def _join_ranks(ranks: tuple[int, ...]) -> str:
+    names = [str(r) for r in ranks]
+    if len(names) == 1:
+        return f"rank {names[0]}"
+    return "ranks " + ", ".join(names[:-1]) + " and " + names[-1]
+
+
+@dataclass(frozen=True)
 class ActiveOperation:
     comm: str
     rank: int
@@ -126,9 +201,11 @@ class ActiveOperation:
     completed: int             # how many completed ops the average is over
     api_returned: bool
     hanging: bool
+    sequence: int = 0          # the rank's collective sequence number on the comm
 
     def as_json(self) -> dict[str, Any]:
         return {"comm": self.comm, "rank": self.rank, "nranks": self.nranks, "op": self.op,
+                "sequence": self.sequence,
                 "start": self.start, "bytes": self.nbytes, "elapsed_seconds": round(self.elapsed, 6),
                 "average_seconds": None if self.average is None else round(self.average, 6),
                 "completed_count": self.completed, "api_returned": self.api_returned,
@@ -142,20 +219,25 @@ class TrackerSnapshot:
     active: list[ActiveOperation]
     evicted: dict[str, int]                    # reason -> comms evicted
     dropped_calls: int                         # calls refused by the series limit
+    sequences: list[RankSequence] = field(default_factory=list)
+    culprits: list[Culprit] = field(default_factory=list)
 
 
 class NcclTracker:
     # The `nccl` config keys that are tracker settings (from_config).
     CONFIG_KEYS = frozenset({"hang_multiplier", "min_completed", "window", "max_comms", "max_series",
-                             "idle_evict_seconds"})
+                             "idle_evict_seconds", "boundary_ops"})
 
     def __init__(self, *, hang_multiplier: float = 3.0, min_completed: int = 5, window: int = 20,
                  max_comms: int = 128, max_series: int = 4096, idle_evict_seconds: float = 3600.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 boundary_ops: int = 64, clock: Callable[[], float] = time.time) -> None:
         if hang_multiplier <= 1.0:
             raise ValueError(f"hang_multiplier must be > 1, got {hang_multiplier}")
         if window < 1 or min_completed < 1 or min_completed > window:
             raise ValueError(f"need 1 <= min_completed ({min_completed}) <= window ({window})")
+        if boundary_ops < 1:
+            raise ValueError(f"boundary_ops must be >= 1, got {boundary_ops}")
+        self.boundary_ops = int(boundary_ops)
         self.hang_multiplier = float(hang_multiplier)
         self.min_completed = int(min_completed)
         self.window = int(window)
@@ -182,6 +264,8 @@ class NcclTracker:
         with self._lock:
             state = self._comm(comm)
             state.nranks[rank] = nranks
+            if rank >= 0:
+                state.ranks.setdefault(rank, _RankSequence())
             state.last_activity = max(state.last_activity, self.clock())
 
     def call_entered(self, call: NcclCall, token: Hashable | None = None) -> None:
@@ -242,6 +326,9 @@ class NcclTracker:
             state = self._comms.get(comm)
             if state is not None:
                 state.inflight.pop(rank, None)
+                # It no longer takes part: its peers' later ops must not wait for it.
+                if state.ranks.pop(rank, None) is not None:
+                    self._settle_arrivals(state)
 
     # ---- reading -----------------------------------------------------------------------
 
@@ -260,12 +347,23 @@ class NcclTracker:
                         enqueue_sum=stats.enqueue.total, duration=stats.duration.cumulative(),
                         duration_sum=stats.duration.total,
                         completed_average=(sum(stats.recent) / len(stats.recent)) if stats.recent else None))
-            return TrackerSnapshot(comms=comms, ops=ops, active=self._active(now),
-                                   evicted=dict(self._evicted), dropped_calls=self._dropped_calls)
+            active = self._active(now)
+            sequences = [RankSequence(comm=comm, rank=rank, sequence=seq.sequence, boundary=seq.boundary,
+                                      boundary_start=seq.boundary_start, lag=seq.lag.cumulative(),
+                                      lag_sum=seq.lag.total, lag_count=sum(seq.lag.counts))
+                         for comm, state in self._comms.items() for rank, seq in sorted(state.ranks.items())]
+            return TrackerSnapshot(comms=comms, ops=ops, active=active, evicted=dict(self._evicted),
+                                   dropped_calls=self._dropped_calls, sequences=sequences,
+                                   culprits=self._culprits(active))
 
     def active_operations(self) -> list[ActiveOperation]:
         with self._lock:
             return self._active(self.clock())
+
+    def hang_culprits(self) -> tuple[list[ActiveOperation], list[Culprit]]:
+        with self._lock:
+            active = self._active(self.clock())
+            return active, self._culprits(active)
 
     # ---- internals (lock held) -------------------------------------------------------------
 
@@ -279,10 +377,35 @@ class NcclTracker:
                 elapsed = max(0.0, now - inflight.start)
                 hanging = (len(recent) >= self.min_completed and average is not None
                            and elapsed > self.hang_multiplier * average)
+                seq = state.ranks.get(rank)
                 out.append(ActiveOperation(comm=comm, rank=rank, nranks=state.nranks.get(rank, 0),
                                            op=inflight.op, start=inflight.start, nbytes=inflight.nbytes,
                                            elapsed=elapsed, average=average, completed=len(recent),
-                                           api_returned=inflight.api_returned, hanging=hanging))
+                                           api_returned=inflight.api_returned, hanging=hanging,
+                                           sequence=seq.sequence if seq else 0))
+        return out
+
+    def _culprits(self, active: list[ActiveOperation]) -> list[Culprit]:
+        """While a comm hangs, the local ranks holding it up (see the module docstring)."""
+        hanging = {a.comm for a in active if a.hanging}
+        by_rank = {(a.comm, a.rank): a for a in active}
+        out = []
+        for comm in sorted(hanging):
+            ranks = self._comms[comm].ranks
+            if len(ranks) < 2:
+                continue                     # nobody local to compare with
+            front = max(seq.sequence for seq in ranks.values())
+            ahead = sorted(r for r, seq in ranks.items() if seq.sequence == front)
+            op = ranks[ahead[0]].last_op
+            behind = sorted(r for r, seq in ranks.items() if seq.sequence < front)
+            out += [Culprit(comm, rank, "not_entered", front, op, tuple(ahead)) for rank in behind]
+            if behind:
+                continue
+            # Everyone entered the op: a rank still inside the call while a peer's returned.
+            inside = [r for r in ahead if (comm, r) in by_rank and not by_rank[(comm, r)].api_returned]
+            returned = tuple(r for r in ahead if r not in inside)
+            if inside and returned:
+                out += [Culprit(comm, rank, "stuck_in_call", front, op, returned) for rank in inside]
         return out
 
     def _comm(self, comm: str) -> _Comm:
@@ -315,11 +438,43 @@ class NcclTracker:
         previous = state.inflight.get(call.rank)
         if previous is not None and previous.start > call.start:
             return True                      # an older record arriving late: counted, not opened
+        if call.op not in _P2P and call.rank >= 0:
+            self._arrive(state, call)
         if previous is not None:
             # The next call is the earliest evidence the rank moved past the previous one.
             self._complete(state, call.rank, previous, call.start - previous.start)
         state.inflight[call.rank] = _InFlight(call.op, call.start, call.nbytes, api_returned)
         return True
+
+    def _arrive(self, state: _Comm, call: NcclCall) -> None:
+        """Number the rank's collective and judge arrival lag once every local rank entered it."""
+        seq = state.ranks.setdefault(call.rank, _RankSequence())
+        seq.sequence += 1
+        seq.last_op = call.op
+        if seq.sequence % self.boundary_ops == 0:
+            seq.boundary, seq.boundary_start = seq.sequence, call.start
+        state.arrivals.setdefault(seq.sequence, {})[call.rank] = call.start
+        while len(state.arrivals) > _MAX_PENDING_ARRIVALS:
+            del state.arrivals[min(state.arrivals)]
+        self._settle_arrivals(state, [seq.sequence])
+
+    def _settle_arrivals(self, state: _Comm, sequences=None) -> None:
+        """Observe the lag of every op in `sequences` (default: all pending) that all local
+        ranks have entered."""
+        if len(state.ranks) < 2:
+            # One local rank has no local peer to be late against; the cross-node join
+            # (sequence boundaries) covers it.
+            state.arrivals.clear()
+            return
+        members = state.ranks.keys()
+        for sequence in sorted(state.arrivals) if sequences is None else sequences:
+            entries = state.arrivals.get(sequence)
+            if entries is None or not members <= entries.keys():
+                continue
+            earliest = min(entries[r] for r in members)
+            for rank in members:
+                state.ranks[rank].lag.observe(entries[rank] - earliest)
+            del state.arrivals[sequence]
 
     def _completes_open(self, call: NcclCall) -> bool:
         """A record with `end` for the rank's open operation: complete it precisely."""

@@ -1,6 +1,7 @@
 """Child server processes (Prometheus, Alertmanager): started, awaited until ready, always reaped."""
 from __future__ import annotations
 
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -23,6 +24,9 @@ class ManagedProcess:
     argv: list[str]
     ready_url: str
     log_path: Path
+    # For an https ready_url served with a certificate of a private CA (the demo's).
+    ssl_context: ssl.SSLContext | None = None
+    env: dict[str, str] | None = None      # the child's environment (default: ours)
     process: subprocess.Popen | None = None
     _log_file: Any = field(default=None, repr=False)
 
@@ -32,7 +36,7 @@ class ManagedProcess:
         # A new session so Ctrl-C in the terminal reaches only us; we stop the child
         # ourselves, in order, after the things that depend on it.
         self.process = subprocess.Popen(self.argv, stdout=self._log_file, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+                                        stdin=subprocess.DEVNULL, start_new_session=True, env=self.env)
         try:
             self.wait_ready(timeout)
         except BaseException:
@@ -48,7 +52,7 @@ class ManagedProcess:
                 raise StackError(f"{self.name} exited with status {code} before it was ready; "
                                  f"last output:\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(self.ready_url, timeout=2) as response:
+                with urllib.request.urlopen(self.ready_url, timeout=2, context=self.ssl_context) as response:
                     if response.status == 200:
                         return
             except (urllib.error.URLError, OSError):

@@ -59,8 +59,12 @@
       // Seed §14.2 EBPF_MICROBURST_MULTIPLIER: p99 > 3.0 × rolling 5-minute average.
       microburstMultiplier: 3.0,
       microburstCriticalMultiplier: 6.0,
-      // Below this p99 (seconds) a multiple of a tiny baseline is noise, not a burst.
-      microburstMinP99Seconds: 0.001,
+      // Below this p99 (seconds) a multiple of a tiny baseline is jitter, not a burst: a
+      // 40 us loopback-class RTT tripling to 120 us costs a collective nothing. 0.5 ms is
+      // where a p99 starts to cost a small-message collective (a few tens of us when
+      // healthy) an order of magnitude; it lets a 150 us -> 960 us data-centre burst
+      // alert, which a 1 ms floor would mute (docs/rules.md).
+      microburstMinP99Seconds: 0.0005,
       // Seed §14.3: hanging when elapsed > 3 × rolling average of the last 20 completed ops.
       ncclHangMultiplier: 3.0,
       // An op in flight for less than this is never called a hang, however small the

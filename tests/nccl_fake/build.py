@@ -14,7 +14,16 @@ def build_fake_nccl(out: Path) -> tuple[Path, Path]:
     """(library, driver) built into `out`; the driver finds the library through its rpath."""
     library = out / "libnccl.so.2"
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", library, FAKE_DIR / "fake_nccl.c"], check=True)
-    driver = out / "driver"
-    subprocess.run(["gcc", "-O2", "-o", driver, FAKE_DIR / "driver.c", f"-I{FAKE_DIR}", f"-L{out}",
+    return library, _program(out, "driver")
+
+
+def build_step_driver(out: Path) -> Path:
+    """The training-loop rank (steps.c) linked against the fake library already in `out`."""
+    return _program(out, "steps")
+
+
+def _program(out: Path, name: str) -> Path:
+    program = out / name
+    subprocess.run(["gcc", "-O2", "-o", program, FAKE_DIR / f"{name}.c", f"-I{FAKE_DIR}", f"-L{out}",
                     "-l:libnccl.so.2", f"-Wl,-rpath,{out}"], check=True)
-    return library, driver
+    return program
