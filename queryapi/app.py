@@ -32,6 +32,7 @@ from .storage import StorageError, open_storage
 BLUEPRINTS = [
     "fabricscope.queryapi.probes:bp",
     "fabricscope.queryapi.housekeeping:bp",
+    "fabricscope.queryapi.query.api:bp",
 ]
 
 OPENAPI_PATH = "/api/v1/openapi.json"
