@@ -17,7 +17,7 @@ bpf: system-deps
 
 # Render the mixin (jsonnet) to rules/*.yaml and check rules and Alertmanager config.
 rules: $(STAMP)
-	@if [ -f rules/Makefile ]; then $(MAKE) -s -C rules; fi
+	@if [ -f rules/Makefile ]; then $(MAKE) -s -C rules PYTHON=$(abspath $(PY)); fi
 
 # Regenerate the committed Grafana JSON (dashboards/json/) from the grafanalib source.
 dashboards: $(STAMP)
