@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "sidecar": ("fabricscope.queryapi.server", "run the query sidecar (tracing, SLO correlation, cluster questions)"),
     "query": ("fabricscope.queryapi.query.cli", "ask the sidecar (or Prometheus) a question or a MeshQL statement"),
     "chaos": ("fabricscope.chaos.cli", "blast-radius simulation on the cluster topology"),
+    "report": ("fabricscope.dashboards.report", "render the dashboards to PNG images and one HTML page from Prometheus"),
 }
 
 
