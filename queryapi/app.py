@@ -37,6 +37,7 @@ BLUEPRINTS = [
     "fabricscope.queryapi.cluster.api:bp",
     "fabricscope.queryapi.seedviews:bp",
     "fabricscope.queryapi.query.api:bp",
+    "fabricscope.queryapi.chaos_api:bp",
 ]
 
 OPENAPI_PATH = "/api/v1/openapi.json"
