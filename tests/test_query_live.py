@@ -36,7 +36,9 @@ SCENARIO = {"seed": 5, "cluster": {"name": CLUSTER, "nodes": 2, "gpus_per_node":
             "tick_seconds": 0.5,
             "faults": [{"kind": "link_down", "node": 1, "at": 0, "target": {"device": "mlx5_1", "port": 1}},
                        {"kind": "nvlink_down", "node": 0, "at": 0, "target": {"gpu": 1, "link": 0},
-                        "params": {"precursor_seconds": 0}}]}
+                        "params": {"precursor_seconds": 0}},
+                       # rank 1 (gpu-node-0) stops entering the job's collectives
+                       {"kind": "nccl_hang", "at": 8, "target": {"rank": 1}}]}
 
 
 class Live:
@@ -115,6 +117,18 @@ def test_live_answers_name_the_faults(live):
     assert summary["nodes_up"] == 2 and summary["gpus"] == 4 and summary["ib_ports_not_active"] >= 1
     nvlinks = live.call("POST", "/api/v1/tools/nvlink_links_down", json={}).json()["results"]
     assert [(r["labels"]["node"], r["labels"]["gpu"], r["labels"]["link"]) for r in nvlinks] == [("gpu-node-0", "1", "0")]
+
+
+def test_hang_questions_find_the_hang(live):
+    def culprits():
+        body = live.call("POST", "/ai/query/conversation", json={"message": "which rank is causing the nccl hang?"})
+        return body.json()["results"] if body.status_code == 200 else None
+    found = procs.wait_for(lambda: [r for r in culprits() or [] if r["labels"]["rank"] == "1"], 90,
+                           "rank 1 named as the hang's culprit")
+    assert found[0]["labels"]["comm"] == live.comm and found[0]["labels"]["node"] == "gpu-node-0"
+    hangs = procs.wait_for(lambda: live.call("POST", "/queries/meshql", json={"query": "SHOW HANGS LAST 10m"})
+                           .json()["results"], 60, "SHOW HANGS")
+    assert {r["labels"]["node"] for r in hangs} <= {"gpu-node-0", "gpu-node-1"} and hangs[0]["value"] >= 1
 
 
 def test_meshql_errors_are_422_with_position(live):
