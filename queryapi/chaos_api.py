@@ -6,6 +6,9 @@
     GET  /graph/chaos-devices         device names (optionally of one kind) to simulate
     GET  /graph/chaos-alerts          recent critical alerts with the blast radius of their device
 
+The query layer's `blast_radius` and `neighbors` tools (queryapi/query/sidecar_tools.py)
+use the same service from app.extensions[EXTENSION], with the same per-key budget.
+
 Simulations run on a small thread pool, never on the request thread; every state is in
 the sidecar store (simulation_results), so a result outlives the process that computed it.
 Each API key may start `chaos_simulations_per_minute` (default 5) simulations a minute;
@@ -299,3 +302,4 @@ def alerts(query_data: AlertsQuery):
         if len(out) >= query_data.limit:
             break
     return {"alerts": out}
+

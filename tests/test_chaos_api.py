@@ -183,3 +183,4 @@ def test_critical_alerts_get_the_blast_radius_of_their_device(env):
     assert host["device"] == "gpu-node-6" and host["affected_jobs"] == ["job-1"]
     assert by_name["FabricNcclHang"]["blast_radius"] is None
     assert by_name["FabricNcclHang"]["blast_radius_state"] == "no_device"
+
