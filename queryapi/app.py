@@ -3,12 +3,13 @@
 Every request passes, in this order: authentication (auth.py: 401/403) → audit (one
 structured line per request, whatever its outcome, written as the response leaves) →
 rate limit per key (429) → the handler. Errors anywhere are JSON with a stable code
-(errors.py). The body size limit (413) applies to chunked bodies too: werkzeug counts the
-bytes read against MAX_CONTENT_LENGTH when no Content-Length is given.
+(errors.py). The body size limit (413) applies to chunked bodies too
+(_enforce_body_limit).
 """
 from __future__ import annotations
 
 import importlib
+import io
 import time
 from typing import Any, Mapping
 
@@ -32,6 +33,11 @@ from .storage import StorageError, open_storage
 BLUEPRINTS = [
     "fabricscope.queryapi.probes:bp",
     "fabricscope.queryapi.housekeeping:bp",
+    "fabricscope.queryapi.tracing.api:bp",
+    "fabricscope.queryapi.cluster.api:bp",
+    "fabricscope.queryapi.seedviews:bp",
+    "fabricscope.queryapi.query.api:bp",
+    "fabricscope.queryapi.chaos_api:bp",
 ]
 
 OPENAPI_PATH = "/api/v1/openapi.json"
@@ -100,12 +106,7 @@ def _install_pipeline(app: APIFlask, state: Sidecar) -> None:
                 raise ApiError(429, f"rate limit of {limit.per_second:g}/s (burst {limit.burst}) exceeded "
                                     f"for key {key.id!r}", code="rate_limited",
                                headers={"Retry-After": str(max(1, round(retry_after)))})
-        limit = state.config.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            # Refused before any byte is read; chunked bodies are cut off as they are
-            # read (werkzeug's limited stream raises the same 413).
-            raise ApiError(413, f"request body of {request.content_length} bytes exceeds the "
-                                f"{limit}-byte limit", code="payload_too_large")
+        _enforce_body_limit(state.config.max_body_bytes)
         _check_media_type()
 
     @app.after_request
@@ -124,6 +125,32 @@ def _install_pipeline(app: APIFlask, state: Sidecar) -> None:
         state.metrics.requests.labels(endpoint, request.method, str(response.status_code)).inc()
         state.metrics.request_seconds.labels(endpoint).observe(time.perf_counter() - started)
         return response
+
+
+def _enforce_body_limit(limit: int) -> None:
+    """413 for a body over `limit`. A declared Content-Length is refused before any byte
+    is read. A chunked body (no Content-Length) is read here, up to one byte past the
+    limit, and handed on as a complete body: werkzeug's own limit stops reading at the
+    limit and passes the truncated body on, which a JSON parser would report as a 400."""
+    if request.content_length is not None:
+        if request.content_length > limit:
+            raise ApiError(413, f"request body of {request.content_length} bytes exceeds the {limit}-byte limit",
+                           code="payload_too_large")
+        return
+    if request.environ.get("HTTP_TRANSFER_ENCODING", "").lower() != "chunked":
+        return
+    raw = request.environ["wsgi.input"]
+    buffer = bytearray()
+    while len(buffer) <= limit:
+        chunk = raw.read(min(65536, limit + 1 - len(buffer)))
+        if not chunk:
+            break
+        buffer += chunk
+    if len(buffer) > limit:
+        raise ApiError(413, f"chunked request body exceeds the {limit}-byte limit", code="payload_too_large")
+    request.environ["wsgi.input"] = io.BytesIO(bytes(buffer))
+    request.environ["CONTENT_LENGTH"] = str(len(buffer))
+    request.environ.pop("HTTP_TRANSFER_ENCODING", None)
 
 
 def _check_media_type() -> None:

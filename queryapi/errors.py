@@ -43,9 +43,6 @@ class ApiError(HTTPError):
 def error_body(error: HTTPError) -> dict[str, Any]:
     code = (error.extra_data or {}).get("code") or DEFAULT_CODES.get(error.status_code, "error")
     detail = error.detail
-    if error.status_code == 422 and isinstance(detail, dict) and "json" in detail:
-        # apiflask nests validation errors under the input location; one level is enough.
-        detail = detail["json"]
     return {"error": {"code": code, "message": error.message, "detail": detail or {}}}
 
 

@@ -26,6 +26,10 @@ class SidecarMetrics:
         self.spans_rejected = Counter("fabric_sidecar_spans_rejected_total",
                                       "Spans refused by per-span validation, by ingest format.", ["format"],
                                       registry=r)
+        self.spans_evaluated = Counter("fabric_sidecar_spans_evaluated_total",
+                                       "Accepted spans checked against their (service, operation) SLO; "
+                                       "with fabric_sidecar_slo_violations_total gives the burn rate.",
+                                       ["service", "operation"], registry=r)
         self.slo_violations = Counter("fabric_sidecar_slo_violations_total",
                                       "Spans whose duration exceeded their (service, operation) SLO.",
                                       ["service", "operation"], registry=r)

@@ -71,10 +71,15 @@ class PrometheusClient:
             raise self._fail("query_error", f"Prometheus refused the query: {error or response.status_code}")
         return body.get("data")
 
-    def query(self, promql: str, at: float | None = None) -> list[Sample]:
+    def query(self, promql: str, at: float | None = None, timeout: float | None = None) -> list[Sample]:
+        """`timeout` also bounds Prometheus' own evaluation (its `timeout` parameter), so a
+        heavy query stops there instead of running on after the client gave up."""
         params = {"query": promql}
         if at is not None:
             params["time"] = f"{at:.3f}"
+        if timeout is not None:
+            # Prometheus durations take whole units: milliseconds.
+            params["timeout"] = f"{max(1, int(min(timeout, self.timeout) * 1000))}ms"
         data = self._call("/api/v1/query", params)
         return _vector(data)
 

@@ -3,6 +3,7 @@ real sockets. Security defaults (TLS, keys and scopes, rate limit, body limit, a
 probes, the OpenAPI document and key rotation."""
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import subprocess
@@ -16,7 +17,7 @@ from fabricscope.sidecar_process import sidecar_argv, start_sidecar
 from fabricscope.stack import free_port
 from fabricscope.queryapi.keys import add_key
 from tests.procs import wait_for
-from tests.sidecar_helpers import bearer, make_keys
+from tests.sidecar_helpers import bearer, make_keys, seed_span
 
 MAX_BODY = 4096
 
@@ -157,3 +158,95 @@ def test_second_sidecar_on_the_same_database_is_refused(server):
                                          "--port", str(free_port())),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "locked by another sidecar process" in result.stderr
+
+
+def test_span_ingest_needs_the_write_scope(server):
+    batch = {"spans": [seed_span("scope-trace", "s1", 10, ["a"])]}
+    assert server.request("POST", "/tracing/spans", json=batch).status_code == 401
+    response = server.request("POST", "/tracing/spans", "reader", json=batch)
+    assert response.status_code == 403 and response.json()["error"]["detail"]["needs"] == "write"
+    assert server.request("POST", "/tracing/spans", "writer", json=batch).status_code == 200
+
+
+def test_a_chunked_body_over_the_limit_is_413(server):
+    def chunks():
+        for _ in range(MAX_BODY // 512 + 4):
+            yield b" " * 512       # JSON whitespace: valid until it exceeds the limit
+
+    response = server.request("POST", "/tracing/spans", "writer", data=chunks(),
+                              headers={"Content-Type": "application/json"})
+    assert response.request.headers.get("Transfer-Encoding") == "chunked"
+    assert response.status_code == 413 and response.json()["error"]["code"] == "payload_too_large"
+    # A chunked body within the limit is read normally.
+    small = json.dumps({"spans": [seed_span("chunked-ok", "s1", 10, ["a"])]}).encode()
+    response = server.request("POST", "/tracing/spans", "writer", data=iter([small[:20], small[20:]]),
+                              headers={"Content-Type": "application/json"})
+    assert response.status_code == 200 and response.json()["accepted"] == 1
+
+
+def test_a_gzip_bomb_is_413_not_a_memory_spike(server):
+    bomb = gzip.compress(b"{" + b" " * (50 * MAX_BODY) + b"}")
+    assert len(bomb) < MAX_BODY
+    response = server.request("POST", "/tracing/spans", "writer", data=bomb,
+                              headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    assert response.status_code == 413
+
+
+def test_wrong_media_type_is_415_and_broken_json_is_400(server):
+    response = server.request("POST", "/tracing/spans", "writer", data="spans",
+                              headers={"Content-Type": "text/plain"})
+    assert response.status_code == 415 and response.json()["error"]["code"] == "unsupported_media_type"
+    response = server.request("POST", "/tracing/spans", "writer", data="{\"spans\": [",
+                              headers={"Content-Type": "application/json"})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "bad_json"
+
+
+def test_bad_spans_are_rejected_by_index_and_the_good_ones_kept(server):
+    good = seed_span("mixed-trace", "good", 2500, ["gpu-node-0"])
+    backwards = {**seed_span("mixed-trace", "backwards", 10, ["a"]), "end_time_ms": 5, "start_time_ms": 10}
+    batch = [{"trace_id": "x"}, good, backwards, {**good, "span_id": "typo", "duraton_ms": 3}, "not a span"]
+    response = server.request("POST", "/tracing/spans", "writer", json={"spans": batch})
+    assert response.status_code == 200
+    answer = response.json()
+    assert answer["accepted"] == 1 and answer["violations"] == 1
+    rejected = {r["index"]: r["errors"] for r in answer["rejected"]}
+    assert sorted(rejected) == [0, 2, 3, 4]
+    assert {e["field"] for e in rejected[0]} >= {"span_id", "service"}
+    assert "end_time_ms is before start_time_ms" in rejected[2][0]["message"]
+    assert rejected[3][0]["field"] == "duraton_ms"
+    stored = server.request("GET", "/tracing/slo-violations", "reader").json()["violations"]
+    assert [(v["trace_id"], v["span_id"]) for v in stored if v["trace_id"] == "mixed-trace"] == [("mixed-trace", "good")]
+    # A batch of nothing but bad spans is a 422 listing each.
+    response = server.request("POST", "/tracing/spans", "writer", json={"spans": [{"trace_id": 1}]})
+    assert response.status_code == 422 and response.json()["error"]["code"] == "all_spans_rejected"
+    assert response.json()["error"]["detail"]["rejected"][0]["index"] == 0
+
+
+def test_otlp_protobuf_is_decoded_and_garbage_is_400(server):
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest, ExportTraceServiceResponse)
+
+    request = ExportTraceServiceRequest()
+    resource_spans = request.resource_spans.add()
+    attribute = resource_spans.resource.attributes.add()
+    attribute.key, attribute.value.string_value = "service.name", "svc-proto"
+    spans = resource_spans.scope_spans.add().spans
+    now = time.time_ns()
+    for index, trace_id in enumerate((b"\x01" * 16, b"")):     # the second has no trace id
+        span = spans.add()
+        span.trace_id, span.span_id, span.name = trace_id, bytes([index + 1]) * 8, "op"
+        span.start_time_unix_nano, span.end_time_unix_nano = now - 3_000_000_000, now
+        path = span.attributes.add()
+        path.key = "network_path"
+        path.value.array_value.values.add().string_value = "gpu-node-0"
+    response = server.request("POST", "/v1/traces", "writer", data=request.SerializeToString(),
+                              headers={"Content-Type": "application/x-protobuf"})
+    assert response.status_code == 200
+    answer = ExportTraceServiceResponse.FromString(response.content)
+    assert answer.partial_success.rejected_spans == 1
+    assert "span 1: trace_id" in answer.partial_success.error_message
+    stored = server.request("GET", "/tracing/slo-violations", "reader", params={"service": "svc-proto"}).json()
+    assert [v["trace_id"] for v in stored["violations"]] == ["01" * 16]
+    response = server.request("POST", "/v1/traces", "writer", data=b"\xff\xfe garbage",
+                              headers={"Content-Type": "application/x-protobuf"})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "bad_otlp"

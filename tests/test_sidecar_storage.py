@@ -3,19 +3,37 @@ older schemas are migrated, newer ones refused, and a second SQLite writer is re
 from __future__ import annotations
 
 import sqlite3
+import uuid
 
 import pytest
+
+from tests import procs
 
 from fabricscope.queryapi.storage import SCHEMA_VERSION, SpanRow, StorageError, open_storage
 from fabricscope.queryapi.storage.base import Correlation
 from fabricscope.queryapi.storage.sql import now_ms
 
-BACKENDS = ["sqlite"]
+BACKENDS = ["sqlite", "postgresql"]
+
+
+@pytest.fixture(scope="module")
+def postgres_server(tmp_path_factory):
+    with procs.postgres(tmp_path_factory.mktemp("pg")) as url:
+        yield url
 
 
 @pytest.fixture(params=BACKENDS)
 def database(request, tmp_path) -> str:
-    return str(tmp_path / "sidecar.db")
+    """A fresh, empty database on each backend."""
+    if request.param == "sqlite":
+        return str(tmp_path / "sidecar.db")
+    import psycopg
+
+    server = request.getfixturevalue("postgres_server")
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return server.rsplit("/", 1)[0] + f"/{name}"
 
 
 def span(span_id: str, duration: float, slo: float = 2000.0, trace: str = "t1") -> SpanRow:
@@ -47,6 +65,25 @@ def test_spans_violations_and_correlations_round_trip(database):
         assert store.correlations(trace_id="other") == []
     finally:
         store.close()
+
+
+def test_replicas_claim_disjoint_work(database):
+    first = open_storage(database)
+    # A second replica on the same database (SQLite allows only one process; a second
+    # handle in-process stands in for it there only through the same object).
+    second = open_storage(database) if not first.dialect == "sqlite" else first
+    try:
+        first.insert_spans([span(f"v{i}", 3000) for i in range(10)])
+        a = first.claim_pending_violations(4)
+        b = second.claim_pending_violations(100)
+        assert len(a) == 4 and len(b) == 6
+        assert not {r["pk"] for r in a} & {r["pk"] for r in b}
+        first.release_claims([r["pk"] for r in a])
+        assert len(second.claim_pending_violations(100)) == 4
+    finally:
+        first.close()
+        if second is not first:
+            second.close()
 
 
 def test_alerts_are_deduplicated_by_fingerprint_and_episode(database):

@@ -75,6 +75,7 @@ class Storage:
     def claim_pending_violations(self, limit: int, lease_ms: int = 60_000) -> list[dict]: raise NotImplementedError
     def save_correlations(self, done_span_pks: list[int], correlations: list[Correlation]) -> None:
         raise NotImplementedError
+    def release_claims(self, span_pks: list[int]) -> None: raise NotImplementedError
     def count_pending_violations(self) -> int: raise NotImplementedError
     def correlations(self, trace_id: str | None = None, since_ms: int | None = None,
                      limit: int = 500) -> list[dict]: raise NotImplementedError

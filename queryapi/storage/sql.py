@@ -154,6 +154,13 @@ class SqlStorage(Storage):
             cur.executemany(self._sql("UPDATE spans SET correlation_state = 'done', claim_until_ms = NULL "
                                       "WHERE pk = ?"), [(pk,) for pk in done_span_pks])
 
+    def release_claims(self, span_pks):
+        if not span_pks:
+            return
+        with self._transaction(write=True) as cur:
+            cur.executemany(self._sql("UPDATE spans SET claim_until_ms = NULL WHERE pk = ?"),
+                            [(pk,) for pk in span_pks])
+
     def count_pending_violations(self):
         with self._transaction(write=False) as cur:
             self._execute(cur, "SELECT COUNT(*) FROM spans WHERE correlation_state = 'pending'")
