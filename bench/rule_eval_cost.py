@@ -25,11 +25,9 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -37,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fabricscope import stack  # noqa: E402
+from fabricscope.httpserver import HttpServer, respond  # noqa: E402
 from fabricscope.exporter.ebpf.declarations import load_declarations  # noqa: E402
 from fabricscope.exporter.ebpf.histogram import bucket_bounds  # noqa: E402
 
@@ -198,27 +197,15 @@ class Cluster:
                 + "".join(f"{s.text}{s.base + s.rate * elapsed:.17g}\n" for s in self.moving[node])).encode()
 
 
-def serve(cluster: Cluster) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            node = parse_qs(urlparse(self.path).query).get("node", [""])[0]
-            body = cluster.exposition(node)
-            if body is None:
-                self.send_error(404, "unknown node")
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+def serve(cluster: Cluster) -> HttpServer:
+    def app(environ, start_response):
+        node = parse_qs(environ.get("QUERY_STRING", "")).get("node", [""])[0]
+        body = cluster.exposition(node)
+        if body is None:
+            return respond(start_response, 404, b"unknown node\n", "text/plain")
+        return respond(start_response, 200, body, "text/plain; version=0.0.4")
 
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    return HttpServer(app, "127.0.0.1", 0, name="bench-exposition").start()
 
 
 def prometheus_config(exporter_port: int, nodes: list[str]) -> dict:
@@ -304,7 +291,7 @@ def main() -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="fabric-rule-bench-"))
     config = stack.write_yaml(workdir / "prometheus.yml",
-                              prometheus_config(server.server_address[1], list(cluster.nodes)))
+                              prometheus_config(server.port, list(cluster.nodes)))
     port = stack.free_port()
     url = f"http://127.0.0.1:{port}"
     # stack's process handling (readiness wait, log tail on failure, reaping), with the
@@ -340,7 +327,7 @@ def main() -> int:
         return 1
     finally:
         process.stop(timeout=30)
-        server.shutdown()
+        server.stop()
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
 

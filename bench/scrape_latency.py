@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 from fabricscope.demo.plugin import ClusterSpec, NodeSpec  # noqa: E402
 from fabricscope.demo.sim_kmsg import KERN_INFO, KERN_WARNING  # noqa: E402
 from fabricscope.demo.sim_node import SimNode  # noqa: E402
-from fabricscope.stack import free_port  # noqa: E402
+from fabricscope.stack.binaries import free_port  # noqa: E402
 
 HOST_COLLECTORS = ["infiniband", "netdev", "tcp", "kmsg"]
 

@@ -13,21 +13,27 @@ What the metrics say wins over what the inventory says:
   and the demo). A job named like an inventory job replaces it.
 
 The Prometheus client is not imported here: callers pass `query`, any callable that runs
-an instant query and returns the API's `data.result` list ({"metric": {...}, "value": [t, v]}).
-The sidecar passes its own client; tests pass a real Prometheus through a small adapter.
+an instant query and returns the API's `data.result` list ({"metric": {...}, "value": [t, v]})
+or samples with `.labels` and `.value`. The sidecar passes its own client's `query`.
+
+LiveTopology keeps the current engine: each refresh rebuilds the inventory, merges the
+metrics, and swaps in a new compact form only when the version changed.
 """
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Sequence
 
+from .blast import BlastRadiusEngine
 from .model import Job, Rank, Topology
 
 log = logging.getLogger("fabricscope.chaos.live")
 
-InstantQuery = Callable[[str], Sequence[Mapping]]
+InstantQuery = Callable[[str], Sequence]
 ACTIVE_PORT_STATES = frozenset({"ACTIVE", "ACTIVE_DEFER"})
 NVLINK_PARTITION = "nvlink"
 QUERIES = {
@@ -62,14 +68,19 @@ class Observations:
     ranks: dict[str, list[tuple[int, str, int | None]]] = field(default_factory=dict)  # job -> (rank, node, gpu)
 
 
-def _labels(result: Sequence[Mapping]) -> Iterable[tuple[dict, float]]:
+def _labels(result: Sequence) -> Iterable[tuple[dict, float]]:
+    """(labels, value) of each series: API result items ({"metric", "value": [t, v]}) or
+    sample objects with `.labels` and `.value` (the sidecar client's)."""
     for series in result:
-        metric = series.get("metric") or {}
         try:
-            value = float(series["value"][1])
-        except (KeyError, IndexError, TypeError, ValueError):
+            if isinstance(series, Mapping):
+                metric, value = series.get("metric") or {}, float(series["value"][1])
+            else:
+                metric, value = series.labels, float(series.value)
+        except (AttributeError, KeyError, IndexError, TypeError, ValueError):
             continue
-        yield metric, value
+        if isinstance(metric, Mapping):
+            yield metric, value
 
 
 def _int(text) -> int | None:
@@ -194,3 +205,50 @@ def enrich(topology: Topology, query: InstantQuery) -> ApplyReport:
         log.info("live topology: %d observations matched no device (first: %s)", len(report.unmatched),
                  report.unmatched[0])
     return report
+
+
+class LiveTopology:
+    """The topology simulations run on: `base()` (the inventory) merged with the live
+    metrics on every refresh(). Readers get the current engine without locking; a refresh
+    builds the next one aside and swaps it in whole."""
+
+    def __init__(self, base: Callable[[], Topology], query: InstantQuery | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._base = base
+        self._query = query
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._engine: BlastRadiusEngine | None = None
+        self.refreshed_at: float | None = None
+        self.live_error: str | None = None
+        self.report: ApplyReport | None = None
+
+    def engine(self) -> BlastRadiusEngine:
+        engine = self._engine
+        return engine if engine is not None else self.refresh()
+
+    def refresh(self, merge_live: bool = True) -> BlastRadiusEngine:
+        """Rebuild from the inventory (and the metrics, unless merge_live is False)."""
+        with self._lock:
+            topology = self._base()
+            if self._query is not None and merge_live:
+                try:
+                    self.report = enrich(topology, self._query)
+                    self.live_error = None
+                except Exception as exc:  # Prometheus down: keep simulating on what we had
+                    self.live_error = f"{type(exc).__name__}: {exc}"
+                    log.warning("live topology refresh failed, keeping version %s: %s",
+                                self._engine.version if self._engine else "(inventory)", self.live_error)
+                    if self._engine is not None:
+                        return self._engine
+            if self._engine is None or self._engine.version != topology.version:
+                self._engine = BlastRadiusEngine(topology)
+            self.refreshed_at = self._clock()
+            return self._engine
+
+    def status(self) -> dict:
+        engine = self._engine
+        return {"version": engine.version if engine else None,
+                "summary": engine.topology.summary() if engine else None,
+                "refreshed_at": self.refreshed_at, "live": self._query is not None,
+                "live_error": self.live_error, "live_report": self.report.to_dict() if self.report else None}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Debian packages the tests and the demo stack need: real Prometheus, promtool,
 # Alertmanager, amtool, node_exporter (benchmark baseline), jsonnet, the eBPF
-# toolchain (clang, bpftool, libbpf), PostgreSQL and VictoriaMetrics (sidecar tests).
+# toolchain (clang, bpftool, libbpf), PostgreSQL and VictoriaMetrics (sidecar tests),
+# and headless Chromium (the rendered report's browser test).
 # Installs only what is missing; needs root for that.
 set -euo pipefail
 
@@ -22,6 +23,7 @@ compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
 have victoria-metrics || need+=(victoria-metrics)
 have nft || need+=(nftables)
 have ip || need+=(iproute2)
+have chromium || need+=(chromium)
 
 if [ ${#need[@]} -eq 0 ]; then
     exit 0

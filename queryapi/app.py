@@ -35,6 +35,7 @@ BLUEPRINTS = [
     "fabricscope.queryapi.housekeeping:bp",
     "fabricscope.queryapi.tracing.api:bp",
     "fabricscope.queryapi.query.api:bp",
+    "fabricscope.queryapi.chaos_api:bp",
 ]
 
 OPENAPI_PATH = "/api/v1/openapi.json"

@@ -51,6 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-hour-rates", default=None,
                         help="GPU-hour prices per rate class for get_cost, e.g. default=2.5,h100=4 "
                              f"{env('gpu_hour_rates')}")
+    parser.add_argument("--chaos-topology", type=Path, default=None,
+                        help=f"cluster inventory for chaos simulations (YAML/JSON, docs/chaos.md) {env('chaos_topology')}")
+    parser.add_argument("--chaos-refresh-seconds", type=float, default=None,
+                        help=f"merge live metrics over the inventory this often; 0: inventory only (default 60) "
+                             f"{env('chaos_refresh_seconds')}")
     parser.add_argument("--add-key", metavar="ID", default=None,
                         help="mint a new API key with --scopes into --keys-file, print it once, and exit")
     parser.add_argument("--scopes", default="read", help="scopes for --add-key: read, write, admin (comma-separated)")
@@ -62,7 +67,7 @@ def flags_from_args(args: argparse.Namespace) -> dict:
     flags = {name: getattr(args, name) for name in (
         "host", "port", "tls_cert", "tls_key", "insecure_no_tls", "keys_file", "prometheus_url",
         "prometheus_timeout_seconds", "database", "max_body_bytes", "retention_hours", "audit_log", "threads",
-        "gpu_hour_rates")}
+        "gpu_hour_rates", "chaos_topology", "chaos_refresh_seconds")}
     rate = {k: v for k, v in (("per_second", args.rate_limit), ("burst", args.rate_burst)) if v is not None}
     if rate:
         flags["rate_limit"] = rate

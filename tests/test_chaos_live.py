@@ -94,3 +94,35 @@ def test_malformed_series_are_skipped_not_fatal():
     }
     obs = observe(lambda promql: answers[promql])
     assert obs.port_up == {} and obs.nvlink == {} and obs.ranks == {}
+
+
+def test_the_sidecar_simulates_on_the_live_topology(live, tmp_path):
+    from fabricscope.demo.topology import write_demo_inventory
+    from fabricscope.queryapi.app import create_app
+    from tests.sidecar_helpers import bearer, make_keys
+
+    scenario, query = live
+    keys = make_keys(tmp_path / "keys.yaml")
+    app = create_app({"insecure_no_tls": True, "database": str(tmp_path / "db"), "keys_file": str(tmp_path / "keys.yaml"),
+                      "chaos_topology": str(write_demo_inventory(scenario, tmp_path / "demo.yaml")),
+                      "prometheus_url": query.url, "chaos_refresh_seconds": 30})
+    try:
+        client = app.test_client()
+        inventory_only = client.get("/graph/chaos-topology", headers=bearer(keys["reader"])).get_json()
+        assert inventory_only["live_report"] is None
+        # What the refresh worker does every chaos_refresh_seconds, run once here.
+        worker = next(w for w in app.extensions["fabricscope"].workers if w.name == "chaos-topology")
+        worker.run_once()
+        status = client.get("/graph/chaos-topology", headers=bearer(keys["reader"])).get_json()
+        assert status["live"] is True and status["live_error"] is None
+        assert status["live_report"]["ports"] == 6 and status["live_report"]["jobs"] == 1
+        assert status["version"] != inventory_only["version"]
+        sim = client.post("/graph/chaos-simulate", json={"device": "leaf-su0-r1", "failure_type": "switch_failure"},
+                          headers=bearer(keys["writer"])).get_json()["simulation_id"]
+        poll = lambda: client.get(f"/graph/chaos-results/{sim}", headers=bearer(keys["reader"]))  # noqa: E731
+        result = wait_for(lambda: poll().status_code == 200 and poll().get_json(), 30, "the simulation")
+        assert result["topology_version"] == status["version"]
+        assert result["disconnected_devices"] == {"gpu-node-0/mlx5_1": ["compute"], "gpu-node-0/gpu1": ["compute"]}
+        assert result["affected_jobs"] == [demo_job_name(scenario)]
+    finally:
+        app.extensions["fabricscope"].close()

@@ -242,3 +242,28 @@ def test_mcp_without_a_valid_key_is_refused(live):
     response = live.call("POST", "/mcp", key=None, headers={"Authorization": "Bearer nope"},
                          json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
     assert response.status_code == 401
+
+
+def _cli(*args: str, env: dict | None = None):
+    import os
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "fabricscope.cli", "query", *args], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **(env or {})})
+
+
+def test_cli_against_the_sidecar_and_directly_against_prometheus(live):
+    env = {"FABRICSCOPE_SIDECAR_URL": live.url, "FABRICSCOPE_API_KEY": live.keys["reader"],
+           "FABRICSCOPE_CACERT": live.ca}
+    via_sidecar = _cli("which links are down?", env=env)
+    assert via_sidecar.returncode == 0, via_sidecar.stderr
+    assert "query: links_by_state(state=DOWN)" in via_sidecar.stdout
+    assert "gpu-node-1" in via_sidecar.stdout and "mlx5_1" in via_sidecar.stdout and "DEVICE" in via_sidecar.stdout
+    direct = _cli('SHOW LINKS WHERE state = "down"', "--prometheus", live.prom.url)
+    assert direct.returncode == 0, direct.stderr
+    assert direct.stdout.splitlines()[0] == via_sidecar.stdout.splitlines()[0]
+    assert "mlx5_1" in direct.stdout
+    bad = _cli('SHOW LINKS WHERE colour = "x"', env=env)
+    assert bad.returncode == 2 and "at position 17" in bad.stderr and "STATE" in bad.stderr
+    no_key = _cli("which links are down?", env={**env, "FABRICSCOPE_API_KEY": ""})
+    assert no_key.returncode == 2 and "API key" in no_key.stderr

@@ -32,7 +32,7 @@ DURATION = re.compile(
     rf"|\b(?P<compact>(?:[0-9]{{1,4}}(?:ms|s|m|h|d|w))+)\b"
     rf"|\b(?P<count2>[0-9]{{1,4}})\s*(?P<unit2>{_UNIT_RE})\b(?:\s+(?:ago|window|back))?"
     r"|\b(?P<today>today|yesterday|this hour|this week)\b", re.I)
-QUANTILE = re.compile(r"\bp(?P<digits>50|75|90|95|99|999|9999)\b"
+QUANTILE = re.compile(r"\bp(?P<dotted>99\.99|99\.9)\b|\bp(?P<digits>50|75|90|95|99|999|9999)\b"
                       r"|\b(?P<pct>50|75|90|95|99|99\.9|99\.99)(?:th|st|nd|rd)?\s*(?:percentile|pct|%)", re.I)
 IPV4 = re.compile(r"\b(?:[0-9]{1,3}\.){3}[0-9]{1,3}\b")
 IPV6 = re.compile(r"(?<![\w:])(?:[0-9a-f]{0,4}:){2,7}[0-9a-f]{0,4}(?![\w:])", re.I)
@@ -47,10 +47,12 @@ LIMIT = re.compile(rf"\b(?:{_LIMIT_WORDS})\s+(?P<n>{_LIMIT_COUNT})\b"
 SEVERITY = re.compile(r"\b(?P<s>critical|warning|warnings|info|fatal|non[-_ ]?fatal|paging|page)\b", re.I)
 SERVICE_AFTER = re.compile(r"\bservices?\s+(?:named\s+|called\s+)?[\"']?(?P<n>[A-Za-z0-9][\w.:/-]*)", re.I)
 SERVICE_BEFORE = re.compile(r"(?P<n>[A-Za-z0-9][\w.:/-]*)\s+service\b", re.I)
-STATE = re.compile(r"\b(?P<s>down|init|armed|active)\b", re.I)
+STATE = re.compile(r"\b(?P<s>down|init|armed|active|(?:not|isn't|aren't|non)[- ]active|inactive)\b", re.I)
 FAILURE = re.compile(r"\b(?P<power>power|pdu)\b|\b(?P<rack>rack)\b|\b(?P<switch>switch)\b", re.I)
-FIELD_VALUE = re.compile(r"\b(?P<f>role|firmware|fw_version|hca_type|board_id|numa_node)\s*(?:=|==|is|of)?\s*"
-                         r"[\"']?(?P<v>[A-Za-z0-9][\w.-]*)", re.I)
+# "role compute", "firmware is 28.39.1002": a firmware value has digits ("firmware versions" has none).
+FIELD_VALUE = re.compile(r"\b(?P<f>role|hca_type|board_id|numa_node)\s*(?:=|==|is|of)?\s*[\"']?(?P<v>[A-Za-z0-9][\w.-]*)"
+                         r"|\b(?P<fw>firmware|fw_version|fw)\s*(?:version\s*)?(?:=|==|is|of)?\s*[\"']?(?P<fwv>[0-9][\w.-]*)",
+                         re.I)
 # Anything shaped like a host or switch name: letters, then -/_ groups ending in a digit.
 NAME_LIKE = re.compile(r"\b[a-z][a-z0-9]*(?:[-_.][a-z0-9]+)*[-_.]?[0-9]+\b", re.I)
 SHORT_HOST = re.compile(r"(?<![\w.-])(?P<kind>node|host|server|machine)[-_ ]?(?P<n>[0-9]{1,4})\b", re.I)
@@ -151,6 +153,8 @@ def extract(message: str, vocabulary: Vocabulary | None = None) -> Extraction:
     for match in QUANTILE.finditer(text):
         if match.group("digits"):
             found.put("quantile", "0." + match.group("digits"), match)
+        elif match.group("dotted"):
+            found.put("quantile", "0." + match.group("dotted").replace(".", ""), match)
         else:
             # "99.9" -> "0.999" as text: float division would give 0.9990000000000001.
             whole, _, frac = match.group("pct").partition(".")
@@ -169,13 +173,14 @@ def extract(message: str, vocabulary: Vocabulary | None = None) -> Extraction:
         word = match.group("s").lower().replace(" ", "_").replace("-", "_")
         found.put("severity", {"warnings": "warning", "paging": "page", "nonfatal": "non_fatal"}.get(word, word), match)
     for match in STATE.finditer(masked):
-        found.put("state", match.group("s").lower(), match)
+        state = match.group("s").lower()
+        found.put("state", "down" if ("active" in state and state != "active") else state, match)
     for match in FAILURE.finditer(masked):
         found.put("failure_type", f"{match.lastgroup}_failure", match)
     for match in FIELD_VALUE.finditer(masked):
-        name = match.group("f").lower()
+        name = (match.group("f") or "fw_version").lower()
         found.put("field", _FIELD_NAMES.get(name, name), match)
-        found.put("value", match.group("v"), match)
+        found.put("value", match.group("v") or match.group("fwv"), match)
     _names(masked, vocabulary, found)
     rest = _mask(text, found.spans)
     candidates = [m for pattern in (SERVICE_AFTER, SERVICE_BEFORE) for m in pattern.finditer(rest)
