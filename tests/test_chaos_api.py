@@ -2,6 +2,8 @@
 input, persistence across a restart."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from fabricscope.queryapi.app import create_app
@@ -120,6 +122,8 @@ def test_unknown_ids_scopes_and_no_topology(env):
     bare = make_app(chaos_topology=None, database=str(env_db(client))).test_client()
     response = submit(bare, keys["writer-5"], device="core-0")
     assert response.status_code == 404 and response.get_json()["error"]["code"] == "chaos_no_topology"
+    tool = bare.post("/api/v1/tools/blast_radius_device", json={"device": "core-0"}, headers=bearer(keys["reader"]))
+    assert tool.status_code == 503 and tool.get_json()["error"]["code"] == "tool_unavailable"
 
 
 def env_db(client):
@@ -151,3 +155,55 @@ def test_a_bad_inventory_stops_start_up(env, tmp_path):
     bad.write_text("devices: [{name: a, kind: toaster}]\n")
     with pytest.raises(ConfigError, match=r"chaos_topology: .*bad.yaml: devices\[0\]\.kind"):
         make_app(chaos_topology=str(bad), database=str(tmp_path / "other.db"))
+
+
+def alert(name, severity, **labels):
+    return {"status": "firing", "labels": {"alertname": name, "severity": severity, **labels},
+            "annotations": {}, "startsAt": "2026-11-26T06:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
+            "fingerprint": f"{name}-{sorted(labels.items())}"[:60]}
+
+
+def test_critical_alerts_get_the_blast_radius_of_their_device(env):
+    make_app, keys = env
+    app = make_app()
+    state = app.extensions["fabricscope"]
+    received = [alert("FabricInfinibandPortDown", "critical", node="gpu-node-2", device="mlx5_1", port="1"),
+                alert("FabricExporterDown", "critical", node="gpu-node-6"),
+                alert("FabricNcclHang", "critical", comm="0123456789abcdef"),
+                alert("FabricInfinibandDegraded", "warning", node="gpu-node-5", device="mlx5_0", port="1")]
+    state.storage.record_alerts(received, int(time.time() * 1000))
+    service = app.extensions["fabricscope.chaos"]
+    assert service.alerts.run_once() == 2
+    assert service.alerts.run_once() == 0          # once per alert episode
+    listed = app.test_client().get("/graph/chaos-alerts", headers=bearer(keys["reader"])).get_json()["alerts"]
+    by_name = {a["alertname"]: a for a in listed}
+    assert set(by_name) == {"FabricInfinibandPortDown", "FabricExporterDown", "FabricNcclHang"}
+    port = by_name["FabricInfinibandPortDown"]["blast_radius"]
+    assert port["device"] == "gpu-node-2/mlx5_1" and port["affected_jobs"] == ["job-0"]
+    assert port["affected_by_kind"] == {"gpu": 1, "hca": 1}
+    host = by_name["FabricExporterDown"]["blast_radius"]
+    assert host["device"] == "gpu-node-6" and host["affected_jobs"] == ["job-1"]
+    assert by_name["FabricNcclHang"]["blast_radius"] is None
+    assert by_name["FabricNcclHang"]["blast_radius_state"] == "no_device"
+
+
+def test_query_layer_tools_answer_from_the_topology(env):
+    make_app, keys = env
+    client = make_app().test_client()
+    token = keys["reader"]
+    impact = client.post("/api/v1/tools/blast_radius_device", json={"device": "leaf-su0-r2",
+                                                                    "failure_type": "switch_failure"},
+                         headers=bearer(token))
+    assert impact.status_code == 200, impact.get_json()
+    (row,) = impact.get_json()["results"]
+    assert row["affected_jobs"] == ["job-0", "job-1"] and row["affected_by_kind"]["gpu"] == 8
+    meshql = client.post("/queries/meshql", json={"query": 'SHOW IMPACT IF DEVICE "gpu-node-3" DOWN'},
+                         headers=bearer(token))
+    assert meshql.status_code == 200, meshql.get_json()
+    assert str(meshql.get_json()).count("job-0") >= 1
+    neighbors = client.post("/api/v1/tools/device_neighbors", json={"device": "gpu-node-3/mlx5_2"},
+                            headers=bearer(token)).get_json()["results"]
+    assert {(r["labels"]["device"], r["labels"]["link"]) for r in neighbors} == {
+        ("gpu-node-3/gpu2", "pcie"), ("leaf-su0-r2", "infiniband")}
+    unknown = client.post("/api/v1/tools/blast_radius_device", json={"device": "leaf-9"}, headers=bearer(token))
+    assert unknown.status_code == 422 and "unknown device" in unknown.get_json()["error"]["message"]
