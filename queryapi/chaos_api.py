@@ -6,9 +6,8 @@
     GET  /graph/chaos-devices         device names (optionally of one kind) to simulate
     GET  /graph/chaos-alerts          recent critical alerts with the blast radius of their device
 
-It also binds the query registry's `blast_radius` and `neighbors` tools (queries
-blast_radius_device and device_neighbors, MeshQL `SHOW IMPACT IF DEVICE "x" DOWN`), which
-answer synchronously: a simulation takes milliseconds, and the tool layer has its own limits.
+The query layer's `blast_radius` and `neighbors` tools (queryapi/query/sidecar_tools.py)
+use the same service from app.extensions[EXTENSION], with the same per-key budget.
 
 Simulations run on a small thread pool, never on the request thread; every state is in
 the sidecar store (simulation_results), so a result outlives the process that computed it.
@@ -45,7 +44,6 @@ from .auth import current_key, require_scope
 from .config import ConfigError
 from .context import sidecar
 from .errors import ApiError
-from .query.executor import ToolUnavailable, tool_handler
 from .ratelimit import RateLimiter
 from .workers import PeriodicWorker
 
@@ -58,9 +56,6 @@ STALE_SECONDS = 300
 SIMULATION_THREADS = 2
 ALERT_SCAN_SECONDS = 5.0
 ALERT_LOOKBACK_MS = 3600 * 1000     # on start, alerts of the last hour get their blast radius
-# Sidecar state -> its chaos service, for the query tools (called with the state, outside
-# any Flask context when they come in over MCP).
-_SERVICES: dict[int, "ChaosService"] = {}
 
 
 class SimulateIn(BaseModel):
@@ -98,9 +93,6 @@ class ChaosService:
 
     def stop(self, timeout: float = 10.0) -> None:
         self.executor.shutdown(wait=True, cancel_futures=False)
-        for key, service in list(_SERVICES.items()):
-            if service is self:
-                del _SERVICES[key]
 
     def run(self, storage, sim_id: str, record: dict, engine: BlastRadiusEngine) -> None:
         body = record["request"]
@@ -180,7 +172,6 @@ def setup(app, state) -> None:
         raise ConfigError(f"chaos_topology: {exc}") from None
     service = ChaosService(topology, config.chaos_simulations_per_minute)
     app.extensions[EXTENSION] = service
-    _SERVICES[id(state)] = service
     state.workers.append(service)
     service.alerts = AlertBlastRadius(service, state.storage)
     state.workers.append(service.alerts.worker)
@@ -255,8 +246,9 @@ def results(simulation_id: str):
         if _now_ms() - data.get("submitted_ms", row["created_ms"]) > STALE_SECONDS * 1000:
             return {**head, "status": "failed", "error": "interrupted: the sidecar running it stopped first"}, 200
         return head, 202
-    if status == "failed":
-        return {**head, "finished_ms": data.get("finished_ms"), "error": data.get("error")}, 200
+    if "result" not in data:      # failed, or an alert whose labels name no device
+        error = data.get("error") or "the alert names no device of the topology"
+        return {**head, "finished_ms": data.get("finished_ms"), "error": error}, 200
     return {**head, "finished_ms": data.get("finished_ms"), **data["result"]}, 200
 
 
@@ -312,41 +304,3 @@ def alerts(query_data: AlertsQuery):
             break
     return {"alerts": out}
 
-
-def _service_for(state) -> ChaosService:
-    service = _SERVICES.get(id(state))
-    if service is None or getattr(state, "config", None) is None or state.config.chaos_topology is None:
-        # The query layer's convention for a tool this sidecar cannot run (503 tool_unavailable).
-        raise ToolUnavailable("no cluster topology is configured for chaos simulations: start the sidecar with "
-                              "--chaos-topology FILE (docs/chaos.md)")
-    return service
-
-
-@tool_handler("blast_radius")
-def blast_radius_tool(state, params: dict) -> list[dict]:
-    """One row: the impact score as the value, with the affected jobs and device counts."""
-    engine = _service_for(state).topology.engine()
-    result = engine.simulate(params["device"], params.get("failure_type") or "device_failure")
-    return [{"labels": {"device": result.device, "failure_type": result.failure_type},
-             "value": result.impact_score, "affected_jobs": result.affected_jobs,
-             "affected_device_count": result.affected_device_count, "total_devices": result.total_devices,
-             "affected_by_kind": result.affected_by_kind, "topology_version": result.topology_version}]
-
-
-@tool_handler("neighbors")
-def neighbors_tool(state, params: dict) -> list[dict]:
-    """One row per device linked to the device; value 1 while the link to it is up."""
-    topology = _service_for(state).topology.engine().topology
-    device = params["device"]
-    if device not in topology:
-        initial_failures(topology, device, "device_failure")     # raises the unknown-device error
-    graph = topology.graph
-    rows = []
-    for other, data in sorted(graph.succ[device].items()):
-        if data["kind"] == "power":
-            continue
-        rows.append({"labels": {"device": other, "kind": graph.nodes[other]["kind"], "link": data["kind"],
-                                "partition": data["partition"]}, "value": 1 if data["state"] == "up" else 0})
-    for pdu in topology.power_feeds(device):
-        rows.append({"labels": {"device": pdu, "kind": "pdu", "link": "power", "partition": ""}, "value": 1})
-    return rows

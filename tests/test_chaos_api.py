@@ -122,8 +122,6 @@ def test_unknown_ids_scopes_and_no_topology(env):
     bare = make_app(chaos_topology=None, database=str(env_db(client))).test_client()
     response = submit(bare, keys["writer-5"], device="core-0")
     assert response.status_code == 404 and response.get_json()["error"]["code"] == "chaos_no_topology"
-    tool = bare.post("/api/v1/tools/blast_radius_device", json={"device": "core-0"}, headers=bearer(keys["reader"]))
-    assert tool.status_code == 503 and tool.get_json()["error"]["code"] == "tool_unavailable"
 
 
 def env_db(client):
@@ -185,25 +183,10 @@ def test_critical_alerts_get_the_blast_radius_of_their_device(env):
     assert host["device"] == "gpu-node-6" and host["affected_jobs"] == ["job-1"]
     assert by_name["FabricNcclHang"]["blast_radius"] is None
     assert by_name["FabricNcclHang"]["blast_radius_state"] == "no_device"
+    # Each is also a simulation result of its own.
+    from fabricscope.queryapi.chaos_api import alert_simulation_id
+    for sent, status in ((received[0], "complete"), (received[2], "no_device")):
+        got = app.test_client().get(f"/graph/chaos-results/{alert_simulation_id(sent['fingerprint'], sent['startsAt'])}",
+                                    headers=bearer(keys["reader"]))
+        assert got.status_code == 200 and got.get_json()["status"] == status
 
-
-def test_query_layer_tools_answer_from_the_topology(env):
-    make_app, keys = env
-    client = make_app().test_client()
-    token = keys["reader"]
-    impact = client.post("/api/v1/tools/blast_radius_device", json={"device": "leaf-su0-r2",
-                                                                    "failure_type": "switch_failure"},
-                         headers=bearer(token))
-    assert impact.status_code == 200, impact.get_json()
-    (row,) = impact.get_json()["results"]
-    assert row["affected_jobs"] == ["job-0", "job-1"] and row["affected_by_kind"]["gpu"] == 8
-    meshql = client.post("/queries/meshql", json={"query": 'SHOW IMPACT IF DEVICE "gpu-node-3" DOWN'},
-                         headers=bearer(token))
-    assert meshql.status_code == 200, meshql.get_json()
-    assert str(meshql.get_json()).count("job-0") >= 1
-    neighbors = client.post("/api/v1/tools/device_neighbors", json={"device": "gpu-node-3/mlx5_2"},
-                            headers=bearer(token)).get_json()["results"]
-    assert {(r["labels"]["device"], r["labels"]["link"]) for r in neighbors} == {
-        ("gpu-node-3/gpu2", "pcie"), ("leaf-su0-r2", "infiniband")}
-    unknown = client.post("/api/v1/tools/blast_radius_device", json={"device": "leaf-9"}, headers=bearer(token))
-    assert unknown.status_code == 422 and "unknown device" in unknown.get_json()["error"]["message"]
