@@ -246,8 +246,9 @@ def results(simulation_id: str):
         if _now_ms() - data.get("submitted_ms", row["created_ms"]) > STALE_SECONDS * 1000:
             return {**head, "status": "failed", "error": "interrupted: the sidecar running it stopped first"}, 200
         return head, 202
-    if status == "failed":
-        return {**head, "finished_ms": data.get("finished_ms"), "error": data.get("error")}, 200
+    if "result" not in data:      # failed, or an alert whose labels name no device
+        error = data.get("error") or "the alert names no device of the topology"
+        return {**head, "finished_ms": data.get("finished_ms"), "error": error}, 200
     return {**head, "finished_ms": data.get("finished_ms"), **data["result"]}, 200
 
 
