@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps bpf rules run test bench clean
+.PHONY: setup system-deps bpf rules dashboards run test bench clean
 
 setup: system-deps $(STAMP) bpf
 
@@ -17,7 +17,11 @@ bpf: system-deps
 
 # Render the mixin (jsonnet) to rules/*.yaml and check rules and Alertmanager config.
 rules: $(STAMP)
-	@if [ -f rules/Makefile ]; then $(MAKE) -s -C rules; fi
+	@if [ -f rules/Makefile ]; then $(MAKE) -s -C rules PYTHON=$(abspath $(PY)); fi
+
+# Regenerate the committed Grafana JSON (dashboards/json/) from the grafanalib source.
+dashboards: $(STAMP)
+	$(PY) -m fabricscope.dashboards.build
 
 system-deps:
 	@./deploy/install-system-deps.sh

@@ -25,11 +25,9 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -37,6 +35,9 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fabricscope import stack  # noqa: E402
+from fabricscope.httpserver import HttpServer, respond  # noqa: E402
+from fabricscope.exporter.ebpf.declarations import load_declarations  # noqa: E402
+from fabricscope.exporter.ebpf.histogram import bucket_bounds  # noqa: E402
 
 RULES = stack.rule_files()
 CLUSTER = "bench"
@@ -45,7 +46,9 @@ NVLINKS_PER_GPU = 18
 HCAS_PER_NODE = 8
 RANKS_PER_NODE = 8
 NCCL_OPS = ("AllReduce", "AllGather")
-SECONDS_BUCKETS = [2.0 ** e for e in range(-20, 1)]  # ~1us .. 1s, log2 like the BPF maps
+# The bucket bounds the exporter really exposes (the BPF maps' declared layouts).
+EBPF_BUCKETS = {m.name: [float(le) for le in bucket_bounds(m.layout, m.unit_seconds)]
+                for decl in load_declarations() for m in decl.metrics if m.layout}
 NCCL_BUCKETS = [0.001 * 2 ** e for e in range(0, 12)]  # 1ms .. 2s
 IB_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
                "port_rcv_remote_physical_errors", "port_rcv_switch_relay_errors", "port_xmit_discards",
@@ -93,8 +96,9 @@ def node_series(index: int) -> list[Series]:
     out.append(Series("fabric_ebpf_available", {**base, "reason": "ok"}, 1))
     # TCP: RTT and connect histograms, procfs counters. Node 5 has a microburst profile.
     rtt = 0.0005 if index != 5 else 0.004
-    out += histogram("fabric_tcp_rtt_seconds", base, SECONDS_BUCKETS, 2000, rtt)
-    out += histogram("fabric_tcp_connect_latency_seconds", base, SECONDS_BUCKETS, 5, 0.0002)
+    out += histogram("fabric_tcp_rtt_seconds", base, EBPF_BUCKETS["fabric_tcp_rtt_seconds"], 2000, rtt)
+    out += histogram("fabric_tcp_connect_latency_seconds", base, EBPF_BUCKETS["fabric_tcp_connect_latency_seconds"],
+                     5, 0.0002)
     for counter in ("retransmitted_segments", "out_segments", "in_segments", "in_errors", "out_resets",
                     "active_opens", "passive_opens", "timeouts", "syn_retransmits", "lost_retransmits"):
         out.append(Series(f"fabric_tcp_{counter}_total", base, 1000, 10))
@@ -193,27 +197,15 @@ class Cluster:
                 + "".join(f"{s.text}{s.base + s.rate * elapsed:.17g}\n" for s in self.moving[node])).encode()
 
 
-def serve(cluster: Cluster) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            node = parse_qs(urlparse(self.path).query).get("node", [""])[0]
-            body = cluster.exposition(node)
-            if body is None:
-                self.send_error(404, "unknown node")
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+def serve(cluster: Cluster) -> HttpServer:
+    def app(environ, start_response):
+        node = parse_qs(environ.get("QUERY_STRING", "")).get("node", [""])[0]
+        body = cluster.exposition(node)
+        if body is None:
+            return respond(start_response, 404, b"unknown node\n", "text/plain")
+        return respond(start_response, 200, body, "text/plain; version=0.0.4")
 
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    return HttpServer(app, "127.0.0.1", 0, name="bench-exposition").start()
 
 
 def prometheus_config(exporter_port: int, nodes: list[str]) -> dict:
@@ -299,7 +291,7 @@ def main() -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="fabric-rule-bench-"))
     config = stack.write_yaml(workdir / "prometheus.yml",
-                              prometheus_config(server.server_address[1], list(cluster.nodes)))
+                              prometheus_config(server.port, list(cluster.nodes)))
     port = stack.free_port()
     url = f"http://127.0.0.1:{port}"
     # stack's process handling (readiness wait, log tail on failure, reaping), with the
@@ -335,7 +327,7 @@ def main() -> int:
         return 1
     finally:
         process.stop(timeout=30)
-        server.shutdown()
+        server.stop()
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
 

@@ -19,6 +19,8 @@ RUNS = [
     ("NCCL uprobe cost per call", ["nccl_uprobe_cost.py"], True),
     ("demo tick cost", ["demo_tick.py"], False),
     ("rule evaluation on a 1,024-GPU cluster", ["rule_eval_cost.py", "--duration", "120"], False),
+    ("NL query accuracy and latency without an LLM", ["query_accuracy.py"], False),
+    ("chaos blast radius at 1k, 16k and 100k GPUs", ["chaos_blast_radius.py"], False),
 ]
 
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Debian packages the tests and the demo stack need: real Prometheus, promtool,
-# Alertmanager, amtool, node_exporter (benchmark baseline), jsonnet, and the eBPF
-# toolchain (clang, bpftool, libbpf). Installs only what is missing; needs root for that.
+# Alertmanager, amtool, node_exporter (benchmark baseline), jsonnet, the eBPF
+# toolchain (clang, bpftool, libbpf), PostgreSQL and VictoriaMetrics (sidecar tests),
+# and headless Chromium (the rendered report's browser test).
+# Installs only what is missing; needs root for that.
 set -euo pipefail
 
 need=()
@@ -16,8 +18,12 @@ have clang || need+=(clang llvm)
 have bpftool || need+=(bpftool)
 [ -e /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 dpkg -s libbpf1 >/dev/null 2>&1 || need+=(libbpf1)
+# The sidecar's second storage backend and a second Prometheus-API backend for its tests.
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
+have victoria-metrics || need+=(victoria-metrics)
 have nft || need+=(nftables)
 have ip || need+=(iproute2)
+have chromium || need+=(chromium)
 
 if [ ${#need[@]} -eq 0 ]; then
     exit 0

@@ -1,20 +1,22 @@
-"""Persistent local state (JSON), written atomically.
+"""Persistent local state (JSON), written atomically and durably.
 
-Write goes to a temporary file in the same directory, is fsynced, then renamed over the
-old file, so a crash mid-write leaves either the old or the new state, never a torn one.
-A corrupt file is moved aside (kept for forensics) and replaced; it is reported, not fatal.
+A crash mid-write leaves either the old or the new state, never a torn one
+(fabricscope.atomicfile, fsynced); temporary files a killed writer left are removed at
+load. A corrupt file is moved aside (kept for forensics) and replaced; it is reported,
+not fatal.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from fabricscope.atomicfile import remove_orphans, write_atomically
 
 log = logging.getLogger("fabricscope.exporter.state")
 
@@ -30,6 +32,8 @@ class StateFile:
         self.write_errors = 0
 
     def load(self) -> dict[str, Any]:
+        for orphan in remove_orphans(self.path):
+            log.info("removed %s, left by a write that was interrupted", orphan)
         try:
             text = self.path.read_text()
         except FileNotFoundError:
@@ -57,20 +61,8 @@ class StateFile:
 
     def save(self, data: dict[str, Any]) -> bool:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-            try:
-                with os.fdopen(fd, "w") as handle:
-                    json.dump(data, handle, separators=(",", ":"), sort_keys=True)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.replace(tmp, self.path)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
+            write_atomically(self.path, json.dumps(data, separators=(",", ":"), sort_keys=True),
+                             mode=0o600, durable=True)
             return True
         except OSError as exc:
             self.write_errors += 1

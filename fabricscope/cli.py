@@ -13,7 +13,11 @@ import sys
 SUBCOMMANDS = {
     "exporter": ("fabricscope.exporter.main", "run the node exporter"),
     "demo": ("fabricscope.demo.main", "run the simulated demo cluster (one exporter per node)"),
-    "stack": ("fabricscope.stack", "run the demo stack: demo cluster, Prometheus with the rules, Alertmanager"),
+    "stack": ("fabricscope.stack.cli", "run the demo stack: demo cluster, Prometheus with the rules, Alertmanager"),
+    "sidecar": ("fabricscope.queryapi.server", "run the query sidecar (tracing, SLO correlation, cluster questions)"),
+    "query": ("fabricscope.queryapi.query.cli", "ask the sidecar (or Prometheus) a question or a MeshQL statement"),
+    "chaos": ("fabricscope.chaos.cli", "blast-radius simulation on the cluster topology"),
+    "report": ("fabricscope.dashboards.report", "render the dashboards to PNG images and one HTML page from Prometheus"),
 }
 
 

@@ -1,16 +1,19 @@
-"""Render the rule files with config overrides, for harnesses that need fast variants.
+"""The one way the rule files are rendered from the mixin.
 
-    from rules.render import render
+    python -m fabricscope.rules.render OUTDIR                      # what `make -C rules render` runs
+    python -m fabricscope.rules.render --overrides fast.json OUTDIR
+
+    from fabricscope.rules.render import render
     paths = render({"for": {"ncclHang": "10s"}}, outdir)
 
-`overrides` is deep-merged into rules/mixin/config.libsonnet's `_config` (the same
-mechanism as `jsonnet --tla-code overrides=...` and rules/render-with.sh). Unknown keys
-and wrongly typed values raise RenderError with jsonnet's message. The Debian `jsonnet`
-binary renders, exactly as `make -C rules render` does, so output is byte-identical to
-the committed files when `overrides` is empty.
+`overrides` is deep-merged into mixin/config.libsonnet's `_config` (render.jsonnet's
+top-level argument). Unknown keys and wrongly typed values raise RenderError with
+jsonnet's message. The Debian `jsonnet` binary renders; with no overrides the output is
+the committed fabricscope-*.yaml, byte for byte.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import subprocess
@@ -47,19 +50,25 @@ def render(overrides: dict | None, outdir: str | Path) -> list[Path]:
     return [outdir / name for name in RENDERED_FILES]
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 3:
-        print(f"usage: {argv[0]} <overrides.json> <outdir>", file=sys.stderr)
-        return 2
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fabricscope.rules.render",
+                                     description="Render the rule files from the mixin into OUTDIR.")
+    parser.add_argument("outdir", type=Path)
+    parser.add_argument("--overrides", type=Path, default=None,
+                        help="JSON object deep-merged into the mixin's _config")
+    args = parser.parse_args(argv)
     try:
-        overrides = json.loads(Path(argv[1]).read_text())
-        for path in render(overrides, argv[2]):
+        overrides = json.loads(args.overrides.read_text()) if args.overrides else {}
+        for path in render(overrides, args.outdir):
             print(path)
-    except (OSError, ValueError, RenderError) as exc:
-        print(f"{argv[0]}: {exc}", file=sys.stderr)
+    except OSError as exc:
+        print(f"{parser.prog}: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except (ValueError, RenderError) as exc:
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
         return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main())

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from fabricscope.stack import free_port  # noqa: F401  (tests import it from here)
+from fabricscope.stack.binaries import free_port  # noqa: F401  (tests import it from here)
 
 
 @pytest.fixture

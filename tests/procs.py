@@ -88,3 +88,90 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: 
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+def victoria_metrics(workdir: Path) -> ContextManager[Server]:
+    """Debian's single-node VictoriaMetrics on a free port: the Prometheus HTTP API, fed
+    by Prometheus remote_write at /api/v1/write."""
+    return _victoria_metrics(workdir)
+
+
+@contextlib.contextmanager
+def _victoria_metrics(workdir: Path) -> Iterator[Server]:
+    binary = require_binary("victoria-metrics")
+    port = stack.free_port(HOST)
+    # latencyOffset 0: answer instant queries up to "now" (the default hides the last 30s,
+    # which a test querying fresh samples would read as missing data).
+    argv = [binary, f"-httpListenAddr={HOST}:{port}", f"-storageDataPath={workdir / 'vm-data'}",
+            "-retentionPeriod=1d", "-search.latencyOffset=0s", "-loggerLevel=ERROR"]
+    process = stack.ManagedProcess("victoria-metrics", argv, f"http://{HOST}:{port}/health",
+                                   workdir / "victoria-metrics.log").start()
+    try:
+        yield Server(process, f"http://{HOST}:{port}")
+    finally:
+        process.stop()
+
+
+def postgres_bin(name: str) -> str:
+    """A PostgreSQL server binary: Debian keeps them in /usr/lib/postgresql/<version>/bin."""
+    import glob
+    import shutil
+
+    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"),
+                        key=lambda p: int(p.split("/")[4]) if p.split("/")[4].isdigit() else 0)
+    found = candidates[-1] if candidates else shutil.which(name)
+    if not found:
+        pytest.skip(f"{name} not found; run `make setup` (installs the Debian package postgresql)")
+    return found
+
+
+@contextlib.contextmanager
+def postgres(workdir: Path) -> Iterator[str]:
+    """A throwaway PostgreSQL server on 127.0.0.1 with trust auth; yields its URL.
+
+    initdb refuses to run as root, so as root the server runs as the `postgres` user
+    the Debian package creates (or `nobody`), owning only its own data directory."""
+    import os
+    import pwd
+    import subprocess
+
+    import shutil
+    import tempfile
+
+    initdb, pg_ctl = postgres_bin("initdb"), postgres_bin("pg_ctl")
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        user = next((u for u in ("postgres", "nobody") if _has_user(u)), None)
+        if user is None:
+            pytest.skip("running as root and no postgres/nobody user to run PostgreSQL as")
+        # pytest's tmp_path is private to root (0700 parents): the server user could not
+        # reach it. A directory of its own under /tmp can.
+        workdir = Path(tempfile.mkdtemp(prefix="fabricscope-pg-"))
+        entry = pwd.getpwnam(user)
+        os.chown(workdir, entry.pw_uid, entry.pw_gid)
+        prefix = ["runuser", "-u", user, "--"]
+    workdir.mkdir(parents=True, exist_ok=True)
+    data = workdir / "pgdata"
+    port = stack.free_port(HOST)
+    for argv in ([*prefix, initdb, "-D", str(data), "-U", "fabricscope", "--auth=trust", "-E", "UTF8", "--no-sync"],
+                 [*prefix, pg_ctl, "-D", str(data), "-l", str(workdir / "postgres.log"),
+                  "-o", f"-p {port} -h {HOST} -k {data}", "-w", "-t", "60", "start"]):
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        if result.returncode != 0:
+            pytest.fail(f"{' '.join(argv)} failed:\n{result.stdout}{result.stderr}")
+    try:
+        yield f"postgresql://fabricscope@{HOST}:{port}/postgres"
+    finally:
+        subprocess.run([*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"],
+                       capture_output=True, timeout=60)
+        if prefix:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _has_user(name: str) -> bool:
+    import pwd
+    try:
+        pwd.getpwnam(name)
+        return True
+    except KeyError:
+        return False

@@ -21,6 +21,7 @@ CONFIG = AM_DIR / "alertmanager.yml"
 EXAMPLES = sorted((AM_DIR / "examples").glob("*.yml"))
 ROUTE_CASES = AM_DIR / "tests" / "routes.txt"
 INHIBITION_CASES = AM_DIR / "tests" / "inhibition.yaml"
+GROUPING_CASES = AM_DIR / "tests" / "grouping.yaml"
 
 
 def amtool(*args: str) -> subprocess.CompletedProcess:
@@ -96,7 +97,8 @@ def test_route_cases_cover_each_severity():
 def test_every_rule_alert_routes_by_its_severity():
     """Each alert the rules define reaches exactly the receiver its severity promises."""
     alerts = rule_alerts()
-    expected = {"critical": "sidecar,pager", "warning": "sidecar,ticket", "info": "sidecar,null"}
+    expected = {"critical": "fabricscope-sidecar,pager", "warning": "fabricscope-sidecar,ticket",
+                "info": "fabricscope-sidecar,null"}
     for name, labels in alerts:
         severity = labels.get("severity")
         assert severity in expected, f"{name}: severity {severity!r} is not critical|warning|info"
@@ -165,6 +167,14 @@ def test_templates_render_where_and_what(tmp_path):
         "FabricInfinibandPortDown demo/gpu-node-1 mlx5_2:1: InfiniBand port mlx5_2:1 is down."
     assert render("fabricscope.slack.color").strip() == "danger"
 
+    # One incident, two alerts (a down port and its counter breach): no common alertname.
+    breach = dict(alert, labels={**labels, "alertname": "FabricInfinibandFatalCounterBreach", "counter": "link_downed"},
+                  fingerprint="2")
+    common = {k: v for k, v in labels.items() if k != "alertname"}
+    data_file.write_text(json.dumps(dict(data, alerts=[alert, breach], commonLabels=common)))
+    assert render("fabricscope.title").strip() == \
+        "[FIRING:2] FabricInfinibandPortDown and related demo/gpu-node-1 mlx5_2:1"
+
 
 # ----------------------------------------------------------------- inhibition
 
@@ -207,3 +217,33 @@ def test_inhibition_on_real_alertmanager(case, tmp_path):
             else:
                 assert status["inhibitedBy"] == [], target["labels"]
                 assert status["state"] == "active"
+
+
+# ----------------------------------------------------------------- grouping
+
+def test_each_incident_is_one_group_per_receiver(tmp_path):
+    """alertmanager/tests/grouping.yaml: alerts of several families posted at once form
+    exactly the listed groups (one per incident) at each receiver, on a real Alertmanager.
+    The sidecar copy gets the same groups as the human-facing receivers together."""
+    cases = yaml.safe_load(GROUPING_CASES.read_text())
+    config = stack.alertmanager_config(f"http://127.0.0.1:{stack.free_port()}/alerts/webhook")
+    expected = {receiver: sorted((json.dumps(g["labels"], sort_keys=True), sorted(g["alerts"])) for g in groups)
+                for receiver, groups in cases["groups"].items()}
+    expected["fabricscope-sidecar"] = sorted(
+        (labels, sorted(sum((alerts for lab, alerts in pairs if lab == labels), [])))
+        for pairs in [[p for r in ("pager", "ticket") for p in expected[r]]]
+        for labels in {lab for lab, _ in pairs})
+    with procs.alertmanager(config, tmp_path) as am:
+        post_alerts(am, cases["alerts"])
+
+        def groups():
+            found: dict[str, list] = {}
+            for group in am.get("/api/v2/alerts/groups"):
+                found.setdefault(group["receiver"]["name"], []).append(
+                    (json.dumps(group["labels"], sort_keys=True), sorted(a["labels"]["alertname"] for a in group["alerts"])))
+            found = {receiver: sorted(g) for receiver, g in found.items()}
+            total = sum(len(alerts) for g in found.get("fabricscope-sidecar", []) for _, alerts in [g])
+            return found if total == len(cases["alerts"]) else None
+
+        found = procs.wait_for(groups, 30, "every posted alert to be grouped")
+    assert found == expected

@@ -1,4 +1,4 @@
-"""Pure pieces of the ebpf collector: log2 buckets, key decoders, counters, declarations,
+"""Pure pieces of the ebpf collector: histogram buckets, key decoders, counters, declarations,
 process discovery, and the collector on the demo's simulated maps and on a host without BTF."""
 from __future__ import annotations
 
@@ -25,33 +25,88 @@ from fabricscope.exporter.main import start_exporter
 load_collector_modules()
 
 
-# ---- log2 histogram -> seconds ------------------------------------------------------
+# ---- log-linear histogram -> seconds ------------------------------------------------
 
-@pytest.mark.parametrize("value, slot", [(0, 0), (1, 0), (2, 1), (3, 2), (4, 2), (5, 3), (8, 3), (9, 4),
-                                         (1024, 10), (1025, 11), (2**40, 31)])
-def test_slot_is_ceil_log2_like_the_kernel(value, slot):
-    assert histogram.slot_for(value) == slot
+RTT = histogram.BucketLayout(sub_bits=3, min_exp=3, max_exp=20)
+
+
+@pytest.mark.parametrize("value, slot", [
+    (0, 0), (1, 0), (8, 0),                      # v <= 2^min_exp
+    (9, 1), (10, 2), (16, 8),                    # (8, 16]: 8 buckets of width 1
+    (17, 9), (18, 9), (19, 10), (32, 16),        # (16, 32]: width 2
+    (33, 17), (36, 17), (37, 18),                # (32, 64]: width 4
+    (1025, 1 + 7 * 8), (1152, 1 + 7 * 8), (1153, 2 + 7 * 8),
+    (2 ** 20, 136), (2 ** 20 + 1, 137), (2 ** 40, 137),   # overflow
+])
+def test_slot_function(value, slot):
+    assert RTT.slot_for(value) == slot
+
+
+def test_every_bound_is_the_largest_value_of_its_slot():
+    bounds = RTT.upper_bounds
+    assert len(bounds) == RTT.slots - 1 == 137
+    assert list(bounds) == sorted(set(bounds))
+    for slot, bound in enumerate(bounds):
+        assert RTT.slot_for(bound) == slot
+        assert RTT.slot_for(bound + 1) == slot + 1
+    # 8 per power of two: each bucket at most 1/8 of its lower bound wide above 2^min_exp.
+    assert max((hi - lo) / lo for lo, hi in zip(bounds, bounds[1:])) == 0.125
+
+
+@pytest.mark.parametrize("layout", [dict(sub_bits=3, min_exp=2, max_exp=20), dict(sub_bits=2, min_exp=5, max_exp=5),
+                                    dict(sub_bits=5, min_exp=6, max_exp=20)])
+def test_impossible_layouts_are_refused(layout):
+    with pytest.raises(ValueError):
+        histogram.BucketLayout(**layout)
 
 
 def test_buckets_are_cumulative_in_seconds_with_exact_bounds():
-    slots = [0] * histogram.HIST_SLOTS
-    slots[0], slots[5], slots[6], slots[31] = 1, 3, 2, 4       # <=1µs, <=32µs, <=64µs, overflow
-    hist = histogram.Log2Histogram(tuple(slots), sum=1 + 3 * 30 + 2 * 60 + 4 * 5_000_000_000)
-    buckets, total = histogram.to_prometheus_buckets(hist, 1e-6)
-    assert len(buckets) == histogram.HIST_SLOTS
-    assert buckets[0] == ("1e-06", 1)
-    assert buckets[5] == ("3.2e-05", 4)
-    assert buckets[6] == ("6.4e-05", 6)
-    assert buckets[30] == (repr(2.0 ** 30 * 1e-6), 6)
+    slots = [0] * RTT.slots
+    slots[0], slots[1], slots[9], slots[-1] = 1, 3, 2, 4       # <=8µs, <=9µs, <=18µs, overflow
+    hist = histogram.KernelHistogram(tuple(slots), sum=5 + 3 * 9 + 2 * 18 + 4 * 5_000_000)
+    buckets, total = histogram.to_prometheus_buckets(hist, RTT, 1e-6)
+    assert len(buckets) == RTT.slots
+    assert buckets[0] == ("8e-06", 1)
+    assert buckets[1] == ("9e-06", 4)
+    assert buckets[9] == ("1.8e-05", 6)
+    assert buckets[136] == ("1.048576", 6)
     assert buckets[-1] == ("+Inf", 10)
     assert total == pytest.approx(hist.sum * 1e-6)
+    # Bounds print as short decimals, never 0.00013599999999999997.
+    assert all(len(le) <= 12 for le, _ in buckets)
 
 
 def test_histogram_value_round_trips_and_rejects_wrong_sizes():
-    hist = histogram.Log2Histogram(tuple(range(histogram.HIST_SLOTS)), 12345)
-    assert histogram.parse_log2_hist(histogram.encode_log2_hist(hist)) == hist
-    with pytest.raises(ValueError, match="264"):
-        histogram.parse_log2_hist(b"\0" * 8)
+    hist = histogram.KernelHistogram(tuple(range(RTT.slots)), 12345)
+    assert histogram.parse_hist(histogram.encode_hist(hist, RTT), RTT) == hist
+    with pytest.raises(ValueError, match=f"{RTT.value_size}.*make bpf"):
+        histogram.parse_hist(b"\0" * 8, RTT)
+
+
+def test_declared_layouts_match_the_bpf_sources():
+    """The three layout numbers live in DECLARE_HIST(...) in the .bpf.c and in the .yaml
+    beside it; a mismatch would put every sample in the wrong bucket."""
+    import re
+
+    from fabricscope.exporter.ebpf.objects import SOURCE_DIR
+
+    in_c = {}
+    for source in SOURCE_DIR.glob("*.bpf.c"):
+        for name, *numbers in re.findall(r"^DECLARE_HIST\((\w+),\s*(\d+),\s*(\d+),\s*(\d+)\);",
+                                         source.read_text(), re.M):
+            in_c[name] = histogram.BucketLayout(*map(int, numbers))
+    declared = {m.name: m.layout for decl in load_declarations() for m in decl.metrics if m.type == "histogram"}
+    assert declared and set(declared) <= set(in_c)
+    assert {name: in_c[name] for name in declared} == declared
+
+
+def test_a_histogram_declaration_without_its_layout_is_refused():
+    decl = {"object": "tcp", "programs": ["p"], "metrics": [{"name": "fabric_x_seconds", "type": "histogram"}]}
+    with pytest.raises(ValueError, match="fabric_x_seconds: a histogram needs buckets"):
+        parse_declaration(decl)
+    decl["metrics"][0]["buckets"] = {"sub_bits": 3, "min_exp": 1, "max_exp": 20}
+    with pytest.raises(ValueError, match="fabric_x_seconds: need sub_bits <= min_exp"):
+        parse_declaration(decl)
 
 
 # ---- key decoders ------------------------------------------------------------------
@@ -114,7 +169,7 @@ def test_every_program_has_a_declaration_and_every_declaration_a_program():
             assert f" {program}(" in source or f"({program}," in source, program
         maps = [m.name for m in decl.metrics] + [m.other_map for m in decl.metrics if m.other_map]
         for name in maps:
-            assert f"}} {name} SEC(\".maps\")" in source or f"DECLARE_HIST({name})" in source \
+            assert f"}} {name} SEC(\".maps\")" in source or f"DECLARE_HIST({name}," in source \
                 or f"DECLARE_COUNTER({name})" in source, name
 
 

@@ -213,7 +213,22 @@ def test_velocity_window_below_above_and_not_judged_early(node):
                      severity="non_fatal") == 0
 
 
-def test_fatal_ber_velocity_per_hour(node):
+def test_symbol_errors_are_not_fatal_by_default(node):
+    """121 symbol errors in an hour is the BER boundary, judged by the rules
+    (FabricInfinibandPreFailureBER, a warning); the exporter calls no port fatal for it."""
+    col = node.collector()
+    node.scrape(col)
+    node.counter("mlx5_3", "symbol_error", 121)
+    node.scrape(col, advance=1800)
+    r = node.scrape(col, advance=1800)
+    assert value(r, "fabric_infiniband_port_counter_breached", **port1("mlx5_3"), counter="symbol_error",
+                 severity="fatal") is None
+    assert value(r, "fabric_infiniband_port_fatal", **port1("mlx5_3")) == 0
+
+
+def test_configured_velocity_per_hour(node):
+    node.config = {"infiniband": {"thresholds": [
+        {"counter": "symbol_error", "type": "velocity", "threshold": 120, "unit": "hour", "severity": "fatal"}]}}
     col = node.collector()
     node.scrape(col)
     fatal = dict(port1("mlx5_3"), counter="symbol_error", severity="fatal")

@@ -15,23 +15,24 @@ def by_key(thresholds):
 def test_defaults_match_the_design():
     defaults = by_key(DEFAULT_THRESHOLDS)
     assert defaults["link_downed:fatal"] == CounterThreshold("link_downed", "delta", 0, "fatal")
-    assert defaults["symbol_error:fatal"] == CounterThreshold("symbol_error", "velocity", 120, "fatal", 3600)
+    # Symbol errors are non-fatal; their 120/hour BER boundary lives in the rules only.
+    assert "symbol_error:fatal" not in defaults
     assert defaults["symbol_error:non_fatal"] == CounterThreshold("symbol_error", "velocity", 10, "non_fatal", 1)
     assert defaults["link_error_recovery:non_fatal"].unit_seconds == 60
     assert defaults["carrier_changes:non_fatal"].kind == "delta"
     assert {t.counter for t in DEFAULT_THRESHOLDS if t.severity == "fatal"} == {
-        "link_downed", "excessive_buffer_overrun_errors", "local_link_integrity_errors", "rnr_nak_retry_err",
-        "symbol_error"}
+        "link_downed", "excessive_buffer_overrun_errors", "local_link_integrity_errors", "rnr_nak_retry_err"}
 
 
 def test_config_overrides_adds_and_disables():
     thresholds = by_key(load_thresholds({"thresholds": [
         {"counter": "symbol_error", "type": "velocity", "threshold": 50, "unit": "1m", "severity": "non_fatal"},
+        {"counter": "symbol_error", "type": "velocity", "threshold": 1000, "unit": "hour", "severity": "fatal"},
         {"counter": "port_xmit_wait", "severity": "non_fatal", "enabled": False},
         {"counter": "req_cqe_error", "type": "delta", "threshold": 3, "severity": "fatal"},
     ]}))
     assert thresholds["symbol_error:non_fatal"].limit == 50 and thresholds["symbol_error:non_fatal"].unit_seconds == 60
-    assert thresholds["symbol_error:fatal"].limit == 120          # the other severity is untouched
+    assert thresholds["symbol_error:fatal"].limit == 1000         # an operator may still add one
     assert "port_xmit_wait:non_fatal" not in thresholds
     assert thresholds["req_cqe_error:fatal"].kind == "delta"
     only = load_thresholds({"replace_default_thresholds": True,

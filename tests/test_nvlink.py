@@ -1,8 +1,14 @@
-"""The nvlink collector over the demo NVML backend, the real NVML where present, and failures."""
+"""The nvlink collector over the demo NVML backend, the real NVML where present, and failures.
+
+NVML is sampled in per-GPU threads; tests call collector.refresh() to take a sample now
+instead of waiting for the schedule.
+"""
 from __future__ import annotations
 
 import ctypes.util
 import random
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,23 +18,49 @@ from fabricscope.exporter.context import Context
 from fabricscope.demo.plugin import ClusterSpec, Fault, NodeSpec
 from fabricscope.demo.sources import nvml as demo_nvml
 from fabricscope.exporter.framework import ScrapeCollector, build_collectors, load_collector_modules
-from fabricscope.exporter.nvml import GpuInfo, LinkReading, NvmlDeviceError
+from fabricscope.exporter.nvml import GpuInfo, LinkStatic, NvmlDeviceError
+
+_open_collectors = []
+
+
+@pytest.fixture(autouse=True)
+def _close_collectors():
+    yield
+    while _open_collectors:
+        _open_collectors.pop().close()
 
 
 def registry_for(ctx):
     load_collector_modules()
     collectors = build_collectors(ctx, ["nvlink"])
+    _open_collectors.append(collectors[0])
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ScrapeCollector(collectors, node=""))
     return registry, collectors[0]
 
 
-def demo(gpus=8, nodes=2):
+class Fresh:
+    """A registry whose reads come after a fresh sample of every GPU."""
+
+    def __init__(self, registry, collector):
+        self.registry, self.collector = registry, collector
+
+    def get_sample_value(self, name, labels):
+        assert self.collector.refresh(), "a GPU sample timed out"
+        return self.registry.get_sample_value(name, labels)
+
+    def collect(self):
+        assert self.collector.refresh(), "a GPU sample timed out"
+        return self.registry.collect()
+
+
+def demo(gpus=8, nodes=2, costs=demo_nvml.FREE, interval=60.0, **options):
     specs = tuple(NodeSpec(f"gpu-node-{i}", i, gpus, 2, Path("/nonexistent")) for i in range(nodes))
     spec = ClusterSpec("test", specs, 3)
-    source = demo_nvml.make_source(specs[0], spec, random.Random(1))
-    registry, collector = registry_for(Context(node="gpu-node-0", sources={"nvml": source}))
-    return source, registry
+    source = demo_nvml.NvmlSimSource(specs[0], spec, random.Random(1), costs=costs, **options)
+    registry, collector = registry_for(Context(node="gpu-node-0", sources={"nvml": source},
+                                               config={"nvlink": {"sample_interval_seconds": interval}}))
+    return source, Fresh(registry, collector)
 
 
 def get(registry, name, **labels):
@@ -132,17 +164,28 @@ class OneBrokenGpu:
     def gpus(self):
         return [GpuInfo(i, f"GPU-{i}", "test", f"0000:0{i}:00.0") for i in range(3)]
 
-    def links(self, gpu):
+    def link_states(self, gpu):
         if gpu.index == 1:
             raise NvmlDeviceError("gpu_lost", "fell off the bus")
-        return [LinkReading(link=0, active=True, tx_bytes=1024, rx_bytes=2048)]
+        return {0: True}
+
+    def link_static(self, gpu, link):
+        return LinkStatic()
+
+    def field_values(self, gpu, fields):
+        kib = {138: 1, 139: 2}
+        return [kib.get(field_id) for field_id, _ in fields]
+
+    def error_counter(self, gpu, link, kind):
+        return None
 
     def close(self):
         pass
 
 
 def test_one_unreadable_gpu_never_hides_the_others():
-    registry, _ = registry_for(Context(node="n", sources={"nvml": OneBrokenGpu()}))
+    registry, collector = registry_for(Context(node="n", sources={"nvml": OneBrokenGpu()}))
+    registry = Fresh(registry, collector)
     assert get(registry, "fabric_nvlink_state", gpu="0", link="0") == 1
     assert get(registry, "fabric_nvlink_state", gpu="2", link="0") == 1
     assert get(registry, "fabric_nvlink_state", gpu="1", link="0") is None
@@ -150,6 +193,7 @@ def test_one_unreadable_gpu_never_hides_the_others():
     assert get(registry, "fabric_nvlink_receive_bytes_total", gpu="2", link="0") == 2048
     # Counters the GPU does not support (absent from the reading) are absent, never 0.
     assert get(registry, "fabric_nvlink_errors_total", gpu="0", link="0", type="replay") is None
+    assert get(registry, "fabric_nvlink_error_counter_reads", gpu="0", method="unsupported") == 4
 
 
 class FakePynvml:
@@ -172,8 +216,9 @@ class FakePynvml:
             super().__init__(f"NVML error {value}")
             self.value = value
 
-    def __init__(self):
+    def __init__(self, dl_fields=False):
         self.calls: dict[str, int] = {}
+        self.dl_fields = dl_fields
 
     def _count(self, name):
         self.calls[name] = self.calls.get(name, 0) + 1
@@ -216,25 +261,38 @@ class FakePynvml:
         return 2                                   # switch
 
     def nvmlDeviceGetNvLinkErrorCounter(self, handle, link, counter):
+        self._count("error_counter")
         if handle == 1 and counter == self.NVML_NVLINK_ERROR_DL_CRC_DATA:
             raise self.NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
         return 10 * handle + counter
 
     def nvmlDeviceGetFieldValues(self, handle, fields):
+        """Throughput fields answer; with dl_fields, so do the link-scoped error fields
+        (161 replay, 162 recovery, 163 CRC flit); everything else is NOT_SUPPORTED."""
+        self._count("field_values")
         out = []
         for field_id, scope in fields:
-            value = type("Value", (), {"ullVal": 1000 * (handle + 1) + scope + (field_id - 138) * 100})()
-            out.append(type("Field", (), {"fieldId": field_id, "scopeId": scope, "nvmlReturn": 0,
+            if field_id in (138, 139):
+                number = 1000 * (handle + 1) + scope + (field_id - 138) * 100
+            elif self.dl_fields and field_id in (161, 162, 163):
+                number = 10 * handle + {161: 0, 162: 1, 163: 2}[field_id]    # what the per-link call answers
+            else:
+                number = None
+            value = type("Value", (), {"ullVal": number or 0})()
+            out.append(type("Field", (), {"fieldId": field_id, "scopeId": scope,
+                                          "nvmlReturn": self.NVML_ERROR_NOT_SUPPORTED if number is None else 0,
                                           "valueType": self.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "value": value})())
         return out
 
 
-def test_real_backend_mapping_with_a_stand_in_nvml(monkeypatch):
+@pytest.mark.parametrize("dl_fields", [False, True], ids=["per_call", "field_values"])
+def test_real_backend_mapping_with_a_stand_in_nvml(monkeypatch, dl_fields):
     import sys
 
-    fake = FakePynvml()
+    fake = FakePynvml(dl_fields)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     registry, collector = registry_for(Context(node="n"))
+    registry = Fresh(registry, collector)
     assert get(registry, "fabric_nvml_available", reason="ok") == 1
     states = [s.labels for m in registry.collect() if m.name == "fabric_nvlink_state" for s in m.samples]
     assert sorted((s["gpu"], s["link"]) for s in states) == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
@@ -247,6 +305,133 @@ def test_real_backend_mapping_with_a_stand_in_nvml(monkeypatch):
     assert get(registry, "fabric_nvlink_errors_total", gpu="1", link="0", type="replay") == 10
     assert registry.get_sample_value("fabric_gpu_info", {"gpu": "0", "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3",
                                                          "pci_bus_id": "00000000:18:00.0"}) == 1
-    # Version and remote endpoint are read once per link, not on every scrape.
-    assert fake.calls == {"version": 4, "remote_pci": 4}
-    collector.close()
+    # Version and remote endpoint are read once per link, not on every sample.
+    assert (fake.calls["version"], fake.calls["remote_pci"]) == (4, 4)
+    # Per sample: one field-values batch; the per-link call only where no field answers;
+    # GPU 1's crc_data, refused both ways, is found once and not asked again.
+    reads = {(gpu, method): get(registry, "fabric_nvlink_error_counter_reads", gpu=gpu, method=method)
+             for gpu in "01" for method in ("field_values", "per_call", "unsupported")}
+    if dl_fields:
+        assert reads == {("0", "field_values"): 6, ("0", "per_call"): 2, ("0", "unsupported"): 0,
+                         ("1", "field_values"): 6, ("1", "per_call"): 0, ("1", "unsupported"): 2}
+    else:
+        assert reads == {("0", "field_values"): 0, ("0", "per_call"): 8, ("0", "unsupported"): 0,
+                         ("1", "field_values"): 0, ("1", "per_call"): 6, ("1", "unsupported"): 2}
+    calls = fake.calls["error_counter"]
+    collector.refresh()
+    assert fake.calls["error_counter"] - calls == (2 if dl_fields else 14)
+
+
+# ---- sampling off the scrape path ---------------------------------------------------------
+
+def scrape(registry):
+    """One scrape through the framework: {name: {labels tuple: value}} and the nvlink duration."""
+    out: dict[str, dict] = {}
+    for family in registry.registry.collect():
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    duration = out["fabric_scrape_collector_duration_seconds"][(("collector", "nvlink"),)]
+    return out, duration
+
+
+def by_gpu(values: dict, name: str) -> dict[str, float]:
+    return {dict(labels)["gpu"]: value for labels, value in values.get(name, {}).items()}
+
+
+def test_the_simulated_h200_reads_dl_fields_in_a_batch_and_crc_data_per_link():
+    source, registry = demo(gpus=2, costs=demo_nvml.H200_COSTS)
+    assert get(registry, "fabric_nvlink_error_counter_reads", gpu="1", method="field_values") == 3 * 18
+    assert get(registry, "fabric_nvlink_error_counter_reads", gpu="1", method="per_call") == 18
+    # A round pays for what it reads: 36 throughput + 54 error fields + 18 per-link calls.
+    duration = get(registry, "fabric_nvlink_sample_duration_seconds", gpu="1")
+    assert duration >= 36 * 0.87e-3 + 54 * 0.37e-3 + 18 * 0.85e-3
+    assert get(registry, "fabric_nvlink_sample_interval_seconds") == 60
+
+
+def test_without_error_fields_every_counter_is_a_call_and_unsupported_ones_have_no_series():
+    source, registry = demo(gpus=1, error_fields=False, supported_errors=("replay", "recovery"))
+    assert get(registry, "fabric_nvlink_error_counter_reads", gpu="0", method="per_call") == 2 * 18
+    assert get(registry, "fabric_nvlink_error_counter_reads", gpu="0", method="unsupported") == 2 * 18
+    assert get(registry, "fabric_nvlink_errors_total", gpu="0", link="4", type="replay") == 0
+    assert get(registry, "fabric_nvlink_errors_total", gpu="0", link="4", type="crc_flit") is None
+    calls = source.calls["nvmlDeviceGetNvLinkErrorCounter"]
+    registry.collector.refresh()
+    assert source.calls["nvmlDeviceGetNvLinkErrorCounter"] - calls == 2 * 18   # refused ones not asked again
+
+
+def test_static_attributes_are_read_once_and_again_on_a_state_change():
+    source, registry = demo(gpus=2)
+    static = "nvmlDeviceGetNvLinkVersion+RemotePciInfo+RemoteDeviceType"
+    for t in range(1, 4):
+        source.step(float(t), [])
+        assert get(registry, "fabric_nvlink_state", gpu="1", link="5") == 1
+    assert source.calls[static] == 2 * 18
+    fault = Fault("nvlink_down", "gpu-node-0", 4.0, 20.0, target={"gpu": 1, "link": 5},
+                  params={"precursor_seconds": 0})
+    source.step(5.0, [fault])
+    assert get(registry, "fabric_nvlink_state", gpu="1", link="5") == 0
+    assert source.calls[static] == 2 * 18 + 1
+    source.step(21.0, [])
+    assert get(registry, "fabric_nvlink_state", gpu="1", link="5") == 1
+    assert source.calls[static] == 2 * 18 + 2
+
+
+def test_slow_error_counters_never_slow_the_scrape_and_samples_keep_refreshing():
+    interval = 0.2
+    costs = replace(demo_nvml.FREE, error_counter=1e-3)
+    source, registry = demo(gpus=8, costs=costs, interval=interval, error_fields=False)
+    assert registry.collector.refresh()
+    round_nvml_time = 18 * 4 * 1e-3              # what one GPU's round spends in error-counter calls
+    first, _ = scrape(registry)
+    start_tx = by_gpu(first, "fabric_nvlink_transmit_bytes_total")
+    source.step(5.0, [])                          # traffic moves on; no refresh() from here on
+    durations, ages = [], []
+    deadline = time.monotonic() + 6 * interval
+    while time.monotonic() < deadline:
+        values, duration = scrape(registry)
+        durations.append(duration)
+        ages.extend(by_gpu(values, "fabric_nvlink_sample_age_seconds").values())
+        time.sleep(interval / 4)
+    assert max(durations) < round_nvml_time, durations    # no scrape waited for a round
+    assert len(ages) >= 8 * 10 and max(ages) < interval + 5 * round_nvml_time + 0.5, max(ages)
+    values, _ = scrape(registry)
+    moved = by_gpu(values, "fabric_nvlink_transmit_bytes_total")
+    assert len(moved) == 8 and all(moved[gpu] > start_tx[gpu] for gpu in moved)   # samples refreshed
+    assert all(value >= round_nvml_time for value in by_gpu(values, "fabric_nvlink_sample_duration_seconds").values())
+
+
+def test_a_gpu_hanging_in_nvml_stalls_neither_the_scrape_nor_the_other_gpus():
+    interval = 0.2
+    source, registry = demo(gpus=4, interval=interval, costs=replace(demo_nvml.FREE, error_counter=0.2e-3))
+    assert registry.collector.refresh()
+    hang = Fault("nvml_hang", "gpu-node-0", 1.0, None, target={"gpu": 2})
+    source.step(1.0, [hang])
+    time.sleep(3 * interval)                      # GPU 2's sampler is now stuck inside a call
+    before, _ = scrape(registry)
+    source.step(2.0, [hang])                      # traffic moves; the healthy GPUs must see it
+    samplers = registry.collector.samplers
+    assert all(samplers[gpu].refresh(timeout=2) for gpu in (0, 1, 3))
+    assert not samplers[2].refresh(timeout=interval)
+    values, duration = scrape(registry)
+    assert duration < 0.1
+    ages = by_gpu(values, "fabric_nvlink_sample_age_seconds")
+    assert ages["2"] > 2 * interval and all(ages[gpu] < 2 * interval for gpu in "013"), ages
+    stalled = values["fabric_nvml_device_read_errors"]
+    assert stalled == {(("gpu", "2"), ("reason", "sample_stalled")): 1.0}
+    tx_before = by_gpu(before, "fabric_nvlink_transmit_bytes_total")
+    tx = by_gpu(values, "fabric_nvlink_transmit_bytes_total")
+    assert all(tx[gpu] > tx_before[gpu] for gpu in "013") and tx["2"] == tx_before["2"]   # last good sample kept
+    source.step(3.0, [])                          # the GPU answers again
+    assert samplers[2].refresh(timeout=2)
+    values, _ = scrape(registry)
+    assert "fabric_nvml_device_read_errors" not in values
+    assert by_gpu(values, "fabric_nvlink_transmit_bytes_total")["2"] > tx_before["2"]
+
+
+def test_bad_sample_interval_is_refused_with_the_key_and_value():
+    load_collector_modules()
+    for bad in (0, -1, "10s", True, 7200):
+        ctx = Context(node="n", sources={"nvml": OneBrokenGpu()}, config={"nvlink": {"sample_interval_seconds": bad}})
+        with pytest.raises(ValueError, match=r"sample_interval_seconds must be .* got " + repr(bad).replace("'", ".")):
+            from fabricscope.exporter.collectors.nvlink import NvlinkCollector
+            NvlinkCollector(ctx)

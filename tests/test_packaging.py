@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SKIP = {".venv", "tests", "var", "build", "bench", "rules", "docs", "deploy", "alertmanager"}
+SKIP = {".venv", "tests", "var", "build", "bench", "docs", "deploy"}
 
 
 def _setuptools():

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from fabricscope import stack
+from fabricscope.rules import render as render_module
 
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "rules"
@@ -22,8 +23,6 @@ RUNBOOKS = REPO / "docs" / "runbooks"
 RENDERED = ("fabricscope-recording.yaml", "fabricscope-alerts.yaml")
 SEVERITIES = {"critical", "warning", "info"}
 
-
-render_module = stack.rules_renderer()
 
 
 def tool(name: str) -> str:
@@ -76,6 +75,15 @@ def test_promtool_unit_tests_pass():
     assert test_files, "no promtool test files in rules/tests"
     result = run([tool("promtool"), "test", "rules", *test_files])
     assert result.returncode == 0, f"promtool test rules failed:\n{result.stdout}\n{result.stderr}"
+
+
+def test_microburst_cases_are_generated_from_the_exporters_bucket_layout():
+    """rules/tests/tcp_microburst.yaml is what the generator writes from the exporter's
+    current bucket layout and the mixin's current thresholds (it cannot drift)."""
+    import sys
+
+    result = run([sys.executable, str(RULES / "tests" / "generate_microburst.py"), "--check"], cwd=REPO)
+    assert result.returncode == 0, result.stderr
 
 
 def test_every_alert_follows_the_mixin_conventions():
@@ -145,15 +153,22 @@ def test_bad_overrides_are_refused_with_the_offending_key(tmp_path, overrides, m
     assert not list(tmp_path.glob("*.yaml")), "nothing is written when overrides are refused"
 
 
-def test_render_with_script(tmp_path):
+def test_render_command(tmp_path):
+    """`python -m fabricscope.rules.render`: what `make -C rules render` and check-sync run."""
+    import sys
+
     overrides = tmp_path / "fast.json"
     overrides.write_text(json.dumps({"for": {"exporterDown": "15s"}}))
-    result = run([str(RULES / "render-with.sh"), str(overrides), str(tmp_path / "out")], cwd=tmp_path)
+    command = [sys.executable, "-m", "fabricscope.rules.render"]
+    result = run([*command, "--overrides", str(overrides), str(tmp_path / "out")], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     alerts = {r["alert"]: r for r in alert_rules(tmp_path / "out" / "fabricscope-alerts.yaml")}
     assert alerts["FabricExporterDown"]["for"] == "15s"
-    missing = run([str(RULES / "render-with.sh"), str(tmp_path / "nope.json"), str(tmp_path / "x")], cwd=tmp_path)
-    assert missing.returncode == 2 and "cannot read" in missing.stderr
+    missing = run([*command, "--overrides", str(tmp_path / "nope.json"), str(tmp_path / "x")], cwd=tmp_path)
+    assert missing.returncode == 2 and "cannot read" in missing.stderr and "nope.json" in missing.stderr
+    overrides.write_text(json.dumps({"for": {"nope": "1s"}}))
+    bad = run([*command, "--overrides", str(overrides), str(tmp_path / "y")], cwd=tmp_path)
+    assert bad.returncode == 1 and "unknown config key: for.nope" in bad.stderr
 
 
 def test_unit_tests_catch_a_moved_threshold(tmp_path):

@@ -1,51 +1,73 @@
-/* Shared helpers for fabricscope BPF programs: log2 histograms and counters.
+/* Shared helpers for fabricscope BPF programs: log-linear histograms and counters.
  *
- * Histograms are per-CPU arrays of one `struct log2_hist`: slot i counts values v
- * with 2^(i-1) < v <= 2^i (slot 0: v <= 1), so user space turns slot i into the
- * Prometheus bucket le = 2^i * multiplier with no loss; the last slot is the overflow.
- * `sum` is in the same unit as the values. Per-CPU: no atomics on hot paths, user space
- * sums the CPUs.
+ * A histogram is a per-CPU array of one `struct { __u64 slots[N]; __u64 sum; }` with a
+ * log-linear slot function: every power of two above 2^min_exp is split into 2^sub_bits
+ * equal-width buckets, up to 2^max_exp; slot 0 holds v <= 2^min_exp and the last slot
+ * the overflow. Every bound is an integer, so user space turns each slot into a
+ * Prometheus bucket with no loss (exporter/ebpf/histogram.py mirrors loglin_slot; the
+ * three layout numbers are repeated in the program's <name>.yaml, and a test checks
+ * that they agree). Factor-2 buckets are too coarse for a "p99 > 3x average" rule;
+ * 8 per power of two are not. `sum` is in the same unit as the values. Per-CPU: no
+ * atomics on hot paths, user space sums the CPUs.
  */
 #ifndef FABRIC_H
 #define FABRIC_H
 
-#define HIST_SLOTS 32
+#define HIST_SLOTS(sub_bits, min_exp, max_exp) (2 + (((max_exp) - (min_exp)) << (sub_bits)))
 
-struct log2_hist {
-	__u64 slots[HIST_SLOTS];
-	__u64 sum;
-};
-
-/* ceil(log2(v)) for v >= 1, clamped to the last slot. */
-static __always_inline __u32 log2_slot(__u64 v)
+/* floor(log2(x)) for x >= 1 (0 for x == 0), branch-free for the verifier. */
+static __always_inline __u32 log2_floor(__u64 x)
 {
 	__u32 r = 0, shift;
-	__u64 x = v;
 
-	if (v <= 1)
-		return 0;
-	x = v - 1;
 	shift = (x > 0xFFFFFFFFULL) << 5; x >>= shift; r |= shift;
 	shift = (x > 0xFFFF) << 4; x >>= shift; r |= shift;
 	shift = (x > 0xFF) << 3; x >>= shift; r |= shift;
 	shift = (x > 0xF) << 2; x >>= shift; r |= shift;
 	shift = (x > 0x3) << 1; x >>= shift; r |= shift;
 	r |= (x >> 1);
-	r += 1;
-	return r < HIST_SLOTS ? r : HIST_SLOTS - 1;
+	return r;
 }
 
-static __always_inline void hist_observe(void *map, __u64 value)
+/* The slot of v: 0 for v <= 2^min_exp; for v in (2^e, 2^(e+1)], min_exp <= e < max_exp,
+ * 1 + (e - min_exp) * 2^sub_bits + the sub-bucket of width 2^(e - sub_bits) that holds v;
+ * the last slot above 2^max_exp. Needs sub_bits <= min_exp. */
+static __always_inline __u32 loglin_slot(__u64 v, __u32 sub_bits, __u32 min_exp, __u32 max_exp)
 {
-	__u32 zero = 0;
-	struct log2_hist *h = bpf_map_lookup_elem(map, &zero);
+	__u64 x;
+	__u32 e;
 
-	if (!h)
-		return;
-	__u32 slot = log2_slot(value);
-	h->slots[slot & (HIST_SLOTS - 1)] += 1;
-	h->sum += value;
+	if (v <= (1ULL << min_exp))
+		return 0;
+	x = v - 1;
+	e = log2_floor(x);
+	if (e >= max_exp)
+		return HIST_SLOTS(sub_bits, min_exp, max_exp) - 1;
+	return 1 + ((e - min_exp) << sub_bits) + (__u32)((x - (1ULL << e)) >> (e - sub_bits));
 }
+
+/* DECLARE_HIST(name, sub_bits, min_exp, max_exp) declares the map `name` and
+ * name##_observe(value), which counts one value into it. */
+#define DECLARE_HIST(name, sub_bits, min_exp, max_exp) \
+	struct name##_value { \
+		__u64 slots[HIST_SLOTS(sub_bits, min_exp, max_exp)]; \
+		__u64 sum; \
+	}; \
+	struct { \
+		__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY); \
+		__uint(max_entries, 1); \
+		__type(key, __u32); \
+		__type(value, struct name##_value); \
+	} name SEC(".maps"); \
+	static __always_inline void name##_observe(__u64 value) \
+	{ \
+		__u32 zero = 0, slot = loglin_slot(value, sub_bits, min_exp, max_exp); \
+		struct name##_value *h = bpf_map_lookup_elem(&name, &zero); \
+		if (!h || slot >= HIST_SLOTS(sub_bits, min_exp, max_exp)) \
+			return; \
+		h->slots[slot] += 1; \
+		h->sum += value; \
+	}
 
 /* Add n to slot `index` of a per-CPU array of __u64 counters. */
 static __always_inline void counter_add_at(void *map, __u32 index, __u64 n)
@@ -75,14 +97,6 @@ static __always_inline void map_error(void *errors, __u32 map_id)
 {
 	counter_add_at(errors, map_id, 1);
 }
-
-#define DECLARE_HIST(name) \
-	struct { \
-		__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY); \
-		__uint(max_entries, 1); \
-		__type(key, __u32); \
-		__type(value, struct log2_hist); \
-	} name SEC(".maps")
 
 #define DECLARE_COUNTER(name) \
 	struct { \

@@ -27,7 +27,8 @@ static __always_inline long get_task_state(struct task_struct *t)
 	return ((struct task_struct___pre514 *)t)->state;
 }
 
-DECLARE_HIST(fabric_sched_runqueue_latency_seconds);
+/* Microseconds, 4 buckets per power of two from 4 us to 2^20 us (~1 s); see sched.yaml. */
+DECLARE_HIST(fabric_sched_runqueue_latency_seconds, 2, 2, 20);
 DECLARE_COUNTER(fabric_sched_context_switches_total);
 DECLARE_COUNTER(fabric_sched_migrations_total);
 DECLARE_MAP_ERRORS(1);
@@ -82,7 +83,7 @@ int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_s
 	since = bpf_task_storage_get(&runnable_since, next, 0, 0);
 	if (!since || !*since)
 		return 0;
-	hist_observe(&fabric_sched_runqueue_latency_seconds, (now - *since) / 1000);   /* microseconds */
+	fabric_sched_runqueue_latency_seconds_observe((now - *since) / 1000);   /* microseconds */
 	*since = 0;
 	return 0;
 }

@@ -4,6 +4,7 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include "fabric.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -22,6 +23,11 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } calls_percpu SEC(".maps");
+
+/* Every value the uretprobe returns, through the RTT histogram's slot function: the
+ * tests compare the kernel's slots with exporter/ebpf/histogram.py. Same layout as
+ * fabric_tcp_rtt_seconds in tcp.bpf.c. */
+DECLARE_HIST(returned_values, 3, 3, 20);
 
 struct event {
 	__u32 tgid;
@@ -70,5 +76,6 @@ SEC("uretprobe")
 int BPF_KRETPROBE(probe_return, __u64 ret)
 {
 	emit(ret, 1);
+	returned_values_observe(ret);
 	return 0;
 }

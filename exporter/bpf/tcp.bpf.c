@@ -21,8 +21,12 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
-DECLARE_HIST(fabric_tcp_rtt_seconds);              /* microseconds */
-DECLARE_HIST(fabric_tcp_connect_latency_seconds);  /* microseconds */
+/* Microseconds. RTT: 8 buckets per power of two from 8 us to 2^20 us (~1 s), the
+ * resolution the microburst rule (p99 > 3x its average) needs. Connect latency: 4 per
+ * power of two from 16 us to 2^23 us (~8 s, past the SYN retransmit timeouts).
+ * The same numbers are in tcp.yaml. */
+DECLARE_HIST(fabric_tcp_rtt_seconds, 3, 3, 20);
+DECLARE_HIST(fabric_tcp_connect_latency_seconds, 2, 4, 23);
 DECLARE_MAP_ERRORS(2);
 
 /* Peer address (IPv4 as v4-mapped IPv6); user space maps it to a cluster host name or
@@ -58,7 +62,7 @@ int BPF_PROG(tcp_probe, struct sock *sk, const struct sk_buff *skb)
 		return 0;
 	srtt_us = tp->srtt_us >> 3;   /* srtt_us is stored << 3 */
 	if (srtt_us)
-		hist_observe(&fabric_tcp_rtt_seconds, srtt_us);
+		fabric_tcp_rtt_seconds_observe(srtt_us);
 	return 0;
 }
 
@@ -83,7 +87,7 @@ int inet_sock_set_state(struct trace_event_raw_inet_sock_set_state *ctx)
 		return 0;
 	start = bpf_map_lookup_elem(&connect_start, &sk);
 	if (start && newstate == TCP_ESTABLISHED)
-		hist_observe(&fabric_tcp_connect_latency_seconds, (bpf_ktime_get_ns() - *start) / 1000);
+		fabric_tcp_connect_latency_seconds_observe((bpf_ktime_get_ns() - *start) / 1000);
 	bpf_map_delete_elem(&connect_start, &sk);
 	return 0;
 }

@@ -1,20 +1,44 @@
 """NVLink state, topology, traffic and errors per GPU, from NVML (or the demo's simulation).
 
+NVML is read off the scrape path (exporter/nvml/sampler.py: one thread per GPU, every
+`sample_interval_seconds`); a scrape serves the latest sample of each GPU at once, with
+its age, so a slow or hung GPU shows as staleness, never as a slow scrape.
+
 No NVML on the host is a normal state, not an error: fabric_nvml_available{reason} 0 and
 nothing else. One GPU that cannot be read is reported and never hides the others.
+
+Config section `nvlink`:
+  sample_interval_seconds (10): how often each GPU's links are read. Well under the
+    NVLink alert windows (1m down, 5m error rate); each round costs ~60 ms of NVML time
+    per H200 GPU (docs/cost.md).
 """
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..framework import Collector, register
-from ..nvml import NvmlBackend, NvmlDeviceError, NvmlUnavailable, open_backend
+from ..nvml import GpuInfo, NvmlBackend, NvmlUnavailable, open_backend
+from ..nvml.sampler import BATCHED, PER_CALL, UNSUPPORTED, GpuSampler
 
 log = logging.getLogger("fabricscope.exporter.nvlink")
+
+CONFIG_KEYS = {"sample_interval_seconds"}
+DEFAULT_SAMPLE_INTERVAL = 10.0
+# A round still running after this many intervals is reported as stalled.
+STALL_INTERVALS = 2.0
+
+
+def sample_interval(section: dict) -> float:
+    value = section.get("sample_interval_seconds", DEFAULT_SAMPLE_INTERVAL)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 3600:
+        raise ValueError(f"nvlink config: sample_interval_seconds must be a number of seconds in (0, 3600], "
+                         f"got {value!r}")
+    return float(value)
 
 
 @register
@@ -24,10 +48,22 @@ class NvlinkCollector(Collector):
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
+        section = ctx.section("nvlink")
+        unknown = sorted(set(section) - CONFIG_KEYS)
+        if unknown:                                   # a typo would silently keep a default
+            log.warning("nvlink config: ignoring unknown keys %s (known: %s)", unknown, sorted(CONFIG_KEYS))
+        self.interval = sample_interval(section)
         self._lock = threading.Lock()
         self._backend: NvmlBackend | None = ctx.sources.get("nvml")
+        self._gpus: list[GpuInfo] = []
+        self.samplers: list[GpuSampler] = []
         self._unavailable: str | None = None
         self._logged_reason: str | None = None
+        try:
+            with self._lock:
+                self._open()                          # sampling starts now, not at the first scrape
+        except Exception:                             # e.g. a GPU refusing enumeration: the scrape retries
+            log.exception("NVML GPUs could not be listed; retrying at the next scrape")
 
     def _open(self) -> NvmlBackend | None:
         # Retried on every scrape while unavailable: the driver may load after the exporter.
@@ -40,19 +76,28 @@ class NvlinkCollector(Collector):
                 if self._logged_reason != exc.reason:
                     log.info("NVML unavailable (%s); nvlink collector exports fabric_nvml_available 0", exc)
                     self._logged_reason = exc.reason
+        if self._backend is not None and not self.samplers:
+            self._gpus = self._backend.gpus()
+            self.samplers = [GpuSampler(self._backend, gpu, self.interval) for gpu in self._gpus]
+            for sampler in self.samplers:
+                sampler.start()
         return self._backend
+
+    def refresh(self, timeout: float = 10.0) -> bool:
+        """Take a fresh sample of every GPU now (tests, benchmarks); False if one timed out."""
+        return all([sampler.refresh(timeout) for sampler in self.samplers])
 
     def collect(self) -> Iterable[Metric]:
         with self._lock:
             backend = self._open()
-            available = GaugeMetricFamily("fabric_nvml_available",
-                                          "1 if NVML answered; reason says why not otherwise.", labels=["reason"])
-            available.add_metric([self._unavailable or "ok"], 0.0 if backend is None else 1.0)
-            yield available
-            if backend is not None:
-                yield from self._families(backend)
+        available = GaugeMetricFamily("fabric_nvml_available",
+                                      "1 if NVML answered; reason says why not otherwise.", labels=["reason"])
+        available.add_metric([self._unavailable or "ok"], 0.0 if backend is None else 1.0)
+        yield available
+        if backend is not None:
+            yield from self._families()
 
-    def _families(self, backend: NvmlBackend) -> Iterable[Metric]:
+    def _families(self) -> Iterable[Metric]:
         gpu_info = GaugeMetricFamily("fabric_gpu_info", "GPU identity; always 1.",
                                      labels=["gpu", "uuid", "name", "pci_bus_id"])
         state = GaugeMetricFamily("fabric_nvlink_state", "1 if the NVLink is active.", labels=["gpu", "link"])
@@ -64,18 +109,39 @@ class NvlinkCollector(Collector):
                                  "(NVML NVLINK_THROUGHPUT_DATA_RX, KiB x 1024).", labels=["gpu", "link"])
         errors = CounterMetricFamily("fabric_nvlink_errors", "NVLink data-link error counters; absent where "
                                      "the GPU answers NOT_SUPPORTED.", labels=["gpu", "link", "type"])
-        read_errors = GaugeMetricFamily("fabric_nvml_device_read_errors", "1 when the GPU could not be read "
-                                        "on this scrape.", labels=["gpu", "reason"])
-        for gpu in backend.gpus():
+        read_errors = GaugeMetricFamily("fabric_nvml_device_read_errors", "1 when the GPU's last sample could "
+                                        "not read it, or its sample has been running for over "
+                                        f"{STALL_INTERVALS:g} intervals (sample_stalled).", labels=["gpu", "reason"])
+        age = GaugeMetricFamily("fabric_nvlink_sample_age_seconds", "Time since the GPU's latest NVLink sample "
+                                "began: how old the values served for it are.", labels=["gpu"])
+        duration = GaugeMetricFamily("fabric_nvlink_sample_duration_seconds", "Time the GPU's latest NVLink "
+                                     "sample took in NVML.", labels=["gpu"])
+        reads = GaugeMetricFamily("fabric_nvlink_error_counter_reads", "NVLink error counters read per sample, "
+                                  "by how: field_values (one batched nvmlDeviceGetFieldValues), per_call "
+                                  "(nvmlDeviceGetNvLinkErrorCounter each), unsupported (neither).",
+                                  labels=["gpu", "method"])
+        cpu = CounterMetricFamily("fabric_nvlink_sample_cpu_seconds", "CPU time (user + system) the GPU's "
+                                  "sampling thread has used, NVML calls included.", labels=["gpu"])
+        interval = GaugeMetricFamily("fabric_nvlink_sample_interval_seconds", "Configured time between NVLink "
+                                     "samples of a GPU.", value=self.interval)
+        now = time.monotonic()
+        for gpu, sampler in zip(self._gpus, self.samplers):
             g = str(gpu.index)
             gpu_info.add_metric([g, gpu.uuid, gpu.name, gpu.pci_bus_id], 1.0)
-            try:
-                links = backend.links(gpu)
-            except NvmlDeviceError as exc:
-                log.warning("GPU %s (%s): %s", g, gpu.pci_bus_id, exc)
-                read_errors.add_metric([g, exc.reason], 1.0)
+            cpu.add_metric([g], sampler.cpu_seconds)
+            if sampler.busy_for(now) > STALL_INTERVALS * self.interval:
+                read_errors.add_metric([g, "sample_stalled"], 1.0)
+            sample = sampler.latest
+            if sample is None:                        # first round still running
                 continue
-            for reading in links:
+            age.add_metric([g], max(0.0, now - sample.started))
+            duration.add_metric([g], sample.duration)
+            if sample.failure:
+                read_errors.add_metric([g, sample.failure], 1.0)
+                continue
+            for method in (BATCHED, PER_CALL, UNSUPPORTED):
+                reads.add_metric([g, method], float(sample.error_reads.get(method, 0)))
+            for reading in sample.links:
                 link = str(reading.link)
                 state.add_metric([g, link], 1.0 if reading.active else 0.0)
                 info.add_metric([g, link, "" if reading.version is None else str(reading.version),
@@ -86,10 +152,13 @@ class NvlinkCollector(Collector):
                     rx.add_metric([g, link], float(reading.rx_bytes))
                 for kind, value in sorted(reading.errors.items()):
                     errors.add_metric([g, link, kind], float(value))
-        yield from (gpu_info, state, info, tx, rx, errors, read_errors)
+        yield from (gpu_info, state, info, tx, rx, errors, read_errors, age, duration, reads, cpu, interval)
 
     def close(self) -> None:
         with self._lock:
+            for sampler in self.samplers:
+                sampler.stop()
+            self.samplers = []
             if self._backend is not None and "nvml" not in self.ctx.sources:
                 self._backend.close()
             self._backend = None

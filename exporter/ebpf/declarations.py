@@ -10,9 +10,11 @@ from pathlib import Path
 
 import yaml
 
+from .histogram import BucketLayout
 from .objects import SOURCE_DIR
 
-METRIC_TYPES = {"log2_histogram", "counter"}
+METRIC_TYPES = {"histogram", "counter"}
+LAYOUT_KEYS = {"sub_bits", "min_exp", "max_exp"}
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,8 @@ class MetricDecl:
     # A per-CPU array holding the "other" share of a labelled counter: its value goes to
     # the first label = "other", its key (if any) decodes through the remaining labels.
     other_map: str | None = None
+    # Histograms: the slot layout, the same three numbers as the map's DECLARE_HIST().
+    layout: BucketLayout | None = None
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,8 @@ def parse_declaration(data: dict, origin: str = "<declaration>") -> ObjectDecl:
                 raise ValueError(f"{origin}: metric {m['name']}: other_map needs at least one label")
             metrics.append(MetricDecl(name=str(m["name"]), type=m["type"], help=str(m.get("help", "")),
                                       unit_seconds=float(m.get("unit_seconds", 1.0)), labels=labels,
-                                      other_map=str(other) if other else None))
+                                      other_map=str(other) if other else None,
+                                      layout=_layout(m, origin) if m["type"] == "histogram" else None))
         programs = tuple(map(str, data["programs"]))
         tracefs = tuple(map(str, data.get("tracefs_programs") or ()))
         if not set(tracefs) <= set(programs):
@@ -65,6 +70,18 @@ def parse_declaration(data: dict, origin: str = "<declaration>") -> ObjectDecl:
                           map_errors=tuple(map(str, data.get("map_errors") or ())), metrics=tuple(metrics))
     except (KeyError, TypeError) as exc:
         raise ValueError(f"{origin}: malformed declaration ({exc!r})") from exc
+
+
+def _layout(metric: dict, origin: str) -> BucketLayout:
+    buckets = metric.get("buckets")
+    if not isinstance(buckets, dict) or set(buckets) != LAYOUT_KEYS \
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in buckets.values()):
+        raise ValueError(f"{origin}: metric {metric['name']}: a histogram needs buckets: "
+                         f"{{sub_bits, min_exp, max_exp}} (integers, as in its DECLARE_HIST), got {buckets!r}")
+    try:
+        return BucketLayout(**buckets)
+    except ValueError as exc:
+        raise ValueError(f"{origin}: metric {metric['name']}: {exc}") from None
 
 
 def load_declarations(directory: Path = SOURCE_DIR) -> list[ObjectDecl]:

@@ -1,7 +1,7 @@
 """Raw BPF maps -> Prometheus metric families, per the declarations beside the programs.
 
 One code path for the kernel and the demo: a MapSource hands over kernel-shaped bytes,
-this module decodes keys to labels, log2 slots to second-based buckets, and keeps
+this module decodes keys to labels, histogram slots to second-based buckets, and keeps
 counters monotonic across LRU eviction (counters.py).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from .counters import LabelCounters
 from .declarations import MetricDecl, ObjectDecl
 from .decoders import STATIC_DECODERS, Decoder, decode_key, peer_decoder
-from .histogram import parse_log2_hist, to_prometheus_buckets
+from .histogram import parse_hist, to_prometheus_buckets
 from .source import MapSource
 
 log = logging.getLogger("fabricscope.ebpf")
@@ -65,14 +65,15 @@ class MapConverter:
 
     def _convert(self, metric: MetricDecl, items: list[tuple[bytes, bytes]], source: MapSource,
                  obj: str) -> Metric:
-        if metric.type == "log2_histogram":
+        if metric.type == "histogram":
             return self._histogram(metric, items)
         return self._counter(metric, items, source, obj)
 
     def _histogram(self, metric: MetricDecl, items: list[tuple[bytes, bytes]]) -> Metric:
         family = HistogramMetricFamily(metric.name, metric.help, labels=[])
         for _key, value in items[:1]:   # one-slot per-CPU array (key 0)
-            buckets, total = to_prometheus_buckets(parse_log2_hist(value), metric.unit_seconds)
+            buckets, total = to_prometheus_buckets(parse_hist(value, metric.layout), metric.layout,
+                                                   metric.unit_seconds)
             family.add_metric([], buckets, total)
         return family
 

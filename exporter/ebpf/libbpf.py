@@ -199,7 +199,7 @@ class BpfMap:
         return [raw[i * self._stride:i * self._stride + self.value_size] for i in range(self.ncpus)]
 
     def _sum(self, raw: bytes) -> bytes:
-        # Per-CPU values are summed as arrays of u64 (counters and log2 buckets).
+        # Per-CPU values are summed as arrays of u64 (counters and histogram slots).
         if self.value_size % 8:
             raise ValueError(f"map {self.name}: per-CPU values of {self.value_size} bytes cannot be summed as u64")
         n = self.value_size // 8

@@ -1,8 +1,9 @@
-"""NVML access for the nvlink collector: a backend interface, the real pynvml backend."""
-from .backend import ERROR_TYPES, GpuInfo, LinkReading, NvmlBackend, NvmlDeviceError, NvmlUnavailable
+"""NVML access for the nvlink collector: a backend interface, the real pynvml backend, the sampler."""
+from .backend import (ERROR_TYPES, FieldValuesUnsupported, GpuInfo, LinkReading, LinkStatic, NvmlBackend,
+                      NvmlDeviceError, NvmlUnavailable)
 
-__all__ = ["ERROR_TYPES", "GpuInfo", "LinkReading", "NvmlBackend", "NvmlDeviceError", "NvmlUnavailable",
-           "open_backend"]
+__all__ = ["ERROR_TYPES", "FieldValuesUnsupported", "GpuInfo", "LinkReading", "LinkStatic", "NvmlBackend",
+           "NvmlDeviceError", "NvmlUnavailable", "open_backend"]
 
 
 def open_backend() -> NvmlBackend:

@@ -1,4 +1,10 @@
-"""The small interface the nvlink collector reads: the real NVML or the demo's simulation.
+"""The small interface the nvlink sampler reads: the real NVML or the demo's simulation.
+
+The interface is NVML's own call granularity (link state, static link attributes, one
+batched field-values call, one error-counter call), because what a read costs depends on
+which call makes it: on an H200 an error-counter call takes ~0.85 ms while a link-state
+call takes ~1 µs. The sampler (exporter/nvml/sampler.py) decides which calls to make and
+how often; backends only answer them.
 
 Readings are plain data with base units already applied (bytes, not KiB). A value the
 device does not support is None / absent, never 0.
@@ -9,6 +15,31 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 ERROR_TYPES = ("crc_flit", "crc_data", "replay", "recovery")
+
+# nvmlDeviceGetFieldValues field ids (nvml.h). Written out, not taken from pynvml, so the
+# simulation and the sampler need no NVML bindings.
+FI_NVLINK_THROUGHPUT_DATA_TX = 138          # KiB, scopeId = link
+FI_NVLINK_THROUGHPUT_DATA_RX = 139
+FI_NVLINK_ERROR_DL_REPLAY = 161             # scopeId = link
+FI_NVLINK_ERROR_DL_RECOVERY = 162
+FI_NVLINK_ERROR_DL_CRC = 163                # the flit CRC counter (NVML_NVLINK_ERROR_DL_CRC_FLIT)
+# The older per-link ids exist for links 0..11 only, link number encoded in the id.
+_FI_CRC_DATA_L0_5 = 39                      # NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L0..L5 = 39..44
+_FI_CRC_DATA_L6_11 = 102                    # ..._L6..L11 = 102..107
+
+
+def error_field(kind: str, link: int) -> tuple[int, int] | None:
+    """(field id, scope id) that reads one link's error counter in a batch, or None where
+    NVML defines no field for it (the sampler then calls nvmlDeviceGetNvLinkErrorCounter)."""
+    scoped = {"crc_flit": FI_NVLINK_ERROR_DL_CRC, "replay": FI_NVLINK_ERROR_DL_REPLAY,
+              "recovery": FI_NVLINK_ERROR_DL_RECOVERY}
+    if kind in scoped:
+        return scoped[kind], link
+    if kind == "crc_data" and 0 <= link < 6:
+        return _FI_CRC_DATA_L0_5 + link, 0
+    if kind == "crc_data" and 6 <= link < 12:
+        return _FI_CRC_DATA_L6_11 + link - 6, 0
+    return None
 
 
 class NvmlUnavailable(Exception):
@@ -27,6 +58,10 @@ class NvmlDeviceError(Exception):
         self.reason = reason
 
 
+class FieldValuesUnsupported(Exception):
+    """The driver has no nvmlDeviceGetFieldValues (or refuses it for this GPU)."""
+
+
 @dataclass(frozen=True)
 class GpuInfo:
     index: int
@@ -36,12 +71,20 @@ class GpuInfo:
 
 
 @dataclass(frozen=True)
-class LinkReading:
-    link: int
-    active: bool
+class LinkStatic:
+    """What changes only when a link retrains: read once, and again on a state change."""
     version: str | None = None                # NVLink version, e.g. "4.0"
     remote_pci_bus_id: str | None = None
     remote_type: str | None = None            # gpu | switch | ibmnpu | unknown
+
+
+@dataclass(frozen=True)
+class LinkReading:
+    link: int
+    active: bool
+    version: str | None = None
+    remote_pci_bus_id: str | None = None
+    remote_type: str | None = None
     tx_bytes: int | None = None               # cumulative data bytes (NVML reports KiB)
     rx_bytes: int | None = None
     errors: dict[str, int] = field(default_factory=dict)   # only the supported ERROR_TYPES
@@ -51,8 +94,20 @@ class NvmlBackend(Protocol):
     def gpus(self) -> list[GpuInfo]:
         """The GPUs NVML sees, in NVML index order."""
 
-    def links(self, gpu: GpuInfo) -> list[LinkReading]:
-        """Every NVLink the GPU has (links that do not exist are left out).
+    def link_states(self, gpu: GpuInfo) -> dict[int, bool]:
+        """link -> active, for every NVLink the GPU has (link numbers that do not exist are
+        left out). Raises NvmlDeviceError when the GPU cannot be read."""
+
+    def link_static(self, gpu: GpuInfo, link: int) -> LinkStatic:
+        """Version and remote endpoint; None fields where unsupported."""
+
+    def field_values(self, gpu: GpuInfo, fields: list[tuple[int, int]]) -> list[int | None]:
+        """One nvmlDeviceGetFieldValues call: raw integer per (field id, scope id), None where
+        that field is not supported. Raises FieldValuesUnsupported when the call itself is
+        not, NvmlDeviceError when the GPU cannot be read."""
+
+    def error_counter(self, gpu: GpuInfo, link: int, kind: str) -> int | None:
+        """One nvmlDeviceGetNvLinkErrorCounter call; None where NOT_SUPPORTED.
         Raises NvmlDeviceError when the GPU cannot be read."""
 
     def close(self) -> None:

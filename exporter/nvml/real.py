@@ -1,10 +1,15 @@
-"""NvmlBackend over the host's libnvidia-ml through nvidia-ml-py (pynvml)."""
+"""NvmlBackend over the host's libnvidia-ml through nvidia-ml-py (pynvml).
+
+One method per NVML call the sampler makes (see backend.py). NVML is thread-safe and
+ctypes releases the GIL during each call, so the sampler's per-GPU threads read their
+GPUs concurrently, and one GPU stuck inside the driver blocks only its own thread.
+"""
 from __future__ import annotations
 
 import logging
-import time
 
-from .backend import ERROR_TYPES, GpuInfo, LinkReading, NvmlDeviceError, NvmlUnavailable
+from .backend import (ERROR_TYPES, FieldValuesUnsupported, GpuInfo, LinkStatic, NvmlDeviceError,
+                      NvmlUnavailable)
 
 log = logging.getLogger("fabricscope.exporter.nvml")
 
@@ -12,9 +17,6 @@ _REMOTE_TYPES = {0x00: "gpu", 0x01: "ibmnpu", 0x02: "switch", 0xFF: "unknown"}
 # nvmlDeviceGetNvLinkVersion answers an nvmlNvlinkVersion_t, not the version number:
 # an H100/H200 (NVLink 4) answers 6.
 _NVLINK_VERSIONS = {1: "1.0", 2: "2.0", 3: "2.2", 4: "3.0", 5: "3.1", 6: "4.0", 7: "5.0", 8: "6.0"}
-# Version and remote endpoint only change when a link retrains: re-read them on a state
-# change or after this long, not on every scrape (each NVML call costs ~1 ms in a VM).
-STATIC_REFRESH_SECONDS = 300.0
 
 
 def _text(value) -> str:
@@ -51,51 +53,75 @@ class PynvmlBackend:
         # crc_flit -> NVML_NVLINK_ERROR_DL_CRC_FLIT, ...
         self._error_counters = {name: getattr(pynvml, f"NVML_NVLINK_ERROR_DL_{name.upper()}")
                                 for name in ERROR_TYPES}
-        # (gpu uuid, link) -> (state, read at, version, remote pci bus id, remote type)
-        self._static: dict[tuple[str, int], tuple] = {}
+        self._absent = {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT}
+        self._handles: dict[int, object] = {}
 
     def gpus(self) -> list[GpuInfo]:
         nvml = self.nvml
         out = []
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            self._handles[index] = handle
             out.append(GpuInfo(index=index, uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
                                name=_text(nvml.nvmlDeviceGetName(handle)),
                                pci_bus_id=_text(nvml.nvmlDeviceGetPciInfo(handle).busId)))
         return out
 
-    def links(self, gpu: GpuInfo) -> list[LinkReading]:
-        nvml = self.nvml
-        try:
-            handle = nvml.nvmlDeviceGetHandleByIndex(gpu.index)
-        except nvml.NVMLError as exc:
-            raise NvmlDeviceError(_reason(nvml, exc), str(exc)) from None
+    def _handle(self, gpu: GpuInfo):
+        handle = self._handles.get(gpu.index)
+        if handle is None:
+            try:
+                handle = self._handles[gpu.index] = self.nvml.nvmlDeviceGetHandleByIndex(gpu.index)
+            except self.nvml.NVMLError as exc:
+                raise NvmlDeviceError(_reason(self.nvml, exc), str(exc)) from None
+        return handle
+
+    def link_states(self, gpu: GpuInfo) -> dict[int, bool]:
+        nvml, handle = self.nvml, self._handle(gpu)
         present: dict[int, bool] = {}
         for link in range(nvml.NVML_NVLINK_MAX_LINKS):
             try:
                 present[link] = bool(nvml.nvmlDeviceGetNvLinkState(handle, link))
             except nvml.NVMLError as exc:
                 # NOT_SUPPORTED / INVALID_ARGUMENT: this link number does not exist here.
-                if getattr(exc, "value", None) in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_INVALID_ARGUMENT):
+                if getattr(exc, "value", None) in self._absent:
                     continue
                 raise NvmlDeviceError(_reason(nvml, exc), f"link {link} state: {exc}") from None
-        throughput = self._throughput(handle, list(present))
-        readings = []
-        for link, active in present.items():
-            version, remote_pci, remote_type = self._static_info(gpu, handle, link, active)
-            readings.append(LinkReading(link=link, active=active, version=version, remote_pci_bus_id=remote_pci,
-                                        remote_type=remote_type, tx_bytes=throughput.get((link, "tx")),
-                                        rx_bytes=throughput.get((link, "rx")), errors=self._errors(handle, link)))
-        return readings
+        return present
 
-    def _static_info(self, gpu: GpuInfo, handle, link: int, active: bool) -> tuple:
-        now = time.monotonic()
-        cached = self._static.get((gpu.uuid, link))
-        if cached is None or cached[0] != active or now - cached[1] > STATIC_REFRESH_SECONDS:
-            cached = (active, now, self._version(handle, link), self._remote_pci(handle, link),
-                      self._remote_type(handle, link))
-            self._static[(gpu.uuid, link)] = cached
-        return cached[2:]
+    def link_static(self, gpu: GpuInfo, link: int) -> LinkStatic:
+        nvml, handle = self.nvml, self._handle(gpu)
+        code = self._optional(nvml.nvmlDeviceGetNvLinkVersion, handle, link)
+        version = None if code is None else _NVLINK_VERSIONS.get(code, f"unknown_{code}")
+        pci = self._optional(nvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link)
+        function = getattr(nvml, "nvmlDeviceGetNvLinkRemoteDeviceType", None)
+        remote = self._optional(function, handle, link) if function else None
+        return LinkStatic(version=version, remote_pci_bus_id=_text(pci.busId) if pci is not None else None,
+                          remote_type=None if remote is None else _REMOTE_TYPES.get(remote, "unknown"))
+
+    def field_values(self, gpu: GpuInfo, fields: list[tuple[int, int]]) -> list[int | None]:
+        nvml, handle = self.nvml, self._handle(gpu)
+        if not fields:
+            return []
+        try:
+            values = nvml.nvmlDeviceGetFieldValues(handle, fields)
+        except nvml.NVMLError as exc:
+            if getattr(exc, "value", None) in (nvml.NVML_ERROR_FUNCTION_NOT_FOUND, nvml.NVML_ERROR_NOT_SUPPORTED):
+                raise FieldValuesUnsupported(str(exc)) from None
+            raise NvmlDeviceError(_reason(nvml, exc), f"field values: {exc}") from None
+        except AttributeError as exc:         # bindings older than the call
+            raise FieldValuesUnsupported(str(exc)) from None
+        return [int(_field_number(nvml, value)) if value.nvmlReturn == nvml.NVML_SUCCESS else None
+                for value in values]
+
+    def error_counter(self, gpu: GpuInfo, link: int, kind: str) -> int | None:
+        nvml, handle = self.nvml, self._handle(gpu)
+        try:
+            return int(nvml.nvmlDeviceGetNvLinkErrorCounter(handle, link, self._error_counters[kind]))
+        except nvml.NVMLError as exc:
+            if getattr(exc, "value", None) in self._absent:
+                return None
+            raise NvmlDeviceError(_reason(nvml, exc), f"link {link} {kind} counter: {exc}") from None
 
     def close(self) -> None:
         try:
@@ -103,54 +129,11 @@ class PynvmlBackend:
         except self.nvml.NVMLError:
             pass
 
-    # --- helpers: each answers None where the device says NOT_SUPPORTED -------------------
-
     def _optional(self, function, *args):
         try:
             return function(*args)
         except self.nvml.NVMLError:
             return None
-
-    def _version(self, handle, link: int) -> str | None:
-        code = self._optional(self.nvml.nvmlDeviceGetNvLinkVersion, handle, link)
-        return None if code is None else _NVLINK_VERSIONS.get(code, f"unknown_{code}")
-
-    def _remote_pci(self, handle, link: int) -> str | None:
-        info = self._optional(self.nvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link)
-        return _text(info.busId) if info is not None else None
-
-    def _remote_type(self, handle, link: int) -> str | None:
-        function = getattr(self.nvml, "nvmlDeviceGetNvLinkRemoteDeviceType", None)
-        code = self._optional(function, handle, link) if function else None
-        return None if code is None else _REMOTE_TYPES.get(code, "unknown")
-
-    def _errors(self, handle, link: int) -> dict[str, int]:
-        out = {}
-        for name, counter in self._error_counters.items():
-            value = self._optional(self.nvml.nvmlDeviceGetNvLinkErrorCounter, handle, link, counter)
-            if value is not None:
-                out[name] = int(value)
-        return out
-
-    def _throughput(self, handle, links: list[int]) -> dict[tuple[int, str], int]:
-        """Cumulative data bytes per link from the NVLINK_THROUGHPUT_DATA fields (KiB)."""
-        nvml = self.nvml
-        fields = [(nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link) for link in links] + \
-                 [(nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link) for link in links]
-        if not fields:
-            return {}
-        try:
-            values = nvml.nvmlDeviceGetFieldValues(handle, fields)
-        except nvml.NVMLError as exc:
-            log.debug("NVLink throughput fields unavailable: %s", exc)
-            return {}
-        out = {}
-        for value in values:
-            if value.nvmlReturn != nvml.NVML_SUCCESS:
-                continue
-            direction = "tx" if value.fieldId == nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX else "rx"
-            out[(value.scopeId, direction)] = int(_field_number(nvml, value)) * 1024
-        return out
 
 
 def _field_number(nvml, value) -> float:

@@ -4,12 +4,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal
 import sys
-import tempfile
 import threading
 from pathlib import Path
+
+from fabricscope.atomicfile import write_atomically
 
 from .cluster import DemoCluster
 from .scenario import ScenarioError, default_scenario_path, load_scenario
@@ -46,16 +46,9 @@ def file_sd_groups(targets: list[tuple[str, str]], cluster_name: str) -> list[di
 
 
 def write_targets_file(path: str | Path, targets: list[tuple[str, str]], cluster_name: str) -> Path:
-    """Atomically, so a Prometheus watching the file never reads half of it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(file_sd_groups(targets, cluster_name), handle, indent=2)
-        handle.write("\n")
-    os.chmod(tmp, 0o644)   # mkstemp makes it 0600; a Prometheus running as its own user reads it
-    os.replace(tmp, path)
-    return path
+    """Atomically, so a Prometheus watching the file never reads half of it; world-readable,
+    so a Prometheus running as its own user can read it."""
+    return write_atomically(path, json.dumps(file_sd_groups(targets, cluster_name), indent=2) + "\n", mode=0o644)
 
 
 def banner(cluster: DemoCluster) -> str:

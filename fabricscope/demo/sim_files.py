@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from fabricscope.atomicfile import write_atomically
+
 
 class TreeWriter:
     def __init__(self, root: Path) -> None:
@@ -22,7 +24,7 @@ class TreeWriter:
         self._root = str(self.root)   # plain strings: pathlib costs more than the syscalls here
         self.staging = self.root / ".staging"
         self.staging.mkdir(parents=True, exist_ok=True)
-        self._pending = str(self.staging / "pending")
+        self._staging = str(self.staging)
         self._last: dict[str, bytes] = {}   # relative path -> content last written
         self._made: set[str] = set()        # directories known to exist
         self.writes = 0                     # files actually replaced, for the tick benchmark
@@ -38,12 +40,7 @@ class TreeWriter:
         if self._last.get(rel) == data:
             return False
         self.mkdir(os.path.dirname(rel))
-        fd = os.open(self._pending, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o444)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(self._pending, f"{self._root}/{rel}")
+        write_atomically(f"{self._root}/{rel}", data, mode=0o444, staging_dir=self._staging)
         self._last[rel] = data
         self.writes += 1
         return True

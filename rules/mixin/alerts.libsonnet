@@ -47,13 +47,55 @@ local util = import 'util.libsonnet';
   ),
 
   // ---- InfiniBand (seed 003) ---------------------------------------------------------
-  // A port that is not ACTIVE now but was ACTIVE within the look-back. The state label
-  // changes with the value, so match the two sides ignoring it.
+  local port = by([cfg.nodeLabel, 'device', 'port']),
+
+  // A port that stopped working after it worked. Codes 4 (ACTIVE) and 5 (ACTIVE_DEFER)
+  // both carry traffic, as the exporter's own verdict says (exporter/health/link_state.py).
+  // `state` is dropped from the identity: a port bouncing between DOWN and INIT is one
+  // fault, not a new alert on every change. "Worked" is "seen working within the
+  // look-back, or already alerted": the ALERTS term keeps a port that stays down (or
+  // stuck in INIT) alerting under this name, and its inhibitions in force, for as long
+  // as it lasts, not only for the look-back.
+  local alertedOrWasWorking(name, working) = |||
+    %(working)s
+    or
+    ALERTS{alertname="%(name)s"}
+  ||| % { name: name, working: working },
+
   local ibPortDownExpr = |||
-    fabric_infiniband_port_state != 4
-    and ignoring (state)
-    max_over_time(fabric_infiniband_port_state{state="ACTIVE"}[%s])
-  ||| % w.ibWasActive,
+    max without (state) (fabric_infiniband_port_state) < 4
+    and on (%(port)s)
+    (
+      %(recent)s
+    )
+  ||| % {
+    port: port,
+    recent: std.strReplace(std.rstripChars(alertedOrWasWorking(
+      'FabricInfinibandPortDown',
+      'max without (state) (max_over_time(fabric_infiniband_port_state{state=~"ACTIVE|ACTIVE_DEFER"}[%s]))' % w.ibWasActive
+    ), '\n'), '\n', '\n  '),
+  },
+
+  // increase() of a port counter over `range`, also counting the wider source of the same
+  // count where the port has one (a RoCE port's 64-bit ethtool PHY counter on its netdev),
+  // so a saturated sysfs counter does not hide new errors. Each source is its own series
+  // (no jump when one of them is briefly unreadable); the caller takes the larger
+  // increase per port. Returns `or`-joined terms.
+  local ibCounterIncreases(counter, range) =
+    local wider = std.get(cfg.ibWiderCounters, counter, null);
+    'increase(fabric_infiniband_port_counter_total{counter="%s"}[%s])' % [counter, range]
+    + (if wider == null then '' else |||
+
+      or
+      increase(fabric_netdev_ethtool_counter_total{counter="%(wider)s"}[%(range)s])
+      * on (%(iface)s) group_left (device, port)
+      label_replace(fabric_infiniband_port_info, "interface", "$1", "netdev", "(.+)")
+    ||| % { range: range, wider: wider, iface: by([cfg.nodeLabel, 'interface']) }),
+
+  local indent(text) = std.strReplace(std.rstripChars(text, '\n'), '\n', '\n  '),
+
+  local ibStateName = '{{ if eq $value 1.0 }}DOWN{{ else if eq $value 2.0 }}INIT{{ else if eq $value 3.0 }}ARMED'
+                      + '{{ else }}in state {{ $value }}{{ end }}',
 
   prometheusAlerts+:: {
     groups+: [
@@ -75,8 +117,8 @@ local util = import 'util.libsonnet';
             ibPortDownExpr,
             forOf.ibPortDown,
             'An InfiniBand/RoCE port that was active is no longer active.',
-            'Port {{ $labels.device }}:{{ $labels.port }} on {{ $labels.node }} is {{ $labels.state }} '
-            + '(state code {{ $value }}); it was ACTIVE within the last ' + w.ibWasActive + '.',
+            'Port {{ $labels.device }}:{{ $labels.port }} on {{ $labels.node }} is ' + ibStateName
+            + ' after being ACTIVE; this alert lasts until the port is ACTIVE again.',
           ),
           alert(
             'FabricInfinibandDeviceMissing',
@@ -94,17 +136,18 @@ local util = import 'util.libsonnet';
             // the rest (phys Disabled, down since boot).
             |||
               fabric_infiniband_port_fatal == 1
-              unless ignoring (state)
+              unless on (%(port)s)
               (
-                %s
+                %(down)s
               )
-              unless ignoring (counter, severity)
+              unless on (%(port)s)
               fabric_infiniband_port_counter_breached{severity="fatal"} == 1
-            ||| % std.strReplace(std.rstripChars(ibPortDownExpr, '\n'), '\n', '\n  '),
+            ||| % { port: port, down: std.strReplace(std.rstripChars(ibPortDownExpr, '\n'), '\n', '\n  ') },
             forOf.ibPortFatal,
             'The exporter reports an InfiniBand/RoCE port in a fatal condition.',
             'Port {{ $labels.device }}:{{ $labels.port }} on {{ $labels.node }} is fatal '
-            + '(state DOWN or phys_state Disabled) and was not ACTIVE in the last ' + w.ibWasActive + '.',
+            + '(state DOWN or phys_state Disabled) and has not been ACTIVE since the exporter has watched it '
+            + '(at most the last ' + w.ibWasActive + ').',
           ),
           alert(
             'FabricInfinibandFatalCounterBreach',
@@ -125,8 +168,11 @@ local util = import 'util.libsonnet';
           alert(
             'FabricInfinibandPreFailureBER',
             sev.ibBer,
-            'increase(fabric_infiniband_port_counter_total{counter="symbol_error"}[%s]) > %s'
-            % [w.ibBer, num(th.ibSymbolErrorsPerHour)],
+            |||
+              max by (%(port)s) (
+                %(increases)s
+              ) > %(n)s
+            ||| % { port: port, increases: indent(ibCounterIncreases('symbol_error', w.ibBer)), n: num(th.ibSymbolErrorsPerHour) },
             forOf.ibBer,
             'Symbol errors on an InfiniBand port exceed the IBTA 10^-12 bit-error-rate boundary.',
             '{{ $labels.device }}:{{ $labels.port }} on {{ $labels.node }} counted {{ $value | printf "%.0f" }} symbol errors in the last '
@@ -139,9 +185,14 @@ local util = import 'util.libsonnet';
               max by (%(port)s) (
                 increase(fabric_infiniband_port_down_transitions_total[%(w)s])
                 or
-                increase(fabric_infiniband_port_counter_total{counter="link_downed"}[%(w)s])
+                %(downed)s
               ) >= %(n)s
-            ||| % { port: by([cfg.nodeLabel, 'device', 'port']), w: w.ibFlap, n: num(th.ibFlapDownTransitions) },
+            ||| % {
+              port: port,
+              w: w.ibFlap,
+              n: num(th.ibFlapDownTransitions),
+              downed: indent(ibCounterIncreases('link_downed', w.ibFlap)),
+            },
             forOf.ibFlap,
             'An InfiniBand/RoCE link keeps going down and coming back.',
             '{{ $labels.device }}:{{ $labels.port }} on {{ $labels.node }} went down {{ $value | printf "%.0f" }} times in the last '
@@ -165,6 +216,20 @@ local util = import 'util.libsonnet';
             'An InfiniBand/RoCE port looks miswired or unlike its siblings.',
             'Port {{ $labels.device }}:{{ $labels.port }} on {{ $labels.node }} fails the {{ $labels.check }} check.',
           ),
+          alert(
+            'FabricInfinibandCounterSaturated',
+            sev.ibCounterSaturated,
+            std.join('\nor\n', [
+              'fabric_infiniband_port_counter_total{counter="%s"} >= %s' % [counter, num(th.ibCounterMax[counter])]
+              for counter in std.objectFields(th.ibCounterMax)
+            ]) + '\n',
+            forOf.ibCounterSaturated,
+            'An InfiniBand port error counter stopped at its maximum and counts nothing new.',
+            'Counter {{ $labels.counter }} on {{ $labels.device }}:{{ $labels.port }} ({{ $labels.node }}) is at '
+            + '{{ $value | printf "%.0f" }}, the largest value its PortCounters field holds: the BER, flap and '
+            + 'threshold checks on it see no new errors until it is cleared (perfquery -R); where the port has a '
+            + '64-bit ethtool counter for it, the BER and flap rules keep counting from that.',
+          ),
         ],
       },
       {
@@ -174,11 +239,22 @@ local util = import 'util.libsonnet';
           alert(
             'FabricNvlinkLinkDown',
             sev.nvlinkDown,
-            'fabric_nvlink_state == 0 and max_over_time(fabric_nvlink_state[%s]) == 1' % w.ibWasActive,
+            |||
+              fabric_nvlink_state == 0
+              and on (%(link)s)
+              (
+                %(recent)s
+              )
+            ||| % {
+              link: by([cfg.nodeLabel, 'gpu', 'link']),
+              recent: std.strReplace(std.rstripChars(alertedOrWasWorking(
+                'FabricNvlinkLinkDown', 'max_over_time(fabric_nvlink_state[%s]) == 1' % w.ibWasActive
+              ), '\n'), '\n', '\n  '),
+            },
             forOf.nvlinkDown,
             'An NVLink link that was active is inactive.',
-            'NVLink {{ $labels.link }} of GPU {{ $labels.gpu }} on {{ $labels.node }} is inactive; it was active within the last '
-            + w.ibWasActive + '.',
+            'NVLink {{ $labels.link }} of GPU {{ $labels.gpu }} on {{ $labels.node }} is inactive after being active; '
+            + 'this alert lasts until the link is active again.',
           ),
           alert(
             'FabricNvlinkErrors',

@@ -23,6 +23,15 @@
       stragglerOps: 'op!~"Send|Recv"',
     },
 
+    // Wider sources of the same count: on RoCE ports the mlx5 driver keeps 64-bit PHY
+    // counters (ethtool -S, exported by the netdev collector as
+    // fabric_netdev_ethtool_counter_total on the port's netdev). The BER and flap rules
+    // count these too, so a saturated 16/8-bit sysfs counter does not blind them.
+    ibWiderCounters: {
+      symbol_error: 'rx_symbol_err_phy',
+      link_downed: 'link_down_events_phy',
+    },
+
     runbookUrlBase: 'https://github.com/fabricscope/fabricscope/blob/main/docs/runbooks/',
 
     // Rule-group evaluation intervals. Short where the signal is short-lived
@@ -60,8 +69,12 @@
       // Seed §14.2 EBPF_MICROBURST_MULTIPLIER: p99 > 3.0 × rolling 5-minute average.
       microburstMultiplier: 3.0,
       microburstCriticalMultiplier: 6.0,
-      // Below this p99 (seconds) a multiple of a tiny baseline is noise, not a burst.
-      microburstMinP99Seconds: 0.001,
+      // Below this p99 (seconds) a multiple of a tiny baseline is jitter, not a burst: a
+      // 40 us loopback-class RTT tripling to 120 us costs a collective nothing. 0.5 ms is
+      // where a p99 starts to cost a small-message collective (a few tens of us when
+      // healthy) an order of magnitude; it lets a 150 us -> 960 us data-centre burst
+      // alert, which a 1 ms floor would mute (docs/rules.md).
+      microburstMinP99Seconds: 0.0005,
       // Seed §14.3: hanging when elapsed > 3 × rolling average of the last 20 completed ops.
       ncclHangMultiplier: 3.0,
       // An op in flight for less than this is never called a hang, however small the
@@ -86,10 +99,28 @@
       // A whole node late against the comm's earliest rank on another node. Includes the
       // nodes' clock offset: NTP keeps a LAN within a few ms, PTP within microseconds.
       stragglerNodeMinOffsetSeconds: 0.005,
-      // IBTA 10^-12 BER boundary: 120 symbol errors per hour.
+      // IBTA 10^-12 BER boundary: 120 symbol errors per hour. The only home of this
+      // number: the exporter's node-local thresholds no longer judge it (docs/rules.md).
       ibSymbolErrorsPerHour: 120,
       ibFlapDownTransitions: 3,
       ibRepeatedNonFatalEvents: 3,
+      // Largest value of each PortCounters error field (IBA widths: 16, 8 or 4 bits).
+      // Many HCAs stop these counters at their maximum instead of wrapping; from then on
+      // a rule or threshold on the counter sees no new errors.
+      ibCounterMax: {
+        symbol_error: 65535,
+        link_error_recovery: 255,
+        link_downed: 255,
+        port_rcv_errors: 65535,
+        port_rcv_remote_physical_errors: 65535,
+        port_rcv_switch_relay_errors: 65535,
+        port_xmit_discards: 65535,
+        port_xmit_constraint_errors: 255,
+        port_rcv_constraint_errors: 255,
+        local_link_integrity_errors: 15,
+        excessive_buffer_overrun_errors: 15,
+        VL15_dropped: 65535,
+      },
       // NVLink error counter rates (per second) by error type.
       nvlinkErrorRates: {
         crc_flit: 1,
@@ -120,6 +151,7 @@
       ibFlap: '0s',
       ibRepeatedDegradation: '0s',
       ibAnomaly: '15m',
+      ibCounterSaturated: '5m',
       nvlinkDown: '1m',
       nvlinkErrors: '10m',
       nvlinkCollapse: '10m',
@@ -153,6 +185,8 @@
       // Seed 003: repeated non-fatal events are escalated to fatal by the analyzer.
       ibRepeatedDegradation: 'critical',
       ibAnomaly: 'warning',
+      // Detection on that counter is blind until someone clears it: a ticket.
+      ibCounterSaturated: 'warning',
       nvlinkDown: 'critical',
       nvlinkErrors: 'warning',
       nvlinkCollapse: 'warning',

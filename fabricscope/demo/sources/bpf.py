@@ -1,7 +1,7 @@
 """Simulated eBPF maps: what tcp.bpf.c, sched.bpf.c and syscalls.bpf.c would hold.
 
-Implements exporter.ebpf.source.MapSource with the kernel's own layouts (log2 slot
-arrays in microseconds, u64 counters keyed by peer address or process name), so the
+Implements exporter.ebpf.source.MapSource with the kernel's own layouts (log-linear
+slot arrays in microseconds, each histogram with the layout its .yaml declares, u64 counters keyed by peer address or process name), so the
 ebpf collector converts them with exactly the code it uses on a real host.
 
 Healthy: smoothed RTT log-normal around 40 µs (20-80 µs, a thin tail), run-queue latency
@@ -21,7 +21,7 @@ import struct
 import threading
 
 from fabricscope.exporter.ebpf.declarations import load_declarations
-from fabricscope.exporter.ebpf.histogram import HIST_SLOTS, Log2Histogram, encode_log2_hist, slot_for
+from fabricscope.exporter.ebpf.histogram import BucketLayout, KernelHistogram, encode_hist
 from ..plugin import ClusterSpec, Fault, NodeSpec
 
 RTT_MEDIAN_US = 40.0
@@ -68,17 +68,20 @@ OTHER = _comm_key("")
 
 
 class _Hist:
-    def __init__(self) -> None:
-        self.slots = [0] * HIST_SLOTS
+    """One kernel histogram map: integer microseconds through the declared slot function."""
+
+    def __init__(self, layout: BucketLayout) -> None:
+        self.layout = layout
+        self.slots = [0] * layout.slots
         self.sum = 0
 
     def observe(self, value_us: float) -> None:
-        v = max(0, int(round(value_us)))
-        self.slots[slot_for(v)] += 1
+        v = max(0, int(value_us))   # the kernel divides ns by 1000: truncation
+        self.slots[self.layout.slot_for(v)] += 1
         self.sum += v
 
     def encode(self) -> bytes:
-        return encode_log2_hist(Log2Histogram(tuple(self.slots), self.sum))
+        return encode_hist(KernelHistogram(tuple(self.slots), self.sum), self.layout)
 
 
 class BpfSimSource:
@@ -90,9 +93,11 @@ class BpfSimSource:
         self.now = 0.0
         self._peers = {node_address(n.index): n.name for n in cluster.nodes if n.name != node.name}
         self._external = "192.0.2.10"   # outside the cluster: decodes to "other"
-        self.rtt = _Hist()
-        self.connect = _Hist()
-        self.runq = _Hist()
+        declarations = load_declarations()
+        layouts = {m.name: m.layout for decl in declarations for m in decl.metrics if m.layout}
+        self.rtt = _Hist(layouts["fabric_tcp_rtt_seconds"])
+        self.connect = _Hist(layouts["fabric_tcp_connect_latency_seconds"])
+        self.runq = _Hist(layouts["fabric_sched_runqueue_latency_seconds"])
         self.switches = 0
         self.migrations = 0
         self.retransmits: dict[bytes, int] = {}
@@ -100,7 +105,7 @@ class BpfSimSource:
         self.ioctls: dict[bytes, int] = {}
         self.mmaps: dict[bytes, int] = {}
         self.runs: dict[str, int] = {name: 0 for name in NS_PER_EVENT}
-        self._programs = [p for decl in load_declarations() for p in decl.programs]
+        self._programs = [p for decl in declarations for p in decl.programs]
         self._fraction: dict[str, float] = {}    # carried fractional counts between steps
         self._readers = self._map_readers()
         # The demo's tick thread steps while exporter threads scrape: one lock for both.

@@ -5,15 +5,31 @@ the real NVML. Link traffic follows the simulated NCCL job (fabricscope/demo/sou
 each rank's ring-AllReduce bytes are spread over its active links, and stop while an
 nccl_hang fault holds the job.
 
+Each call costs what it cost on an H200 (driver 580, CallCosts below): a thread making the
+call sleeps that long, so benchmarks and tests see the real shape (error counters slow,
+link state nearly free), and a regression that puts NVML back on the scrape path shows.
+Field support follows the same host: the per-link DL error fields answer in a batch,
+the older per-link CRC-data fields answer NOT_SUPPORTED (read by the per-link call).
+
 Fault nvlink_down (target gpu, link; params precursor_seconds, default 10): for the first
 precursor_seconds the link stays up while its CRC-flit and replay counters climb; then it
 goes inactive and carries no traffic until the fault ends.
+
+Fault nvml_hang (target gpu): every NVML call on that GPU blocks until the fault ends, as
+on a GPU stuck in the driver.
 """
 from __future__ import annotations
 
 import random
+import threading
+from collections import Counter
+import time
+from dataclasses import dataclass
 
-from fabricscope.exporter.nvml.backend import ERROR_TYPES, GpuInfo, LinkReading
+from fabricscope.exporter.nvml.backend import (ERROR_TYPES, FI_NVLINK_ERROR_DL_CRC, FI_NVLINK_ERROR_DL_RECOVERY,
+                                               FI_NVLINK_ERROR_DL_REPLAY, FI_NVLINK_THROUGHPUT_DATA_RX,
+                                               FI_NVLINK_THROUGHPUT_DATA_TX, GpuInfo, LinkStatic,
+                                               NvmlDeviceError)
 from ..plugin import ClusterSpec, Fault, NodeSpec
 from .nccl import hang_faults, rank_period, ring_allreduce_bytes
 
@@ -25,6 +41,30 @@ DEFAULT_PRECURSOR = 10.0
 # The four data-link counters: an H200 on driver 580 answered all of them (measured).
 # A GPU that answers NOT_SUPPORTED for one gets no series for it (see exporter/nvml/real.py).
 SUPPORTED_ERRORS = ERROR_TYPES
+FAULT_KINDS = ("nvml_hang",)
+# Field ids a batch answers, and the error kind each link-scoped one reads. Everything else
+# (the legacy per-link CRC-data ids among them) answers NOT_SUPPORTED.
+_SCOPED_ERROR_FIELDS = {FI_NVLINK_ERROR_DL_CRC: "crc_flit", FI_NVLINK_ERROR_DL_REPLAY: "replay",
+                        FI_NVLINK_ERROR_DL_RECOVERY: "recovery"}
+_THROUGHPUT_FIELDS = {FI_NVLINK_THROUGHPUT_DATA_TX: "tx", FI_NVLINK_THROUGHPUT_DATA_RX: "rx"}
+# Sleeps shorter than this are skipped: the kernel's timer slack would turn them into ~60 µs.
+_MIN_SLEEP = 50e-6
+
+
+@dataclass(frozen=True)
+class CallCosts:
+    """Seconds per NVML call, measured on an H200 with 18 NVLinks (issue 14's table)."""
+    link_state: float = 1.2e-6            # nvmlDeviceGetNvLinkState
+    link_static: float = 3 * 1.2e-6       # version + remote PCI info + remote device type
+    error_counter: float = 0.85e-3        # nvmlDeviceGetNvLinkErrorCounter: 840-862 µs
+    field_call: float = 0.05e-3           # nvmlDeviceGetFieldValues, the call itself
+    field_throughput: float = 0.87e-3     # each link-scoped throughput value (36 took 31 ms)
+    field_error: float = 0.37e-3          # each supported error field (13 supported took 4.8 ms)
+    field_unsupported: float = 0.01e-3    # each NOT_SUPPORTED field
+
+
+H200_COSTS = CallCosts()
+FREE = CallCosts(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 def _switch_of(link: int) -> int:
@@ -58,24 +98,35 @@ def _gpu_bus_ids(node: NodeSpec) -> list[str]:
 class _Link:
     __slots__ = ("tx", "rx", "errors")
 
-    def __init__(self) -> None:
+    def __init__(self, supported: tuple[str, ...]) -> None:
         self.tx = 0.0
         self.rx = 0.0
-        self.errors = {name: 0 for name in SUPPORTED_ERRORS}
+        self.errors = {name: 0 for name in supported}
 
 
 class NvmlSimSource:
     key = "nvml"
 
-    def __init__(self, node: NodeSpec, cluster: ClusterSpec, rng: random.Random) -> None:
+    def __init__(self, node: NodeSpec, cluster: ClusterSpec, rng: random.Random,
+                 costs: CallCosts = H200_COSTS, error_fields: bool = True,
+                 supported_errors: tuple[str, ...] = SUPPORTED_ERRORS) -> None:
+        """error_fields False: the driver answers no error field in a batch (older drivers);
+        supported_errors: the counters this GPU model answers at all."""
         self.node = node
+        self.costs = costs
+        self.error_fields = error_fields
+        self.supported_errors = supported_errors
+        self.calls: Counter[str] = Counter()     # NVML calls made, by function
+        self._lock = threading.Condition()       # step() writes, sampler threads read
+        self._hung: set[int] = set()
+        self._closed = False
         self.nranks = cluster.world_size
         self.rng = rng
         self.now = 0.0
         buses = _gpu_bus_ids(node)
         self._gpus = [GpuInfo(index=g, uuid=self._uuid(cluster, node, g), name="NVIDIA H100 80GB HBM3",
                               pci_bus_id=buses[g]) for g in range(node.gpus)]
-        self._links = [[_Link() for _ in range(LINKS_PER_GPU)] for _ in range(node.gpus)]
+        self._links = [[_Link(supported_errors) for _ in range(LINKS_PER_GPU)] for _ in range(node.gpus)]
         self._down: set[tuple[int, int]] = set()
 
     @staticmethod
@@ -85,6 +136,12 @@ class NvmlSimSource:
         return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
     def step(self, now: float, faults: list[Fault]) -> None:
+        with self._lock:
+            self._step(now, faults)
+            self._hung = {int(f.target.get("gpu", 0)) for f in faults if f.kind == "nvml_hang"}
+            self._lock.notify_all()
+
+    def _step(self, now: float, faults: list[Fault]) -> None:
         elapsed = max(0.0, now - self.now)
         self.now = max(self.now, now)
         down: set[tuple[int, int]] = set()
@@ -94,13 +151,14 @@ class NvmlSimSource:
             gpu, link = int(fault.target.get("gpu", 0)), int(fault.target.get("link", 0))
             if not (0 <= gpu < len(self._links) and 0 <= link < LINKS_PER_GPU):
                 continue
+            counters = self._links[gpu][link].errors
             if now - fault.start < float(fault.params.get("precursor_seconds", DEFAULT_PRECURSOR)):
-                counters = self._links[gpu][link].errors
-                counters["crc_flit"] += 1 + int(elapsed * 40)
-                counters["replay"] += 1 + int(elapsed * 8)
+                for kind, per_second in (("crc_flit", 40), ("replay", 8)):
+                    if kind in counters:
+                        counters[kind] += 1 + int(elapsed * per_second)
             else:
-                if (gpu, link) not in self._down:
-                    self._links[gpu][link].errors["recovery"] += 1   # the failed retrain
+                if (gpu, link) not in self._down and "recovery" in counters:
+                    counters["recovery"] += 1                       # the failed retrain
                 down.add((gpu, link))
         self._down = down
         if elapsed == 0 or hang_faults(faults):
@@ -115,22 +173,64 @@ class NvmlSimSource:
 
     # ---- NvmlBackend -----------------------------------------------------------------
 
+    def _call(self, gpu: GpuInfo, function: str, seconds: float) -> None:
+        """What a call costs: block while the GPU hangs, then take the call's time."""
+        with self._lock:
+            self.calls[function] += 1
+            while gpu.index in self._hung and not self._closed:
+                self._lock.wait()
+            if self._closed:
+                raise NvmlDeviceError("uninitialized", "NVML was shut down")
+            if not 0 <= gpu.index < len(self._links):
+                raise NvmlDeviceError("invalid_argument", f"no GPU {gpu.index}")
+        if seconds >= _MIN_SLEEP:
+            time.sleep(seconds)
+
     def gpus(self) -> list[GpuInfo]:
         return list(self._gpus)
 
-    def links(self, gpu: GpuInfo) -> list[LinkReading]:
-        out = []
-        for index, link in enumerate(self._links[gpu.index]):
-            # NVML counts in KiB: keep the same granularity.
-            out.append(LinkReading(link=index, active=(gpu.index, index) not in self._down,
-                                   version=NVLINK_VERSION,
-                                   remote_pci_bus_id=f"00000000:{0xC0 + _switch_of(index):02X}:00.0",
-                                   remote_type="switch", tx_bytes=int(link.tx) // 1024 * 1024,
-                                   rx_bytes=int(link.rx) // 1024 * 1024, errors=dict(link.errors)))
+    def link_states(self, gpu: GpuInfo) -> dict[int, bool]:
+        self._call(gpu, "nvmlDeviceGetNvLinkState", LINKS_PER_GPU * self.costs.link_state)
+        with self._lock:
+            return {index: (gpu.index, index) not in self._down for index in range(LINKS_PER_GPU)}
+
+    def link_static(self, gpu: GpuInfo, link: int) -> LinkStatic:
+        self._call(gpu, "nvmlDeviceGetNvLinkVersion+RemotePciInfo+RemoteDeviceType", self.costs.link_static)
+        return LinkStatic(version=NVLINK_VERSION, remote_pci_bus_id=f"00000000:{0xC0 + _switch_of(link):02X}:00.0",
+                          remote_type="switch")
+
+    def field_values(self, gpu: GpuInfo, fields: list[tuple[int, int]]) -> list[int | None]:
+        costs, seconds, out = self.costs, self.costs.field_call, []
+        with self._lock:
+            links = self._links[gpu.index] if 0 <= gpu.index < len(self._links) else []
+            for field_id, scope in fields:
+                value = None
+                if 0 <= scope < len(links) and field_id in _THROUGHPUT_FIELDS:
+                    link = links[scope]
+                    # NVML counts in KiB.
+                    value = int(link.tx if _THROUGHPUT_FIELDS[field_id] == "tx" else link.rx) // 1024
+                    seconds += costs.field_throughput
+                elif self.error_fields and 0 <= scope < len(links) and field_id in _SCOPED_ERROR_FIELDS:
+                    value = links[scope].errors.get(_SCOPED_ERROR_FIELDS[field_id])
+                    seconds += costs.field_unsupported if value is None else costs.field_error
+                else:
+                    seconds += costs.field_unsupported
+                out.append(value)
+        self._call(gpu, "nvmlDeviceGetFieldValues", seconds)
         return out
 
+    def error_counter(self, gpu: GpuInfo, link: int, kind: str) -> int | None:
+        self._call(gpu, "nvmlDeviceGetNvLinkErrorCounter", self.costs.error_counter)
+        with self._lock:
+            if not 0 <= link < LINKS_PER_GPU:
+                raise NvmlDeviceError("invalid_argument", f"no link {link}")
+            return self._links[gpu.index][link].errors.get(kind)
+
     def close(self) -> None:
-        """Nothing to release."""
+        """Release calls blocked on a hung GPU (they fail, as after nvmlShutdown)."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
 
 
 def make_source(node: NodeSpec, cluster: ClusterSpec, rng: random.Random) -> NvmlSimSource:

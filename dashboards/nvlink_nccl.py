@@ -1,0 +1,138 @@
+"""NVLink & NCCL: per-link NVLink throughput, errors and state, the GPU-to-NVSwitch
+topology, then the job's collectives per communicator and rank: rate, bytes, enqueue time,
+operations in flight against the hang line, and the ranks that arrive late (stragglers)
+with their median-absolute-deviation score."""
+from __future__ import annotations
+
+from grafanalib import core as g
+
+from . import common as c
+from .mixin_config import thresholds
+
+TITLE = "fabricscope / NVLink & NCCL"
+UID = c.uid_for(__file__)
+
+GPU_SEL = c.matchers("cluster", "job", "node", "gpu")
+NCCL_SEL = c.matchers("cluster", "job", "node", "comm", "rank")
+RANK = "comm, rank"
+RANK_LEGEND = "comm {{comm}} rank {{rank}}"
+
+LAG = f'comm_rank:fabric_nccl_arrival_lag_seconds:mean5m{{{c.matchers("cluster", "comm")}}}'
+# Median and median absolute deviation of the ranks' arrival lag within each communicator:
+# the same robust statistics the straggler alert applies.
+LAG_MEDIAN = f"quantile by (cluster, comm) (0.5, {LAG})"
+LAG_DEVIATION = f"({LAG} - on (cluster, comm) group_left () ({LAG_MEDIAN}))"
+LAG_MAD = f"quantile by (cluster, comm) (0.5, abs{LAG_DEVIATION})"
+MAD_SCORE = f"{LAG_DEVIATION} / on (cluster, comm) group_left () ({LAG_MAD} > 0)"
+
+
+def gpu_variable() -> g.Template:
+    return c.label_variable("gpu", "fabric_gpu_info", ["cluster", "job", "node"], title="GPU")
+
+
+def comm_variable() -> g.Template:
+    return c.label_variable("comm", "fabric_nccl_comm_info", ["cluster", "job", "node"], title="Communicator")
+
+
+def rank_variable() -> g.Template:
+    return c.label_variable("rank", "fabric_nccl_comm_info", ["cluster", "job", "node", "comm"])
+
+
+def link_rate(metric: str) -> str:
+    return f"rate({metric}{{{GPU_SEL}}}[{c.RATE}])"
+
+
+# The topology graph: GPUs and the NVSwitches (or peer GPUs) their links reach, per node.
+# Node ids are node/PCI address, so the same bus id on two hosts stays two graph nodes.
+TOPOLOGY_NODES = f"""
+  label_join(label_replace(max by (node, gpu, pci_bus_id) (fabric_gpu_info{{{GPU_SEL}}}),
+    "title", "GPU $1", "gpu", "(.*)"), "id", "/", "node", "pci_bus_id")
+  or label_join(label_join(count by (node, remote_pci_bus_id, remote_type) (fabric_nvlink_info{{{GPU_SEL}, remote_type!="gpu"}}),
+    "title", " ", "remote_type", "remote_pci_bus_id"), "id", "/", "node", "remote_pci_bus_id")"""
+TOPOLOGY_EDGES = f"""
+  label_join(label_join(label_join(
+    sum by (node, gpu, pci_bus_id, remote_pci_bus_id) (
+      fabric_nvlink_state{{{GPU_SEL}}}
+      * on (cluster, node, gpu, link) group_left (remote_pci_bus_id) fabric_nvlink_info{{{GPU_SEL}}}
+      * on (cluster, node, gpu) group_left (pci_bus_id) fabric_gpu_info{{{GPU_SEL}}}),
+    "source", "/", "node", "pci_bus_id"), "target", "/", "node", "remote_pci_bus_id"),
+    "id", "-", "source", "target")"""
+
+
+def dashboard() -> g.Dashboard:
+    limits = thresholds()
+    hang = limits["ncclHangMultiplier"]
+    mad = limits["stragglerMadMultiplier"]
+    panels = [
+        c.row("NVLink"),
+        c.timeseries("NVLink throughput per link", [c.prom(
+            f"""sum by (node, gpu, link) ({link_rate('fabric_nvlink_transmit_bytes_total')}
+                + {link_rate('fabric_nvlink_receive_bytes_total')})""",
+            legend="{{node}} GPU {{gpu}} link {{link}}")], "Bps",
+            "Transmit + receive bytes per second on each NVLink link (NVML throughput counters)."),
+        c.timeseries("NVLink errors", [c.prom(
+            f"sum by (node, gpu, link, type) ({link_rate('fabric_nvlink_errors_total')}) > 0",
+            legend="{{node}} GPU {{gpu}} link {{link}} {{type}}")], "eps",
+            "CRC (flit, data), replay and recovery errors per second, links with errors only."),
+        c.timeseries("Inactive NVLink links per GPU", [c.prom(
+            f"count by (node, gpu) (fabric_nvlink_state{{{GPU_SEL}}} == 0)", legend="{{node}} GPU {{gpu}}")],
+            "none", "Links NVML reports inactive; a healthy HGX GPU has all 18 up.",
+            thresholds=[(None, "green"), (1, "red")]),
+        c.table("NVLink links down", [c.prom(
+            f"""(fabric_nvlink_state{{{GPU_SEL}}} == 0)
+                * on (cluster, node, gpu, link) group_left (remote_pci_bus_id, remote_type) fabric_nvlink_info{{{GPU_SEL}}}""",
+            instant=True, table=True)], "none",
+            "Links that are down now, with the device at their far end.",
+            hidden=("Time", "__name__", "job", "instance", "Value")),
+        c.node_graph("GPU-to-GPU topology", c.prom(TOPOLOGY_NODES, instant=True, table=True, ref="nodes"),
+                     c.prom(TOPOLOGY_EDGES, instant=True, table=True, ref="edges"),
+                     "GPUs and the NVSwitches their NVLink links reach; an edge's value is the number of "
+                     "active links between the two.", "none", size=c.Size(24, 12)),
+        c.row("NCCL collectives"),
+        c.timeseries("Collectives per second", [c.prom(
+            f"sum by ({RANK}, op) (rate(fabric_nccl_calls_total{{{NCCL_SEL}}}[{c.RATE}]))",
+            legend=RANK_LEGEND + " {{op}}")], "ops", "NCCL calls per second by communicator, rank and operation."),
+        c.timeseries("Collective bytes per second", [c.prom(
+            f"sum by ({RANK}, op) (rate(fabric_nccl_bytes_total{{{NCCL_SEL}}}[{c.RATE}]))",
+            legend=RANK_LEGEND + " {{op}}")], "Bps", "Payload bytes per second handed to NCCL."),
+        c.timeseries("Enqueue time p99", [c.prom(
+            f"""histogram_quantile(0.99, sum by ({RANK}, le) (
+                  rate(fabric_nccl_enqueue_seconds_bucket{{{NCCL_SEL}}}[{c.RATE}])))""", legend=RANK_LEGEND)], "s",
+            "Time inside the NCCL call (entry to return: enqueue, not completion; calls are asynchronous)."),
+        c.timeseries("Mean operation duration (5m)", [c.prom(
+            f"comm_rank:fabric_nccl_operation_duration_seconds:mean5m{{{c.matchers('cluster', 'node', 'comm', 'rank')}}}",
+            legend=RANK_LEGEND + " {{op}}")], "s",
+            "Call-to-call duration of completed operations, averaged over 5 minutes (recording rule)."),
+        c.row("Hangs"),
+        c.timeseries(f"In flight against the hang line ({hang:g}× average)", [
+            c.prom(f"max by ({RANK}, op) (fabric_nccl_inflight_elapsed_seconds{{{NCCL_SEL}}})",
+                   legend=RANK_LEGEND + " {{op}} in flight"),
+            c.prom(f"{hang:g} * max by ({RANK}, op) (fabric_nccl_completed_average_seconds{{{NCCL_SEL}}})",
+                   legend=RANK_LEGEND + " {{op}} hang line")], "s",
+            f"How long the current operation has been in flight, and {hang:g}× the average of the last 20 "
+            "completed ones: past that line (and 10 s) the operation hangs (FabricNcclHang)."),
+        c.table("Hanging operations", [c.prom(f"fabric_nccl_hanging{{{NCCL_SEL}}} == 1", instant=True, table=True)],
+                "none", "Operations in flight past the hang line, per rank.",
+                hidden=("Time", "__name__", "job", "instance", "Value")),
+        c.table("Hang culprits", [c.prom(f"fabric_nccl_hang_culprit{{{NCCL_SEL}}} == 1", instant=True, table=True)],
+                "none", "The rank a hang is waiting for: not_entered (it never called the collective its "
+                "peers are in) or stuck_in_call.",
+                hidden=("Time", "__name__", "job", "instance", "Value"), size=c.Size(24, 6)),
+        c.row("Stragglers"),
+        c.timeseries("Arrival lag per rank (5m mean)", [c.prom(LAG, legend=RANK_LEGEND)], "s",
+                     "How late each rank enters its collectives relative to the first rank in (recording rule). "
+                     "A straggler is late to every collective; the others wait for it."),
+        c.timeseries(f"Straggler score (MADs from the median, alert at {mad:g})", [c.prom(MAD_SCORE, legend=RANK_LEGEND)],
+                     "suffix: MAD",
+                     "(lag − median lag of the communicator) / median absolute deviation of the lags.",
+                     thresholds=[(None, "green"), (mad, "red")]),
+        c.table("Straggler ranks", [c.prom(f"{MAD_SCORE} > {mad:g}", instant=True, table=True),
+                                    c.prom(f"{LAG} and on (cluster, comm, rank) ({MAD_SCORE} > {mad:g})",
+                                           instant=True, table=True)], "none",
+                f"Ranks more than {mad:g} median absolute deviations late, with their mean arrival lag.",
+                hidden=("Time", "__name__", "job", "instance"),
+                renames={"Value #A": "MAD score", "Value #B": "arrival lag (s)"}, size=c.Size(24, 6)),
+    ]
+    return c.dashboard(__file__, TITLE, "NVLink links and topology, NCCL collectives, hangs and straggler ranks.",
+                       c.fleet_variables(c.node_variable(), gpu_variable(), comm_variable(), rank_variable()),
+                       panels, annotation_scope=("node",))

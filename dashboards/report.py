@@ -1,0 +1,266 @@
+"""`fabricscope report`: the dashboards rendered to PNG images and one HTML page, from a
+Prometheus server's data, for post-mortems and for people without Grafana at hand.
+
+    fabricscope report --prometheus-url http://127.0.0.1:19090 --from now-30m --to now --out var/report
+
+It reads the committed dashboard JSON (what Grafana provisions), resolves the template
+variables against Prometheus as Grafana does ("All" unless --var pins one), runs every
+panel's queries over the range and draws each panel with matplotlib (no display needed).
+Panels served by the sidecar through the Infinity datasource are listed with their
+request, not drawn: the report reads Prometheus only.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import re
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import model
+
+MAX_POINTS = 240
+RELATIVE = re.compile(r"^now(?:-(\d+)([smhdw]))?$")
+SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+DRAWN = ("timeseries", "heatmap", "stat", "table", "state-timeline", "bargauge", "nodeGraph")
+
+
+class ReportError(Exception):
+    """Something the user can fix: a bad time, an unreachable Prometheus, a bad --var."""
+
+
+def parse_time(text: str, now: float | None = None) -> float:
+    """now, now-30m, a UNIX timestamp, or an ISO 8601 / RFC 3339 time (UTC unless it says)."""
+    now = time.time() if now is None else now
+    match = RELATIVE.match(text.strip())
+    if match:
+        return now - (int(match[1]) * SECONDS[match[2]] if match[1] else 0)
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ReportError(f"bad time {text!r}: use now, now-30m, a UNIX timestamp or 2026-11-26T05:00:00Z") from None
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)).timestamp()
+
+
+class Prometheus:
+    """The few Prometheus HTTP API calls the report needs, with a timeout each."""
+
+    def __init__(self, url: str, timeout: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    def _get(self, path: str, params: dict) -> object:
+        query = urllib.parse.urlencode(params)
+        try:
+            with urllib.request.urlopen(f"{self.url}{path}?{query}", timeout=self.timeout) as response:
+                body = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            try:
+                body = json.loads(exc.read())
+            except ValueError:
+                raise ReportError(f"Prometheus at {self.url} answered HTTP {exc.code}") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise ReportError(f"Prometheus at {self.url} is unreachable: {getattr(exc, 'reason', exc)}") from None
+        if not isinstance(body, dict) or body.get("status") != "success":
+            raise QueryError(body.get("error", "unknown error") if isinstance(body, dict) else "not JSON")
+        return body["data"]
+
+    def label_values(self, label: str, selector: str | None, start: float, end: float) -> list[str]:
+        params = {"start": start, "end": end}
+        if selector:
+            params["match[]"] = selector
+        return self._get(f"/api/v1/label/{label}/values", params)
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict]:
+        return self._get("/api/v1/query_range", {"query": expr, "start": start, "end": end, "step": step})["result"]
+
+
+class QueryError(Exception):
+    """Prometheus refused one query (the panel shows the message; the report goes on)."""
+
+
+@dataclass
+class PanelImage:
+    title: str
+    description: str
+    image: str | None                  # path relative to the report directory
+    queries: list[str] = field(default_factory=list)
+    problem: str | None = None
+
+
+@dataclass
+class DashboardSection:
+    name: str
+    title: str
+    variables: dict[str, list[str]]
+    panels: list[PanelImage] = field(default_factory=list)
+
+
+def step_for(start: float, end: float, scrape_seconds: float) -> float:
+    return max(scrape_seconds, (end - start) / MAX_POINTS)
+
+
+def render_dashboard(name: str, board: dict, prometheus: Prometheus, start: float, end: float,
+                     out_dir: Path, scrape_seconds: float, chosen: dict[str, list[str]]) -> DashboardSection:
+    from . import render
+
+    step = step_for(start, end, scrape_seconds)
+    builtins = model.builtin_variables(start, end, step, scrape_seconds)
+    variables = model.resolve_variables(
+        board, lambda label, selector: prometheus.label_values(label, selector, start, end), builtins, chosen)
+    section = DashboardSection(name, board["title"], {k: v for k, v in variables.values.items() if k != "datasource"})
+    (out_dir / name).mkdir(parents=True, exist_ok=True)
+    for panel in model.panels(board):
+        kind = panel.get("type")
+        entry = PanelImage(panel.get("title", ""), panel.get("description") or "", None)
+        section.panels.append(entry)
+        targets = [t for t in panel.get("targets", [])
+                   if model.datasource_type(board, model.target_datasource(panel, t)) == "prometheus"]
+        if not targets:
+            entry.problem = "served by the sidecar (Infinity datasource): see docs/dashboards.md for its request"
+            entry.queries = [f"{t.get('url_options', {}).get('method', 'GET')} {t.get('url', '')}"
+                             for t in panel.get("targets", [])]
+            continue
+        if kind not in DRAWN:
+            entry.problem = f"panel type {kind} is not drawn in the report"
+            continue
+        results, problems = [], []
+        for target in targets:
+            expr = variables.substitute(target["expr"])
+            entry.queries.append(expr)
+            try:
+                results.append((target, prometheus.query_range(expr, start, end, step)))
+            except QueryError as exc:
+                problems.append(f"{target['refId']}: {exc}")
+                results.append((target, []))
+        path = out_dir / name / f"panel-{panel['id']}.png"
+        if kind in ("timeseries",):
+            render.timeseries(panel, results, start, end, path)
+        elif kind == "heatmap":
+            render.heatmap(panel, results, start, end, path)
+        elif kind == "state-timeline":
+            render.state_timeline(panel, results, start, end, path)
+        elif kind == "stat":
+            render.stat(panel, results, path)
+        elif kind == "table":
+            render.table(panel, results, path)
+        elif kind == "bargauge":
+            render.bargauge(panel, results, path)
+        elif kind == "nodeGraph":
+            render.node_graph(panel, results, path)
+        entry.image = f"{name}/{path.name}"
+        if problems:
+            entry.problem = "; ".join(problems)
+    return section
+
+
+def write_html(sections: list[DashboardSection], out_dir: Path, prometheus_url: str, start: float, end: float) -> Path:
+    def stamp(t: float) -> str:
+        return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+    e = html.escape
+    parts = [f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>fabricscope report {e(stamp(start))} – {e(stamp(end))}</title>
+<style>
+body {{ font-family: sans-serif; margin: 1.5em; color: #222; background: #f6f7f9; }}
+h1 {{ font-size: 1.4em; }} h2 {{ font-size: 1.15em; margin-top: 2em; border-bottom: 1px solid #ccc; }}
+.panels {{ display: flex; flex-wrap: wrap; gap: 12px; }}
+figure {{ margin: 0; background: white; padding: 6px; border: 1px solid #ddd; max-width: 100%; }}
+figure img {{ display: block; max-width: 100%; }}
+figcaption {{ font-size: 0.8em; color: #555; max-width: 60em; }}
+details {{ font-size: 0.75em; }} code {{ white-space: pre-wrap; word-break: break-all; }}
+.problem {{ color: #a33; }} .vars {{ font-size: 0.8em; color: #555; }}
+</style></head><body>
+<h1>fabricscope report</h1>
+<p>{e(stamp(start))} – {e(stamp(end))}, from Prometheus <code>{e(prometheus_url)}</code>.</p>
+<ul>{''.join(f'<li><a href="#{e(s.name)}">{e(s.title)}</a></li>' for s in sections)}</ul>
+"""]
+    for section in sections:
+        chosen = ", ".join(f"{k} = {' | '.join(v) if len(v) <= 6 else f'{len(v)} values'}"
+                           for k, v in section.variables.items())
+        parts.append(f'<h2 id="{e(section.name)}">{e(section.title)}</h2>\n<p class="vars">{e(chosen)}</p>\n'
+                     '<div class="panels">')
+        for panel in section.panels:
+            image = f'<img src="{e(panel.image)}" alt="{e(panel.title)}">' if panel.image else \
+                f"<p><strong>{e(panel.title)}</strong></p>"
+            problem = f'<p class="problem">{e(panel.problem)}</p>' if panel.problem else ""
+            queries = "".join(f"<code>{e(q)}</code><br>" for q in panel.queries)
+            parts.append(f"<figure>{image}<figcaption>{e(panel.description)}{problem}"
+                         f"<details><summary>queries</summary>{queries}</details></figcaption></figure>")
+        parts.append("</div>")
+    parts.append("</body></html>\n")
+    path = out_dir / "index.html"
+    path.write_text("\n".join(parts))
+    return path
+
+
+def parse_vars(pairs: list[str]) -> dict[str, list[str]]:
+    chosen: dict[str, list[str]] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise ReportError(f"--var {pair!r}: expected NAME=VALUE, e.g. --var node=gpu-node-1")
+        chosen.setdefault(name, []).append(value)
+    return chosen
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prometheus-url", default="http://127.0.0.1:19090",
+                        help="Prometheus to read (default http://127.0.0.1:19090, the demo stack's)")
+    parser.add_argument("--from", dest="start", default="now-1h",
+                        help="start: now-30m, a UNIX timestamp or an RFC 3339 time (default now-1h)")
+    parser.add_argument("--to", dest="end", default="now", help="end, same forms (default now)")
+    parser.add_argument("--out", type=Path, default=Path("var/report"), help="output directory (default var/report)")
+    parser.add_argument("--dashboard", action="append", default=None,
+                        help="only this dashboard (file stem: fleet, node_network, ...); repeatable")
+    parser.add_argument("--var", action="append", default=[],
+                        help="pin a template variable, e.g. --var node=gpu-node-1 (repeatable; default All)")
+    parser.add_argument("--scrape-interval", type=float, default=15.0,
+                        help="the Prometheus scrape interval in seconds, for $__rate_interval (default 15)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        start, end = parse_time(args.start), parse_time(args.end)
+        if end <= start:
+            raise ReportError(f"--to ({args.end}) must be after --from ({args.start})")
+        if args.scrape_interval <= 0:
+            raise ReportError("--scrape-interval must be positive")
+        boards = model.load_all()
+        wanted = args.dashboard or list(boards)
+        unknown = [name for name in wanted if name not in boards]
+        if unknown:
+            raise ReportError(f"unknown dashboard(s) {', '.join(unknown)}; known: {', '.join(boards)}")
+        chosen = parse_vars(args.var)
+        prometheus = Prometheus(args.prometheus_url)
+        prometheus.label_values("__name__", None, start, end)   # fail early and clearly if unreachable
+        args.out.mkdir(parents=True, exist_ok=True)
+        sections = [render_dashboard(name, boards[name], prometheus, start, end, args.out,
+                                     args.scrape_interval, chosen) for name in wanted]
+        page = write_html(sections, args.out, args.prometheus_url, start, end)
+    except (ReportError, model.DashboardModelError) as exc:
+        print(f"fabricscope report: {exc}", file=sys.stderr)
+        return 2
+    except QueryError as exc:
+        print(f"fabricscope report: Prometheus refused a variable query: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"fabricscope report: {exc}", file=sys.stderr)
+        return 2
+    images = sum(1 for s in sections for p in s.panels if p.image)
+    problems = [f"{s.name}: {p.title}: {p.problem}" for s in sections for p in s.panels if p.problem and p.image]
+    print(f"{page}  ({images} panel images, {len(sections)} dashboards)")
+    for problem in problems:
+        print(f"  query error in {problem}", file=sys.stderr)
+    return 1 if problems else 0

@@ -1,0 +1,228 @@
+"""`fabricscope stack`: the demo cluster, real Prometheus with the rules, real Alertmanager.
+
+One command for a newcomer: simulated GPU nodes (each a real exporter on its own port)
+are scraped by the Debian `prometheus` binary loaded with the packaged rules, which sends
+alerts to the Debian `prometheus-alertmanager` running the packaged alertmanager.yml. The
+sidecar webhook of that config points at the query sidecar when one is given
+(--webhook-url), else at a small local receiver that prints each notification, so the
+whole path from fault to notification is visible.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .binaries import ensure_port_free, find_binary, free_port
+from .configs import (FAST_ALERT_OVERRIDES, alertmanager_config, prometheus_config, render_rules, rule_files,
+                      write_yaml)
+from .errors import StackError
+from .processes import ManagedProcess, start_alertmanager, start_prometheus
+from .webhook import SIDECAR_WEBHOOK_PATH, ReceivedNotification, WebhookReceiver, format_notification
+
+log = logging.getLogger("fabricscope.stack")
+
+# Defaults outside 9100-9999 (allocated on the Prometheus default-port wiki), next to the
+# exporter's 19400 and the sidecar's 19500, so the stack never collides with a real
+# Prometheus (9090) or Alertmanager (9093) on the same machine.
+DEFAULT_PROMETHEUS_PORT = 19090
+DEFAULT_ALERTMANAGER_PORT = 19093
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scenario", default=None,
+                        help="scenario YAML (default: the demo's default scenario)")
+    parser.add_argument("--workdir", type=Path, default=Path("var/stack"),
+                        help="where configs, simulated node trees, TSDB and logs go (default ./var/stack)")
+    parser.add_argument("--duration", type=float, default=0.0,
+                        help="stop after this many seconds (default 0: run until Ctrl-C / SIGTERM)")
+    parser.add_argument("--prometheus-port", type=int, default=DEFAULT_PROMETHEUS_PORT,
+                        help=f"Prometheus port on 127.0.0.1 (default {DEFAULT_PROMETHEUS_PORT})")
+    parser.add_argument("--alertmanager-port", type=int, default=DEFAULT_ALERTMANAGER_PORT,
+                        help=f"Alertmanager port on 127.0.0.1 (default {DEFAULT_ALERTMANAGER_PORT})")
+    parser.add_argument("--nodes", type=int, default=None,
+                        help="number of simulated nodes (default: the scenario's)")
+    parser.add_argument("--webhook-url", default=None,
+                        help="where Alertmanager's sidecar webhook posts, e.g. the query sidecar's "
+                             f"http://127.0.0.1:19500{SIDECAR_WEBHOOK_PATH} (default: a local receiver "
+                             "that prints each notification)")
+    parser.add_argument("--fast-alerts", action="store_true",
+                        help="render the rules with shortened for: durations and rule-group intervals "
+                             "(same thresholds) so each demo fault alerts while it lasts")
+    parser.add_argument("--scrape-interval", default="5s",
+                        help="Prometheus scrape and rule evaluation interval (default 5s)")
+    parser.add_argument("--log.level", dest="log_level", default="warning",
+                        choices=["debug", "info", "warning", "error"])
+
+
+def load_stack_scenario(path: str | None, nodes: int | None):
+    """The scenario to run, resized to --nodes when given."""
+    from fabricscope.demo.scenario import ScenarioError, default_scenario_path, load_scenario
+
+    source = Path(path) if path else default_scenario_path()
+    try:
+        scenario = load_scenario(source)
+        if nodes is not None:
+            resized = scenario.with_nodes(nodes)
+            dropped = len(scenario.faults) - len(resized.faults)
+            if dropped:
+                log.warning("--nodes %d drops %d fault(s) aimed at nodes that no longer exist", nodes, dropped)
+            scenario = resized
+    except ScenarioError as exc:
+        raise StackError(f"scenario: {exc}") from None
+    return scenario
+
+
+def describe_faults(scenario) -> list[str]:
+    lines = []
+    for fault in sorted(scenario.faults, key=lambda f: f.start):
+        end = f"{fault.end:g}s" if fault.end is not None else "end"
+        where = fault.node or "cluster-wide"
+        target = " ".join(f"{k}={v}" for k, v in sorted(fault.target.items()))
+        lines.append(f"  {fault.start:>6g}s .. {end:<7} {fault.kind:<20} {where} {target}".rstrip())
+    return lines or ["  (no faults: a healthy cluster)"]
+
+
+@dataclass
+class Stack:
+    """Everything `fabricscope stack` runs; stop() tears down in dependency order."""
+    cluster: Any = None
+    receiver: WebhookReceiver | None = None
+    alertmanager: ManagedProcess | None = None
+    prometheus: ManagedProcess | None = None
+
+    def stop(self) -> None:
+        # Prometheus first (it sends to Alertmanager and scrapes the cluster), the
+        # cluster last; each step runs even if an earlier one failed.
+        for name, stopper in (("prometheus", self.prometheus and self.prometheus.stop),
+                              ("alertmanager", self.alertmanager and self.alertmanager.stop),
+                              ("webhook receiver", self.receiver and self.receiver.stop),
+                              ("demo cluster", self.cluster and self.cluster.stop)):
+            if stopper:
+                try:
+                    stopper()
+                except Exception:
+                    log.exception("stopping %s", name)
+
+
+def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
+    """Start every part into `stack` (so the caller can always stop what did start)."""
+    host = "127.0.0.1"
+    for binary in ("prometheus", "prometheus-alertmanager"):
+        find_binary(binary)   # fail before anything starts, not halfway through
+    ensure_port_free(host, args.prometheus_port, "Prometheus", "--prometheus-port")
+    ensure_port_free(host, args.alertmanager_port, "Alertmanager", "--alertmanager-port")
+    if args.prometheus_port and args.prometheus_port == args.alertmanager_port:
+        raise StackError("--prometheus-port and --alertmanager-port must differ")
+    scenario = load_stack_scenario(args.scenario, args.nodes)
+    workdir = Path(args.workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    if args.fast_alerts:
+        rules = render_rules(FAST_ALERT_OVERRIDES, workdir / "rules")
+    else:
+        rules = rule_files()
+    if not rules:
+        log.warning("no rendered rule files found: Prometheus runs without alerting rules (run `make rules`)")
+    # Fresh TSDB, Alertmanager state and notification log each run: alerts of a previous
+    # run must not reappear as if this scenario caused them.
+    for stale in ("prometheus-data", "alertmanager-data"):
+        shutil.rmtree(workdir / stale, ignore_errors=True)
+    (workdir / "notifications.log").unlink(missing_ok=True)
+
+    from fabricscope.demo.cluster import DemoCluster
+    from fabricscope.demo.main import write_targets_file
+
+    stack.cluster = DemoCluster(scenario, workdir / "cluster", base_port=0, listen_host=host)
+    stack.cluster.start()
+    targets_file = write_targets_file(workdir / "targets.json", stack.cluster.targets, scenario.cluster_name)
+
+    webhook_url = args.webhook_url
+    if not webhook_url:
+        notifications_log = workdir / "notifications.log"
+
+        printing = threading.Lock()   # the receiver serves each POST on its own thread
+
+        def show(notification: ReceivedNotification) -> None:
+            text = format_notification(notification) + "\n"
+            with printing:
+                out.write(text)
+                out.flush()
+                with open(notifications_log, "a") as handle:
+                    handle.write(text)
+
+        stack.receiver = WebhookReceiver(host, 0, on_notification=show).start()
+        webhook_url = stack.receiver.url
+
+    am_config = write_yaml(workdir / "alertmanager.yml", alertmanager_config(webhook_url))
+    alertmanager_port = args.alertmanager_port or free_port(host)
+    stack.alertmanager = start_alertmanager(am_config, workdir / "alertmanager-data", host, alertmanager_port,
+                                            workdir / "alertmanager.log")
+    prometheus_port = args.prometheus_port or free_port(host)
+    prom_config = write_yaml(workdir / "prometheus.yml", prometheus_config(
+        scenario.cluster_name, targets_file, f"{host}:{alertmanager_port}", rules,
+        scrape_interval=args.scrape_interval, evaluation_interval=args.scrape_interval,
+        self_address=f"{host}:{prometheus_port}"))
+    stack.prometheus = start_prometheus(prom_config, workdir / "prometheus-data", host, prometheus_port,
+                                        workdir / "prometheus.log")
+
+    prometheus_url = f"http://{host}:{prometheus_port}"
+    alertmanager_url = f"http://{host}:{alertmanager_port}"
+    banner = [
+        "",
+        f"fabricscope stack: cluster {scenario.cluster_name!r}, {scenario.nodes} nodes x "
+        f"{scenario.gpus_per_node} GPUs, scenario {scenario.source}",
+        "",
+        "Exporters:",
+        *(f"  {node:<16} http://{address}/metrics" for node, address in stack.cluster.targets),
+        f"Prometheus:     {prometheus_url}   (alerts: {prometheus_url}/alerts, targets: {prometheus_url}/targets)",
+        f"  rules:        {', '.join(str(p) for p in rules) or 'none'}"
+        + (" (shortened for: durations, --fast-alerts)" if args.fast_alerts else
+           " (production for: durations; --fast-alerts shortens them)"),
+        f"Alertmanager:   {alertmanager_url}",
+        f"Notifications:  {webhook_url}" + ("" if args.webhook_url else
+                                            f"  (printed below and in {workdir / 'notifications.log'})"),
+        f"Workdir:        {workdir}  (configs, logs, TSDB)",
+        "",
+        "Fault timeline (seconds since start" + (f", repeating every {scenario.repeat:g}s):" if scenario.repeat else "):"),
+        *describe_faults(scenario),
+        "",
+        "Ctrl-C stops everything." if not args.duration else f"Stopping after {args.duration:g}s.",
+        "",
+    ]
+    print("\n".join(banner), file=out, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stack = Stack()
+    try:
+        start_stack(args, stack)
+        deadline = time.monotonic() + args.duration if args.duration else None
+        while not stop.wait(1.0):
+            for part in (stack.prometheus, stack.alertmanager):
+                if not part.running():
+                    raise StackError(f"{part.name} exited unexpectedly; last output:\n{part.log_tail()}")
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+        return 0
+    except StackError as exc:
+        print(f"fabricscope stack: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:   # unwritable workdir, a demo exporter port refused, ...
+        print(f"fabricscope stack: {exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}",
+              file=sys.stderr)
+        return 2
+    finally:
+        stack.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        print("fabricscope stack: stopped", file=sys.stderr)

@@ -1,0 +1,209 @@
+"""Chaos simulations over HTTP (seed 000 §14.5), on the live topology.
+
+    POST /graph/chaos-simulate        {device, failure_type, include_jobs} -> 202 {simulation_id, status}
+    GET  /graph/chaos-results/<id>    202 while running, 200 when done, 404 unknown
+    GET  /graph/chaos-topology        the topology simulations run on: version, counts, live merge
+    GET  /graph/chaos-devices         device names (optionally of one kind) to simulate
+
+Simulations run on a small thread pool, never on the request thread; every state is in
+the sidecar store (simulation_results), so a result outlives the process that computed it.
+Each API key may start `chaos_simulations_per_minute` (default 5) simulations a minute;
+the next gets 429 with Retry-After. The topology is the `chaos_topology` inventory merged
+with the live metrics every `chaos_refresh_seconds` (chaos/live.py); each result names the
+topology version it ran on.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
+
+from apiflask import APIBlueprint
+from flask import current_app, request
+from pydantic import BaseModel, ConfigDict, Field
+
+from fabricscope.chaos.blast import FAILURE_TYPES, BlastRadiusEngine, ChaosInputError, initial_failures
+from fabricscope.chaos.inventory import InventoryError, load_topology
+from fabricscope.chaos.live import LiveTopology
+from fabricscope.chaos.model import DEVICE_KINDS
+
+from .auth import current_key, require_scope
+from .config import ConfigError
+from .context import sidecar
+from .errors import ApiError
+from .ratelimit import RateLimiter
+from .workers import PeriodicWorker
+
+log = logging.getLogger("fabricscope.sidecar.chaos")
+bp = APIBlueprint("chaos", __name__, tag="Chaos")
+EXTENSION = "fabricscope.chaos"
+# A simulation takes milliseconds; one still "running" this long after it was submitted
+# belonged to a sidecar that stopped before finishing it.
+STALE_SECONDS = 300
+SIMULATION_THREADS = 2
+
+
+class SimulateIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    device: str = Field(min_length=1, max_length=256, description="device (or rack, for rack_failure) that fails")
+    failure_type: Literal[FAILURE_TYPES] = "device_failure"  # type: ignore[valid-type]
+    include_jobs: bool = True
+
+
+class SubmittedOut(BaseModel):
+    simulation_id: str
+    status: str
+
+
+class DevicesQuery(BaseModel):
+    kind: Literal[DEVICE_KINDS] | None = None  # type: ignore[valid-type]
+    limit: int = Field(1000, ge=1, le=100_000)
+
+
+class ChaosService:
+    name = "chaos-simulations"
+
+    def __init__(self, topology: LiveTopology, per_minute: int) -> None:
+        self.topology = topology
+        self.per_minute = per_minute
+        self.limiter = RateLimiter()
+        self.executor = ThreadPoolExecutor(SIMULATION_THREADS, thread_name_prefix="chaos-simulation")
+        self.instance = uuid.uuid4().hex
+
+    # Listed among the sidecar's workers so shutdown waits for running simulations before
+    # the store closes under them.
+    def start(self) -> None:
+        """Nothing to start: pool threads start with the first simulation (after the fork)."""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=False)
+
+    def run(self, storage, sim_id: str, record: dict, engine: BlastRadiusEngine) -> None:
+        body = record["request"]
+        try:
+            result = engine.simulate(body["device"], body["failure_type"], body["include_jobs"])
+            storage.save_simulation(sim_id, "complete", {**record, "finished_ms": _now_ms(),
+                                                         "result": result.to_dict()})
+        except Exception as exc:  # recorded for the poller; the pool thread lives on
+            log.exception("simulation %s failed", sim_id)
+            storage.save_simulation(sim_id, "failed", {**record, "finished_ms": _now_ms(),
+                                                       "error": f"{type(exc).__name__}: {exc}"})
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def setup(app, state) -> None:
+    config = state.config
+    if config.chaos_topology is None:
+        app.extensions[EXTENSION] = None
+        return
+    path = config.chaos_topology
+    query = state.prom.query if config.chaos_refresh_seconds > 0 else None
+    topology = LiveTopology(lambda: load_topology(path), query)
+    try:
+        topology.refresh(merge_live=False)     # a bad inventory stops start-up, naming the key
+    except InventoryError as exc:
+        raise ConfigError(f"chaos_topology: {exc}") from None
+    service = ChaosService(topology, config.chaos_simulations_per_minute)
+    app.extensions[EXTENSION] = service
+    state.workers.append(service)
+    if query is not None:
+        state.workers.append(PeriodicWorker("chaos-topology", config.chaos_refresh_seconds, topology.refresh))
+    state.capabilities.add("chaos_simulation")
+
+
+def _service() -> ChaosService:
+    service = current_app.extensions.get(EXTENSION)
+    if service is None:
+        # 404, not 5xx: nothing is broken, this sidecar simply has no topology to simulate on.
+        raise ApiError(404, "no cluster topology is configured for chaos simulations: start the sidecar with "
+                            "--chaos-topology FILE (docs/chaos.md)", code="chaos_no_topology")
+    return service
+
+
+@bp.before_request
+def _simulation_budget():
+    """The per-key simulation budget, counted before the body is even validated: every
+    attempt at the graph-walking endpoint counts, as the seed's abuse guard intends."""
+    if request.endpoint != "chaos.simulate":
+        return
+    service = _service()
+    key = current_key()
+    allowed, retry_after = service.limiter.allow(key.id, service.per_minute / 60.0, service.per_minute)
+    if not allowed:
+        raise ApiError(429, f"chaos simulations are limited to {service.per_minute} per minute per API key "
+                            f"(key {key.id!r})", code="chaos_rate_limited",
+                       headers={"Retry-After": str(max(1, math.ceil(retry_after)))})
+
+
+@bp.post("/graph/chaos-simulate")
+@require_scope("write")
+@bp.input(SimulateIn)
+@bp.output(SubmittedOut, status_code=202)
+@bp.doc(summary="Start a blast-radius simulation; poll GET /graph/chaos-results/{simulation_id}",
+        responses={422: "unknown device or failure type (the valid choices are named)",
+                   429: "more than the per-key simulations per minute"})
+def simulate(json_data: SimulateIn):
+    service = _service()
+    engine = service.topology.engine()
+    try:
+        # Checked now, so a bad request is a 422 here rather than a failed simulation later.
+        initial_failures(engine.topology, json_data.device, json_data.failure_type)
+    except ChaosInputError as exc:
+        raise ApiError(422, str(exc), code=f"chaos_invalid_{exc.field}",
+                       detail={"field": exc.field, "choices": exc.choices,
+                               "failure_types": list(FAILURE_TYPES)}) from None
+    state = sidecar()
+    sim_id = uuid.uuid4().hex
+    record = {"request": json_data.model_dump(), "key_id": current_key().id, "instance": service.instance,
+              "submitted_ms": _now_ms(), "topology_version": engine.version}
+    state.storage.save_simulation(sim_id, "running", record)
+    service.executor.submit(service.run, state.storage, sim_id, record, engine)
+    return {"simulation_id": sim_id, "status": "running"}, 202, {"Location": f"/graph/chaos-results/{sim_id}"}
+
+
+@bp.get("/graph/chaos-results/<simulation_id>")
+@require_scope("read")
+@bp.doc(summary="A simulation's state: 202 while running, 200 with impact_score, affected_devices, "
+                "affected_jobs and the BFS path when complete",
+        responses={202: "still running", 404: "no such simulation"})
+def results(simulation_id: str):
+    row = sidecar().storage.load_simulation(simulation_id) if len(simulation_id) <= 64 else None
+    if row is None:
+        raise ApiError(404, f"no simulation {simulation_id!r}", code="simulation_not_found")
+    data, status = row["data"], row["status"]
+    head = {"simulation_id": simulation_id, "status": status, "request": data.get("request"),
+            "submitted_ms": data.get("submitted_ms"), "topology_version": data.get("topology_version")}
+    if status == "running":
+        if _now_ms() - data.get("submitted_ms", row["created_ms"]) > STALE_SECONDS * 1000:
+            return {**head, "status": "failed", "error": "interrupted: the sidecar running it stopped first"}, 200
+        return head, 202
+    if status == "failed":
+        return {**head, "finished_ms": data.get("finished_ms"), "error": data.get("error")}, 200
+    return {**head, "finished_ms": data.get("finished_ms"), **data["result"]}, 200
+
+
+@bp.get("/graph/chaos-topology")
+@require_scope("read")
+@bp.doc(summary="The topology simulations run on: version, device counts, when the live metrics were merged")
+def topology():
+    service = _service()
+    service.topology.engine()
+    return service.topology.status()
+
+
+@bp.get("/graph/chaos-devices")
+@require_scope("read")
+@bp.input(DevicesQuery, location="query")
+@bp.doc(summary="Device names (optionally of one kind) that a simulation can fail")
+def devices(query_data: DevicesQuery):
+    graph = _service().topology.engine().topology.graph
+    names = [{"name": name, "kind": kind, "rack": rack} for name, kind, rack in
+             ((n, d["kind"], d["rack"]) for n, d in graph.nodes(data=True))
+             if query_data.kind is None or kind == query_data.kind]
+    return {"devices": names[:query_data.limit], "total": len(names)}

@@ -1,0 +1,49 @@
+"""What a blueprint reaches through `sidecar()`: the configuration, storage, the
+Prometheus client, the metrics and the background workers of the running app."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from logging import Logger
+from typing import Any
+
+from flask import current_app
+
+from .config import SidecarConfig
+from .keys import KeyStore
+from .metrics import SidecarMetrics
+from .prom import PrometheusClient
+from .ratelimit import RateLimiter
+from .storage import Storage
+
+EXTENSION = "fabricscope"
+
+
+@dataclass
+class Sidecar:
+    config: SidecarConfig
+    storage: Storage
+    prom: PrometheusClient
+    metrics: SidecarMetrics
+    keys: KeyStore
+    limiter: RateLimiter
+    audit: Logger
+    # Background workers (correlator, retention); started by start_background().
+    workers: list[Any] = field(default_factory=list)
+    # Named features the blueprints add (GET /api/versions lists them), e.g. "tracing".
+    capabilities: set[str] = field(default_factory=set)
+
+    def start_background(self) -> None:
+        for worker in self.workers:
+            worker.start()
+
+    def stop_background(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+
+    def close(self) -> None:
+        self.stop_background()
+        self.storage.close()
+
+
+def sidecar() -> Sidecar:
+    return current_app.extensions[EXTENSION]

@@ -1,0 +1,154 @@
+"""Catalog matching (phase one of NL, no LLM): pick the registered query a question means.
+
+Each query's `terms` in queries.yaml weigh the words that point at it; a question scores
+the sum of the terms it contains (words typo-corrected against the catalog's vocabulary),
+plus a little for each extracted parameter the query can use and minus a little for a
+required parameter nobody supplied. The best score wins above a floor; below it, a
+conversation's previous query is reused (a follow-up such as "and for node-3?").
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from .extract import Extraction
+from .params import ParamError
+from .registry import QuerySpec, Registry
+
+MIN_SCORE = 1.5          # below this, nothing in the question names a query
+PARAM_BONUS = 0.75       # per extracted parameter the query accepts
+MISSING_PENALTY = 1.0    # per required parameter with no value
+# Slots that say something about the question (a window or limit fits almost any query).
+_SPECIFIC = {"host", "device", "gpu", "comm", "ip", "service", "quantile", "severity", "rank", "field"}
+_FOLLOW_UP = re.compile(r"^\s*(?:and|also|what about|how about|same for|now|then|ok(?:ay)?|and what about)\b"
+                        r"|^\s*(?:for|on|in)\s", re.I)
+_WORD = re.compile(r"[a-z0-9]+")
+# Words a question is made of that are not catalog terms: never "corrected" into one
+# ("last" is not a typo of "blast").
+_PLAIN = frozenset("""
+a about after all also am an and any anything are as at be been before being by can could
+day days did do does doing down during each every for from get give had has have hour hours how
+i if in is it its job jobs last list many me minute minutes more my nodes node now of on only or
+our over past please plz previous right seconds show since so some than that the their them then
+there these this those to today top up us was we week weeks were what when where which who why
+will with within would yesterday you your
+""".split())
+
+
+@dataclass
+class Match:
+    query_name: str | None
+    params: dict[str, Any] = field(default_factory=dict)
+    score: float = 0.0
+    missing: list[str] = field(default_factory=list)
+    invalid: dict[str, str] = field(default_factory=dict)
+    follow_up: bool = False
+    alternatives: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"query_name": self.query_name, "params": self.params, "score": round(self.score, 2),
+                "missing": self.missing, "invalid": self.invalid, "follow_up": self.follow_up,
+                "alternatives": self.alternatives}
+
+
+class Matcher:
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self.vocabulary = sorted({word for q in registry.queries.values() for term in q.terms
+                                  for word in term.split()})
+        self._vocab_set = set(self.vocabulary)
+        self._correct = lru_cache(maxsize=4096)(self._correct_word)
+
+    def _correct_word(self, word: str) -> str:
+        if word in self._vocab_set or word in _PLAIN or len(word) < 5 or not word.isalpha():
+            return word
+        close = difflib.get_close_matches(word, self.vocabulary, n=1, cutoff=0.8)
+        return close[0] if close else word
+
+    def normalise(self, message: str) -> tuple[str, set[str]]:
+        words = [self._correct(w) for w in _WORD.findall(message.lower())]
+        return " " + " ".join(words) + " ", set(words)
+
+    def term_score(self, spec: QuerySpec, text: str, words: set[str]) -> float:
+        score = 0.0
+        for term, weight in spec.terms.items():
+            if (" " in term and f" {term} " in text) or term in words:
+                score += weight
+        return score
+
+    def fill(self, spec: QuerySpec, slots: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """The query's raw parameters from extracted slots, and how many specific ones it used."""
+        params: dict[str, Any] = {}
+        used = 0
+        for name, pspec in spec.params.items():
+            sources = [name] + list(pspec.nl_from)
+            for source in sources:
+                if source in slots:
+                    params[name] = slots[source]
+                    used += source in _SPECIFIC
+                    break
+        return params, used
+
+    def rank(self, message: str, extraction: Extraction) -> list[tuple[float, float, QuerySpec]]:
+        text, words = self.normalise(message)
+        ranked = []
+        for spec in self.registry.queries.values():
+            terms = self.term_score(spec, text, words)
+            if terms <= 0:
+                continue
+            params, used = self.fill(spec, extraction.slots)
+            missing = sum(1 for n, p in spec.params.items() if p.required and n not in params)
+            ranked.append((terms + PARAM_BONUS * used - MISSING_PENALTY * missing, terms, spec))
+        ranked.sort(key=lambda item: (-item[0], item[2].name))
+        return ranked
+
+    def match(self, message: str, extraction: Extraction, previous: dict[str, Any] | None = None) -> Match:
+        ranked = self.rank(message, extraction)
+        alternatives = [{"query_name": spec.name, "score": round(score, 2)} for score, _, spec in ranked[1:4]]
+        looks_like_follow_up = bool(_FOLLOW_UP.match(message))
+        best_terms = ranked[0][1] if ranked else 0.0
+        same_query = bool(ranked) and previous is not None and ranked[0][2].name == previous.get("query_name")
+        if previous and previous.get("query_name") in self.registry and (
+                not ranked or ranked[0][0] < MIN_SCORE
+                or (looks_like_follow_up and (best_terms < 2.0 or same_query))):
+            spec = self.registry.get(previous["query_name"])
+            params, _ = self.fill(spec, extraction.slots)
+            merged = {**previous.get("params", {}), **params}
+            result = self._validated(spec, merged, ranked[0][0] if ranked else 0.0, alternatives)
+            result.follow_up = True
+            return result
+        if not ranked or ranked[0][0] < MIN_SCORE:
+            return Match(None, alternatives=[{"query_name": s.name, "score": round(sc, 2)}
+                                             for sc, _, s in ranked[:3]])
+        score, _, spec = ranked[0]
+        params, _ = self.fill(spec, extraction.slots)
+        return self._validated(spec, params, score, alternatives)
+
+    def _validated(self, spec: QuerySpec, params: dict[str, Any], score: float,
+                   alternatives: list[dict[str, Any]]) -> Match:
+        """Validate each parameter alone: a bad one is reported and dropped, the rest kept."""
+        good: dict[str, Any] = {}
+        invalid: dict[str, str] = {}
+        for name, value in params.items():
+            try:
+                good[name] = self.registry.validate(spec.name, {**_required_stubs(spec, name), name: value})[name]
+            except ParamError as exc:
+                if exc.param == name:
+                    invalid[name] = exc.message
+        missing = [n for n, p in spec.params.items() if p.required and n not in good]
+        final = {}
+        if not missing:
+            final = self.registry.validate(spec.name, good)
+        else:
+            final = good
+        return Match(spec.name, final, score, missing, invalid, alternatives=alternatives)
+
+
+def _required_stubs(spec: QuerySpec, except_name: str) -> dict[str, Any]:
+    """Placeholder values so one parameter can be validated without the others."""
+    stubs = {"host": "x", "device": "x", "ip": "127.0.0.1", "comm": "0" * 16, "name": "x", "text": "x"}
+    return {n: stubs.get(p.type, 1) for n, p in spec.params.items()
+            if p.required and n != except_name}

@@ -1,0 +1,66 @@
+"""The Python functions behind the registry's `tool:` queries that read the sidecar's
+own store or Prometheus in ways one PromQL expression cannot."""
+from __future__ import annotations
+
+import ipaddress
+import time
+from collections import defaultdict
+from typing import Any
+from urllib.parse import urlsplit
+
+from .executor import tool_handler
+from .params import duration_seconds
+
+
+def _since_ms(window: str) -> int:
+    return int((time.time() - duration_seconds(window)) * 1000)
+
+
+@tool_handler("slo_violations")
+def slo_violations(state, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Violating spans per (service, operation) in the window, most first."""
+    spans = state.storage.slo_violations(_since_ms(params["window"]), service=params.get("service"), limit=10_000)
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for span in spans:
+        key = (span["service"], span["operation"])
+        group = groups.setdefault(key, {"labels": {"service": key[0], "operation": key[1]}, "value": 0,
+                                        "slo_ms": span["slo_ms"], "worst_ms": 0.0, "last_trace_id": span["trace_id"]})
+        group["value"] += 1
+        group["worst_ms"] = max(group["worst_ms"], span["duration_ms"])
+    return sorted(groups.values(), key=lambda g: (-g["value"], g["labels"]["service"]))
+
+
+@tool_handler("correlations")
+def correlations(state, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Network anomalies matched to slow spans (the sidecar's correlator), per device."""
+    found = state.storage.correlations(since_ms=_since_ms("1d"), limit=5000)
+    service = params.get("service")
+    per_device: dict[str, dict[str, Any]] = defaultdict(lambda: {"value": 0, "kinds": set(), "traces": set()})
+    for row in found:
+        if service and row["service"] != service:
+            continue
+        for anomaly in row.get("anomalies") or []:
+            device = str(anomaly.get("device") or anomaly.get("node") or "?")
+            entry = per_device[device]
+            entry["value"] += 1
+            entry["kinds"].add(str(anomaly.get("kind") or anomaly.get("alertname") or anomaly.get("type") or "?"))
+            entry["traces"].add(row["trace_id"])
+    rows = [{"labels": {"device": device}, "value": e["value"], "anomalies": sorted(e["kinds"]),
+             "traces": len(e["traces"])} for device, e in per_device.items()]
+    return sorted(rows, key=lambda r: (-r["value"], r["labels"]["device"]))
+
+
+@tool_handler("locate_ip")
+def locate_ip(state, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Scrape targets whose address is the IP: compared as parsed addresses in Python, so
+    the IP never goes into a regex matcher."""
+    wanted = ipaddress.ip_address(params["ip"])
+    rows = []
+    for sample in state.prom.query("up", timeout=state.config.prometheus_timeout_seconds):
+        host = urlsplit("//" + sample.labels.get("instance", "")).hostname
+        try:
+            if host and ipaddress.ip_address(host) == wanted:
+                rows.append({"labels": sample.labels, "value": sample.value})
+        except ValueError:
+            continue
+    return rows

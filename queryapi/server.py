@@ -1,0 +1,144 @@
+"""`fabricscope sidecar`: validate the configuration, open storage, serve the app with
+gunicorn (one worker process with threads, TLS unless --insecure-no-tls).
+
+One worker process per replica because the SQLite file is held under an exclusive lock
+and the rate limiter and background workers are in-process; threads give the
+concurrency. The app is built before forking (preload), so a bad setting, a locked
+database or a newer schema stops the command with a one-line error instead of a worker
+crash loop. For several replicas use PostgreSQL and a load balancer.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from .config import DEFAULT_PORT, ENV_PREFIX, ConfigError, SidecarConfig, load_config
+
+log = logging.getLogger("fabricscope.sidecar")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    env = lambda name: f"(env {ENV_PREFIX}{name.upper()})"  # noqa: E731
+    parser.add_argument("--host", default=None, help=f"listen address (default 127.0.0.1) {env('host')}")
+    parser.add_argument("--port", type=int, default=None, help=f"listen port (default {DEFAULT_PORT}) {env('port')}")
+    parser.add_argument("--tls-cert", type=Path, default=None, help=f"PEM certificate {env('tls_cert')}")
+    parser.add_argument("--tls-key", type=Path, default=None, help=f"PEM private key {env('tls_key')}")
+    parser.add_argument("--insecure-no-tls", action="store_const", const=True, default=None,
+                        help="serve plaintext HTTP: API keys cross the network in the clear (loopback/testing only)")
+    parser.add_argument("--keys-file", type=Path, default=None,
+                        help=f"YAML file of hashed API keys with scopes, re-read when it changes {env('keys_file')}")
+    parser.add_argument("--prometheus-url", default=None,
+                        help="Prometheus (or Thanos/Mimir/VictoriaMetrics) HTTP API base URL "
+                             f"(default http://127.0.0.1:19090) {env('prometheus_url')}")
+    parser.add_argument("--prometheus-timeout", dest="prometheus_timeout_seconds", type=float, default=None,
+                        help=f"seconds per Prometheus call (default 5) {env('prometheus_timeout_seconds')}")
+    parser.add_argument("--database", default=None,
+                        help="SQLite file (default var/sidecar/sidecar.db) or postgresql:// URL "
+                             f"{env('database')}")
+    parser.add_argument("--max-body-bytes", type=int, default=None,
+                        help=f"request body limit, chunked bodies included (default 8 MiB) {env('max_body_bytes')}")
+    parser.add_argument("--rate-limit", type=float, default=None,
+                        help=f"requests/s per key (default 50) {env('rate_limit_per_second')}")
+    parser.add_argument("--rate-burst", type=int, default=None,
+                        help=f"burst per key (default 100) {env('rate_limit_burst')}")
+    parser.add_argument("--retention-hours", type=float, default=None,
+                        help=f"keep spans, correlations and alerts this long (default 168) {env('retention_hours')}")
+    parser.add_argument("--audit-log", type=Path, default=None,
+                        help=f"audit log file, one JSON object per request (default stderr) {env('audit_log')}")
+    parser.add_argument("--threads", type=int, default=None, help=f"request threads (default 8) {env('threads')}")
+    parser.add_argument("--gpu-hour-rates", default=None,
+                        help="GPU-hour prices per rate class for get_cost, e.g. default=2.5,h100=4 "
+                             f"{env('gpu_hour_rates')}")
+    parser.add_argument("--chaos-topology", type=Path, default=None,
+                        help=f"cluster inventory for chaos simulations (YAML/JSON, docs/chaos.md) {env('chaos_topology')}")
+    parser.add_argument("--chaos-refresh-seconds", type=float, default=None,
+                        help=f"merge live metrics over the inventory this often; 0: inventory only (default 60) "
+                             f"{env('chaos_refresh_seconds')}")
+    parser.add_argument("--add-key", metavar="ID", default=None,
+                        help="mint a new API key with --scopes into --keys-file, print it once, and exit")
+    parser.add_argument("--scopes", default="read", help="scopes for --add-key: read, write, admin (comma-separated)")
+    parser.add_argument("--log.level", dest="log_level", default="info",
+                        choices=["debug", "info", "warning", "error"])
+
+
+def flags_from_args(args: argparse.Namespace) -> dict:
+    flags = {name: getattr(args, name) for name in (
+        "host", "port", "tls_cert", "tls_key", "insecure_no_tls", "keys_file", "prometheus_url",
+        "prometheus_timeout_seconds", "database", "max_body_bytes", "retention_hours", "audit_log", "threads",
+        "gpu_hour_rates", "chaos_topology", "chaos_refresh_seconds")}
+    rate = {k: v for k, v in (("per_second", args.rate_limit), ("burst", args.rate_burst)) if v is not None}
+    if rate:
+        flags["rate_limit"] = rate
+    return flags
+
+
+def serve(app, config: SidecarConfig) -> None:
+    from gunicorn.app.base import BaseApplication
+
+    state = app.extensions["fabricscope"]
+
+    class SidecarServer(BaseApplication):
+        def load_config(self) -> None:
+            options = {
+                "bind": f"[{config.host}]:{config.port}" if ":" in config.host else f"{config.host}:{config.port}",
+                "workers": 1,
+                "worker_class": "gthread",
+                "threads": config.threads,
+                "preload_app": True,
+                "timeout": 120,
+                "graceful_timeout": 15,
+                "accesslog": None,          # the audit log is the access log
+                "errorlog": "-",
+                "loglevel": "warning",
+                "post_worker_init": lambda worker: state.start_background(),
+                "worker_exit": lambda server, worker: state.close(),
+            }
+            if config.uses_tls:
+                options.update(certfile=str(config.tls_cert), keyfile=str(config.tls_key))
+            for key, value in options.items():
+                self.cfg.set(key, value)
+
+        def load(self):
+            return app
+
+    SidecarServer().run()
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.add_key:
+        return _add_key(args)
+    from .app import create_app
+    from .storage import StorageError
+    try:
+        config = load_config(flags_from_args(args))
+        app = create_app(config)
+    except (ConfigError, StorageError) as exc:
+        print(f"fabricscope sidecar: {exc}", file=sys.stderr)
+        return 2
+    scheme = "https" if config.uses_tls else "http"
+    if not config.uses_tls:
+        log.warning("--insecure-no-tls: serving plaintext HTTP; API keys are sent in the clear")
+    log.info("serving on %s://%s:%d (database %s, Prometheus %s)", scheme, config.host, config.port,
+             app.extensions["fabricscope"].storage.describe(), config.prometheus_url)
+    serve(app, config)
+    return 0
+
+
+def _add_key(args: argparse.Namespace) -> int:
+    from .keys import KeyFileError, add_key
+    if not args.keys_file:
+        print("fabricscope sidecar: --add-key needs --keys-file", file=sys.stderr)
+        return 2
+    scopes = [s.strip() for s in args.scopes.split(",") if s.strip()]
+    try:
+        token = add_key(args.keys_file, args.add_key, scopes)
+    except KeyFileError as exc:
+        print(f"fabricscope sidecar: {exc}", file=sys.stderr)
+        return 2
+    print(token)
+    print(f"key {args.add_key!r} ({', '.join(scopes)}) added to {args.keys_file}; the running sidecar picks it "
+          "up within a second. This is the only time the key is shown.", file=sys.stderr)
+    return 0

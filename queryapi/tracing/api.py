@@ -1,0 +1,216 @@
+"""Tracing endpoints: span ingest (seed format and OTLP/HTTP), SLO violations, correlations."""
+from __future__ import annotations
+
+import json
+import time
+import zlib
+from typing import Any
+
+from apiflask import APIBlueprint
+from flask import Response, request
+from pydantic import BaseModel, Field
+
+from ..auth import require_scope
+from ..context import sidecar
+from ..docs import documented_body
+from ..errors import ApiError
+from ..storage import SpanRow
+from ..workers import PeriodicWorker
+from . import otlp
+from .correlate import Correlator
+from .spans import MAX_BATCH_SPANS, IngestOut, SpanBatchIn, validate_batch
+
+bp = APIBlueprint("tracing", __name__, tag="Tracing")
+
+PROTOBUF = "application/x-protobuf"
+
+
+def setup(app, state) -> None:
+    correlator = Correlator(state.storage, state.prom, state.metrics)
+    worker = PeriodicWorker("correlator", state.config.correlation_interval_seconds, correlator.run_once)
+    state.workers.append(worker)
+    app.extensions["fabricscope.correlator"] = (correlator, worker)
+    state.capabilities.update({"tracing", "otlp_http"})
+
+
+def _store(rows: list[SpanRow], ingest_format: str) -> tuple[int, int]:
+    state = sidecar()
+    stored = state.storage.insert_spans(rows)
+    violations = 0
+    metrics = state.metrics
+    for row in rows:
+        pair = metrics.slo_pair(row.service, row.operation)
+        metrics.spans_evaluated.labels(*pair).inc()
+        if row.violated:
+            violations += 1
+            metrics.slo_violations.labels(*pair).inc()
+    metrics.spans_received.labels(ingest_format).inc(len(rows))
+    if violations:
+        from flask import current_app
+        current_app.extensions["fabricscope.correlator"][1].wake()
+    return stored, violations
+
+
+def _body() -> bytes:
+    """The request body, gunzipped when Content-Encoding says so (bounded: a small gzip
+    must not inflate past the body limit)."""
+    data = request.get_data(cache=False)
+    encoding = request.headers.get("Content-Encoding", "identity").lower()
+    if encoding in ("", "identity"):
+        return data
+    if encoding != "gzip":
+        raise ApiError(415, f"Content-Encoding {encoding!r} is not supported; use gzip or none",
+                       code="unsupported_encoding")
+    limit = sidecar().config.max_body_bytes
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error as exc:
+        raise ApiError(400, f"body is not valid gzip: {exc}", code="bad_gzip") from None
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise ApiError(413, f"decompressed body exceeds the {limit}-byte limit", code="payload_too_large")
+    return out
+
+
+@bp.post("/tracing/spans")
+@require_scope("write")
+@documented_body(SpanBatchIn)
+@bp.output(IngestOut)
+@bp.doc(summary="Ingest a batch of spans (seed format); bad spans are rejected by index, good ones kept",
+        responses={422: "no span of the batch was valid, or the body is not a batch"})
+def ingest_spans():
+    try:
+        body = json.loads(_body())
+    except ValueError as exc:
+        raise ApiError(400, f"body is not JSON: {exc}", code="bad_json") from None
+    if not isinstance(body, dict) or not isinstance(body.get("spans"), list):
+        raise ApiError(422, "body must be an object with a 'spans' list", code="not_a_span_batch")
+    if len(body["spans"]) > MAX_BATCH_SPANS:
+        raise ApiError(422, f"a batch holds at most {MAX_BATCH_SPANS} spans, got {len(body['spans'])}",
+                       code="batch_too_large")
+    state = sidecar()
+    rows, rejected = validate_batch(body["spans"], state.config.slo_for, "seed")
+    state.metrics.spans_rejected.labels("seed").inc(len(rejected))
+    if rejected and not rows:
+        raise ApiError(422, f"all {len(rejected)} span(s) were rejected", code="all_spans_rejected",
+                       detail={"rejected": [r.model_dump() for r in rejected]})
+    stored, violations = _store(rows, "seed")
+    return {"accepted": len(rows), "stored": stored, "violations": violations, "rejected": rejected}
+
+
+class OtlpTracesJson(BaseModel):
+    """OTLP/JSON ExportTraceServiceRequest (see the OpenTelemetry protocol specification)."""
+    resourceSpans: list[dict[str, Any]] = Field(default_factory=list)
+
+
+@bp.post("/v1/traces")
+@require_scope("write")
+@documented_body(OtlpTracesJson, ["application/json", PROTOBUF])
+@bp.doc(summary="OTLP/HTTP trace export (protobuf or JSON); network_path from the span attribute "
+                "'network_path'", responses={200: "ExportTraceServiceResponse (partial_success lists rejections)"})
+def otlp_traces():
+    as_json = request.mimetype == "application/json"
+    body = _body()
+    try:
+        message = otlp.parse_json(body) if as_json else otlp.parse_protobuf(body)
+    except otlp.OtlpError as exc:
+        raise ApiError(400, str(exc), code="bad_otlp") from None
+    spans = list(otlp.seed_spans(message))
+    state = sidecar()
+    rows, rejected = validate_batch(spans, state.config.slo_for, "otlp")
+    state.metrics.spans_rejected.labels("otlp").inc(len(rejected))
+    _store(rows, "otlp")
+    message_text = "; ".join(f"span {r.index}: {r.errors[0]['field']}: {r.errors[0]['message']}"
+                             for r in rejected[:5])
+    payload = otlp.response_bytes(len(rejected), message_text, as_json)
+    return Response(payload, status=200, mimetype="application/json" if as_json else PROTOBUF)
+
+
+class ViolationsQuery(BaseModel):
+    service: str | None = Field(None, max_length=128)
+    operation: str | None = Field(None, max_length=256)
+    window_seconds: int = Field(3600, ge=1, le=31 * 86400, description="trailing window (default 1 h)")
+    limit: int = Field(500, ge=1, le=5000)
+
+
+class SpanOut(BaseModel):
+    trace_id: str
+    span_id: str
+    service: str
+    operation: str
+    start_ms: int
+    end_ms: int
+    duration_ms: float
+    slo_ms: float
+    network_path: list[str]
+    attributes: dict[str, Any]
+    ingest_format: str
+
+
+class ViolationsOut(BaseModel):
+    window_seconds: int
+    violations: list[SpanOut]
+
+
+@bp.get("/tracing/slo-violations")
+@require_scope("read")
+@bp.input(ViolationsQuery, location="query")
+@bp.output(ViolationsOut)
+@bp.doc(summary="Spans over their (service, operation) SLO in the trailing window")
+def slo_violations(query_data: ViolationsQuery):
+    since = int((time.time() - query_data.window_seconds) * 1000)
+    rows = sidecar().storage.slo_violations(since, service=query_data.service, operation=query_data.operation,
+                                            limit=query_data.limit)
+    return {"window_seconds": query_data.window_seconds, "violations": rows}
+
+
+class CorrelationsQuery(BaseModel):
+    trace_id: str | None = Field(None, max_length=128)
+    window_seconds: int | None = Field(None, ge=1, le=31 * 86400)
+    limit: int = Field(500, ge=1, le=5000)
+
+
+class CorrelationOut(BaseModel):
+    trace_id: str
+    span_id: str
+    service: str
+    operation: str
+    span_end_ms: int
+    duration_ms: float
+    slo_ms: float
+    matched_anomaly_count: int
+    path_length: int
+    confidence: float
+    anomalies: list[dict[str, Any]]
+    correlated_ms: int
+
+
+class CorrelationsOut(BaseModel):
+    correlations: list[CorrelationOut]
+    pending: int = Field(description="violations not yet evaluated against Prometheus")
+
+
+@bp.get("/tracing/correlations")
+@require_scope("read")
+@bp.input(CorrelationsQuery, location="query")
+@bp.output(CorrelationsOut)
+@bp.doc(summary="SLO violations correlated with network anomalies on their path (confidence >= 0.25)")
+def correlations(query_data: CorrelationsQuery):
+    storage = sidecar().storage
+    since = int((time.time() - query_data.window_seconds) * 1000) if query_data.window_seconds else None
+    rows = storage.correlations(trace_id=query_data.trace_id, since_ms=since, limit=query_data.limit)
+    return {"correlations": rows, "pending": storage.count_pending_violations()}
+
+
+class SlosOut(BaseModel):
+    default_ms: float
+    overrides: dict[str, float] = Field(description="TRACING_SLO_<service>_<operation> suffix -> ms")
+
+
+@bp.get("/tracing/slos")
+@require_scope("read")
+@bp.output(SlosOut)
+@bp.doc(summary="The SLO thresholds in force")
+def slos():
+    config = sidecar().config
+    return {"default_ms": config.slo_default_ms, "overrides": config.slo_overrides}

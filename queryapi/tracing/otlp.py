@@ -1,0 +1,119 @@
+"""OTLP/HTTP trace requests (protobuf or JSON) decoded into seed-format span dicts, which
+then pass the same per-span validation as POST /tracing/spans.
+
+Mapping: service = resource attribute `service.name`; operation = span name; times from
+the span's Unix nanoseconds; network_path = span attribute `network_path` (a string array,
+or one comma-separated string); every other span attribute is kept in `attributes`.
+OTLP/JSON writes trace and span ids as hex (not protobuf-JSON base64), so they are
+converted before the standard protobuf JSON parser reads the request.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any, Iterator
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+NETWORK_PATH_ATTRIBUTE = "network_path"
+SERVICE_NAME_ATTRIBUTE = "service.name"
+_ID_FIELDS = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
+
+
+class OtlpError(ValueError):
+    """The request is not an OTLP trace export (the message says why)."""
+
+
+def parse_protobuf(body: bytes) -> ExportTraceServiceRequest:
+    request = ExportTraceServiceRequest()
+    try:
+        request.ParseFromString(body)
+    except (DecodeError, ValueError) as exc:
+        raise OtlpError(f"body is not an OTLP ExportTraceServiceRequest protobuf: {exc}") from None
+    return request
+
+
+def parse_json(body: bytes) -> ExportTraceServiceRequest:
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise OtlpError(f"body is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise OtlpError("OTLP/JSON body must be an object with resourceSpans")
+    try:
+        _hex_ids_to_base64(data)
+        return json_format.ParseDict(data, ExportTraceServiceRequest())
+    except (json_format.ParseError, OtlpError, TypeError, ValueError) as exc:
+        raise OtlpError(f"body is not an OTLP/JSON trace export: {exc}") from None
+
+
+def _hex_ids_to_base64(node: Any) -> None:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _ID_FIELDS and isinstance(value, str):
+                try:
+                    node[key] = base64.b64encode(bytes.fromhex(value)).decode()
+                except ValueError:
+                    raise OtlpError(f"{key} {value[:40]!r} is not hex") from None
+            else:
+                _hex_ids_to_base64(value)
+    elif isinstance(node, list):
+        for item in node:
+            _hex_ids_to_base64(item)
+
+
+def any_value(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return [any_value(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: any_value(kv.value) for kv in value.kvlist_value.values}
+    if kind == "bytes_value":
+        return binascii.hexlify(value.bytes_value).decode()
+    return getattr(value, kind)
+
+
+def seed_spans(request: ExportTraceServiceRequest) -> Iterator[dict[str, Any]]:
+    """Each span of the request as a seed-format dict, in request order."""
+    for resource_spans in request.resource_spans:
+        resource = {kv.key: any_value(kv.value) for kv in resource_spans.resource.attributes}
+        service = resource.get(SERVICE_NAME_ATTRIBUTE) or "unknown_service"
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                attributes = {kv.key: any_value(kv.value) for kv in span.attributes}
+                path = attributes.pop(NETWORK_PATH_ATTRIBUTE, [])
+                if isinstance(path, str):
+                    path = [hop.strip() for hop in path.split(",") if hop.strip()]
+                out = {
+                    "trace_id": span.trace_id.hex(),
+                    "span_id": span.span_id.hex(),
+                    "service": str(service),
+                    "operation": span.name,
+                    "start_time_ms": span.start_time_unix_nano // 1_000_000,
+                    "end_time_ms": span.end_time_unix_nano // 1_000_000,
+                    "duration_ms": max(0, span.end_time_unix_nano - span.start_time_unix_nano) / 1e6,
+                    "network_path": path,
+                    "attributes": attributes,
+                }
+                if span.parent_span_id:
+                    out["parent_span_id"] = span.parent_span_id.hex()
+                yield out
+
+
+def response_bytes(rejected: int, message: str, as_json: bool) -> bytes:
+    response = ExportTraceServiceResponse()
+    if rejected:
+        response.partial_success.rejected_spans = rejected
+        response.partial_success.error_message = message
+    if as_json:
+        return json.dumps(json_format.MessageToDict(response)).encode()
+    return response.SerializeToString()

@@ -1,0 +1,153 @@
+"""POST /graph/chaos-simulate and GET /graph/chaos-results/<id>: lifecycle, budget, bad
+input, persistence across a restart."""
+from __future__ import annotations
+
+import pytest
+
+from fabricscope.queryapi.app import create_app
+from fabricscope.queryapi.config import ConfigError
+from fabricscope.stack import free_port
+from tests.procs import wait_for
+from tests.sidecar_helpers import bearer, make_keys
+
+INVENTORY = "name: lab\ngenerate: {hosts: 8, job_hosts: 4}\n"
+WRITERS = {f"writer-{i}": "write" for i in range(6)}
+
+
+@pytest.fixture
+def env(tmp_path):
+    inventory = tmp_path / "cluster.yaml"
+    inventory.write_text(INVENTORY)
+    keys = make_keys(tmp_path / "keys.yaml", WRITERS)
+    settings = {"insecure_no_tls": True, "database": str(tmp_path / "sidecar.db"),
+                "keys_file": str(tmp_path / "keys.yaml"), "chaos_topology": str(inventory),
+                "chaos_refresh_seconds": 0, "prometheus_url": f"http://127.0.0.1:{free_port()}"}
+    apps = []
+
+    def make_app(**overrides):
+        app = create_app({**settings, **overrides})
+        apps.append(app)
+        return app
+
+    yield make_app, keys
+    for app in apps:
+        app.extensions["fabricscope"].close()
+
+
+def submit(client, token, **body):
+    return client.post("/graph/chaos-simulate", json=body, headers=bearer(token))
+
+
+def poll(client, token, sim_id):
+    def done():
+        response = client.get(f"/graph/chaos-results/{sim_id}", headers=bearer(token))
+        return response if response.status_code != 202 else None
+    return wait_for(done, 30, f"simulation {sim_id}", interval=0.02)
+
+
+def test_submit_then_poll_until_the_result(env):
+    make_app, keys = env
+    client = make_app().test_client()
+    response = submit(client, keys["writer-0"], device="gpu-node-1", failure_type="rack_failure")
+    assert response.status_code == 202
+    body = response.get_json()
+    assert body["status"] == "running" and len(body["simulation_id"]) == 32
+    assert response.headers["Location"] == f"/graph/chaos-results/{body['simulation_id']}"
+    result = poll(client, keys["reader"], body["simulation_id"])
+    assert result.status_code == 200
+    data = result.get_json()
+    assert data["status"] == "complete"
+    assert data["affected_jobs"] == ["job-0"] and data["total_active_jobs"] == 2
+    assert {f"gpu-node-{i}" for i in range(4)} <= set(data["affected_devices"])
+    assert data["impact_score"] == pytest.approx(0.4 * data["affected_device_count"] / data["total_devices"] + 0.3)
+    assert data["path"][0] == {"device": "gpu-node-0", "via": None, "reason": "rack"}
+    topology = client.get("/graph/chaos-topology", headers=bearer(keys["reader"])).get_json()
+    assert data["topology_version"] == topology["version"]
+    assert topology["summary"]["kinds"]["gpu"] == 64
+    # A switch failure that cuts one GPU per host cuts both jobs.
+    sim_id = submit(client, keys["writer-0"], device="leaf-su0-r2", failure_type="switch_failure",
+                    include_jobs=True).get_json()["simulation_id"]
+    assert poll(client, keys["reader"], sim_id).get_json()["affected_jobs"] == ["job-0", "job-1"]
+
+
+def test_sixth_simulation_in_a_minute_gets_429_with_retry_after(env):
+    make_app, keys = env
+    client = make_app().test_client()
+    for _ in range(5):
+        assert submit(client, keys["writer-1"], device="core-0").status_code == 202
+    refused = submit(client, keys["writer-1"], device="core-0")
+    assert refused.status_code == 429
+    assert refused.get_json()["error"]["code"] == "chaos_rate_limited"
+    assert 1 <= int(refused.headers["Retry-After"]) <= 12
+    # The budget is per key.
+    assert submit(client, keys["writer-2"], device="core-0").status_code == 202
+    # Other endpoints are not charged to it.
+    assert client.get("/graph/chaos-topology", headers=bearer(keys["writer-1"])).status_code == 200
+
+
+def test_bad_requests_get_422_naming_the_valid_choices(env):
+    make_app, keys = env
+    client = make_app().test_client()
+    token = keys["writer-3"]
+    unknown = submit(client, token, device="gpu-node-99")
+    assert unknown.status_code == 422
+    error = unknown.get_json()["error"]
+    assert error["code"] == "chaos_invalid_device" and "gpu-node-7" in error["detail"]["choices"]
+    assert error["detail"]["failure_types"] == ["device_failure", "power_failure", "rack_failure", "switch_failure"]
+    bad_type = submit(client, token, device="core-0", failure_type="meteor")
+    assert bad_type.status_code == 422
+    assert "'device_failure', 'power_failure', 'rack_failure' or 'switch_failure'" in str(bad_type.get_json())
+    not_a_switch = submit(client, token, device="gpu-node-0", failure_type="switch_failure")
+    assert not_a_switch.status_code == 422 and "leaf_switch" in not_a_switch.get_json()["error"]["detail"]["choices"]
+    token = keys["writer-4"]
+    assert submit(client, token, failure_type="rack_failure").status_code == 422          # no device
+    assert submit(client, token, device="core-0", colour="red").status_code == 422       # unknown key
+    response = client.post("/graph/chaos-simulate", data="device=core-0", headers=bearer(token),
+                           content_type="application/x-www-form-urlencoded")
+    assert response.status_code == 415
+
+
+def test_unknown_ids_scopes_and_no_topology(env):
+    make_app, keys = env
+    client = make_app().test_client()
+    missing = client.get("/graph/chaos-results/nope", headers=bearer(keys["reader"]))
+    assert missing.status_code == 404 and missing.get_json()["error"]["code"] == "simulation_not_found"
+    assert client.get("/graph/chaos-results/" + "x" * 500, headers=bearer(keys["reader"])).status_code == 404
+    assert submit(client, keys["reader"], device="core-0").status_code == 403
+    assert client.post("/graph/chaos-simulate", json={"device": "core-0"}).status_code == 401
+    devices = client.get("/graph/chaos-devices?kind=core_switch", headers=bearer(keys["reader"])).get_json()
+    assert [d["name"] for d in devices["devices"]] == ["core-0", "core-1", "core-2", "core-3"]
+    bare = make_app(chaos_topology=None, database=str(env_db(client))).test_client()
+    response = submit(bare, keys["writer-5"], device="core-0")
+    assert response.status_code == 404 and response.get_json()["error"]["code"] == "chaos_no_topology"
+
+
+def env_db(client):
+    return client.application.extensions["fabricscope"].config.database + "-bare"
+
+
+def test_results_survive_a_restart(env, tmp_path):
+    make_app, keys = env
+    app = make_app()
+    client = app.test_client()
+    sim_id = submit(client, keys["writer-0"], device="pdu-rack-su0-1-a",
+                    failure_type="power_failure").get_json()["simulation_id"]
+    before = poll(client, keys["reader"], sim_id).get_json()
+    # A simulation whose sidecar stopped before finishing it is reported, not left running.
+    app.extensions["fabricscope"].storage.save_simulation(
+        "orphan", "running", {"request": {"device": "core-0"}, "submitted_ms": 1, "instance": "gone"})
+    app.extensions["fabricscope"].close()
+    restarted = make_app().test_client()
+    after = restarted.get(f"/graph/chaos-results/{sim_id}", headers=bearer(keys["reader"]))
+    assert after.status_code == 200 and after.get_json() == before
+    orphan = restarted.get("/graph/chaos-results/orphan", headers=bearer(keys["reader"]))
+    assert orphan.status_code == 200 and orphan.get_json()["status"] == "failed"
+    assert "interrupted" in orphan.get_json()["error"]
+
+
+def test_a_bad_inventory_stops_start_up(env, tmp_path):
+    make_app, _ = env
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("devices: [{name: a, kind: toaster}]\n")
+    with pytest.raises(ConfigError, match=r"chaos_topology: .*bad.yaml: devices\[0\]\.kind"):
+        make_app(chaos_topology=str(bad), database=str(tmp_path / "other.db"))

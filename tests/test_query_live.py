@@ -1,0 +1,269 @@
+"""The query layer on real components: the demo cluster -> a real Prometheus with the
+committed rules -> `fabricscope sidecar` (gunicorn, TLS) -> HTTP and the real `mcp`
+client SDK.
+
+A link and an NVLink are down from the first second, so registered queries have live
+answers to find. Checks: MeshQL execute:false <-> execute:true round trip for every form,
+every PromQL template accepted by Prometheus, the escaping function round-tripped through
+Prometheus' own parser, hostile input over HTTP, conversations with follow-ups, and MCP
+listing and calling the same tools as HTTP with the same results and errors.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import time
+
+import httpx2
+import pytest
+import requests
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from fabricscope import stack
+from fabricscope.demo import cluster as cluster_mod, scenario as scenario_mod
+from fabricscope.demo.main import write_targets_file
+from fabricscope.demo.sources.nccl import job_comm
+from fabricscope.queryapi.promql import quote
+from fabricscope.queryapi.query.registry import default_registry
+from fabricscope.sidecar_process import start_sidecar
+from tests import procs
+from tests.sidecar_helpers import bearer, make_keys
+
+CLUSTER = "qtest"
+SCENARIO = {"seed": 5, "cluster": {"name": CLUSTER, "nodes": 2, "gpus_per_node": 2, "hcas_per_node": 2},
+            "tick_seconds": 0.5,
+            "faults": [{"kind": "link_down", "node": 1, "at": 0, "target": {"device": "mlx5_1", "port": 1}},
+                       {"kind": "nvlink_down", "node": 0, "at": 0, "target": {"gpu": 1, "link": 0},
+                        "params": {"precursor_seconds": 0}}]}
+
+
+class Live:
+    def __init__(self, sidecar, keys, prom, comm, workdir) -> None:
+        self.url, self.keys, self.prom, self.comm, self.workdir = sidecar.url, keys, prom, comm, workdir
+        self.ca = str(sidecar.certs.ca)
+        self.session = requests.Session()
+
+    def call(self, method: str, path: str, key: str | None = "reader", **kwargs) -> requests.Response:
+        headers = {**(bearer(self.keys[key]) if key else {}), **kwargs.pop("headers", {})}
+        return self.session.request(method, self.url + path, headers=headers, verify=self.ca, timeout=30, **kwargs)
+
+    def audit(self) -> list[dict]:
+        return [json.loads(line) for line in (self.workdir / "sidecar-audit.log").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    procs.require_binary("prometheus")
+    work = tmp_path_factory.mktemp("query")
+    keys = make_keys(work / "keys.yaml", {"bulk": "read"})
+    # The hostile-input sweep sends ~700 requests: a key with room for them.
+    text = (work / "keys.yaml").read_text().replace(
+        "- id: bulk\n", "- id: bulk\n  rate_limit: {per_second: 5000, burst: 5000}\n")
+    (work / "keys.yaml").write_text(text)
+    scenario = scenario_mod.load_scenario(SCENARIO)
+    with cluster_mod.DemoCluster(scenario, work / "cluster") as cluster:
+        targets = write_targets_file(work / "targets.json", cluster.targets, CLUSTER)
+        config = stack.prometheus_config(CLUSTER, targets, "127.0.0.1:1", stack.rule_files(),
+                                         scrape_interval="1s", evaluation_interval="1s")
+        with procs.prometheus(config, work / "prom") as prom:
+            for fault in ('fabric_infiniband_port_state{state="DOWN"}', "fabric_nvlink_state == 0"):
+                procs.wait_for(lambda: prom.get("/api/v1/query", query=fault)["data"]["result"], 60,
+                               f"{fault} in Prometheus")
+            sidecar = start_sidecar(work, "127.0.0.1", stack.free_port(), prom.url, work / "keys.yaml")
+            try:
+                yield Live(sidecar, keys, prom, job_comm(cluster.engine.cluster), work)
+            finally:
+                sidecar.stop()
+
+
+def _meshql_forms(comm: str) -> list[str]:
+    return ['SHOW NEIGHBORS OF DEVICE "mlx5_1"', 'SHOW IMPACT IF DEVICE "mlx5_1" DOWN', "SHOW DEVICES",
+            'SHOW DEVICES WHERE node = "gpu-node-1"', "SHOW SUMMARY", f'SHOW STRAGGLERS IN JOB "{comm}"',
+            'SHOW HANGS ON NODE "gpu-node-0" LAST 10m', 'SHOW LATENCY OF HOST "gpu-node-0"',
+            'SHOW LINKS WHERE state = "down"', f'SHOW COST OF STRAGGLERS IN JOB "{comm}"',
+            'SHOW ALERTS SEVERITY "critical"']
+
+
+def test_meshql_execute_false_and_true_agree_for_every_form(live):
+    for statement in _meshql_forms(live.comm):
+        parsed = live.call("POST", "/queries/meshql", json={"query": statement, "execute": False})
+        assert parsed.status_code == 200, (statement, parsed.text)
+        assert set(parsed.json()) == {"query_name", "params"}
+        ran = live.call("POST", "/queries/meshql", json={"query": statement, "execute": True})
+        spec = default_registry().get(parsed.json()["query_name"])
+        if spec.tool is not None and ran.status_code == 503:
+            # A tool whose module is not in this sidecar says so; it never pretends.
+            assert ran.json()["error"]["code"] == "tool_unavailable"
+            continue
+        assert ran.status_code == 200, (statement, ran.text)
+        body = ran.json()
+        assert (body["query_name"], body["params"]) == (parsed.json()["query_name"], parsed.json()["params"])
+        assert isinstance(body["results"], list)
+        # the same registered query through the tool endpoint gives the same series
+        again = live.call("POST", f"/api/v1/tools/{body['query_name']}", json=body["params"]).json()
+        assert sorted(json.dumps(r["labels"], sort_keys=True) for r in again["results"]) == \
+            sorted(json.dumps(r["labels"], sort_keys=True) for r in body["results"])
+
+
+def test_live_answers_name_the_faults(live):
+    down = live.call("POST", "/queries/meshql", json={"query": 'SHOW LINKS WHERE state = "down"'}).json()
+    assert [(r["labels"]["node"], r["labels"]["device"]) for r in down["results"]] == [("gpu-node-1", "mlx5_1")]
+    summary = {r["labels"]["item"]: r["value"] for r in
+               live.call("POST", "/queries/meshql", json={"query": "SHOW SUMMARY"}).json()["results"]}
+    assert summary["nodes_up"] == 2 and summary["gpus"] == 4 and summary["ib_ports_not_active"] >= 1
+    nvlinks = live.call("POST", "/api/v1/tools/nvlink_links_down", json={}).json()["results"]
+    assert [(r["labels"]["node"], r["labels"]["gpu"], r["labels"]["link"]) for r in nvlinks] == [("gpu-node-0", "1", "0")]
+
+
+def test_meshql_errors_are_422_with_position(live):
+    response = live.call("POST", "/queries/meshql", json={"query": 'SHOW LINKS WHERE colour = "red"'})
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == "meshql_syntax" and error["detail"]["position"] == 17
+    assert "STATE" in error["detail"]["expected"]
+    response = live.call("POST", "/queries/meshql", json={"query": 'SHOW LATENCY OF HOST "a\\" or vector(1)"'})
+    assert response.status_code == 422 and response.json()["error"]["detail"]["param"] == "host"
+
+
+def test_every_promql_template_is_valid_on_prometheus(live):
+    registry = default_registry()
+    benign = {"host": "gpu-node-0", "gpu": 1, "comm": live.comm, "device": "mlx5_1", "severity": "critical",
+              "ip": "127.0.0.1", "service": "chat-api", "field": "role", "value": "compute"}
+    for name, spec in registry.queries.items():
+        if spec.promql is None:
+            continue
+        for params in ({}, {k: v for k, v in benign.items() if k in spec.params}):
+            if any(p.required and n not in params for n, p in spec.params.items()):
+                continue
+            response = live.call("POST", f"/api/v1/tools/{name}", json=params)
+            assert response.status_code == 200, (name, params, response.text)
+
+
+@pytest.mark.parametrize("value", ['"', "\\", '"} or vector(1) #', "a\nb", "\x01\x7f\u2028", "ünï🔥", "$1 .* (?i)",
+                                   "x" * 1000])
+def test_escaped_literal_round_trips_through_prometheus(live, value):
+    """Prometheus' own parser reads back exactly the value the escaping function wrote:
+    absent() returns the equality matchers of its selector as labels, as parsed."""
+    result = live.prom.get("/api/v1/query", query=f"absent(fabric_query_escaping_probe{{v={quote(value)}}})")
+    assert [r["metric"].get("v") for r in result["data"]["result"]] == [value]
+
+
+HOSTILE = ['"} or vector(1) #', "x\"}[5m]) or on() vector(1)", ".*", "\u0000", "🔥" * 300, "1e309", "-1"]
+
+
+def test_hostile_input_in_every_parameter_over_http_is_refused_cleanly(live):
+    registry = default_registry()
+    for name, spec in registry.queries.items():
+        for pname, pspec in spec.params.items():
+            if pspec.type == "text":
+                continue      # free text: rendered only inside its literal (test_query_escaping)
+            for value in HOSTILE:
+                response = live.call("POST", f"/api/v1/tools/{name}", key="bulk", json={pname: value})
+                if response.status_code == 200:
+                    # a legitimate value of its type ("1e309" is a valid host name)
+                    assert not any(c in value for c in '"{}()\\\0'), (name, pname, value)
+                    continue
+                assert response.status_code in (422, 503), (name, pname, value, response.text)
+                if response.status_code == 503:     # accepted, but the tool is not in this sidecar
+                    assert response.json()["error"]["code"] == "tool_unavailable"
+                    continue
+                assert response.json()["error"]["code"] == "invalid_params"
+                assert response.json()["error"]["detail"]["param"] in (pname, *spec.params)
+
+
+def test_nl_conversation_with_follow_up(live):
+    first = live.call("POST", "/ai/query/conversation", json={"message": "which links are down on node-1?"})
+    assert first.status_code == 200, first.text
+    body = first.json()
+    assert (body["query_name"], body["params"]) == ("links_by_state", {"state": "DOWN", "host": "gpu-node-1"})
+    assert [r["labels"]["device"] for r in body["results"]] == ["mlx5_1"]
+    second = live.call("POST", "/ai/query/conversation",
+                       json={"message": "and for gpu-node-0?", "session_id": body["session_id"]}).json()
+    assert second["follow_up"] and second["params"]["host"] == "gpu-node-0" and second["results"] == []
+    assert second["session_id"] == body["session_id"] and second["turns"] == 2
+    preview = live.call("GET", "/ai/query/parameters", params={"message": "p999 latency of gpu-node-1"}).json()
+    assert (preview["query_name"], preview["params"]["quantile"]) == ("host_latency", 0.999)
+    assert "results" not in preview
+
+
+def test_open_and_protected_endpoints(live):
+    assert live.call("GET", "/ai/query/catalog", key=None).status_code == 200
+    assert live.call("GET", "/chat/status", key=None).json()["active"] is False
+    for method, path in (("GET", "/api/v1/tools/list"), ("POST", "/api/v1/tools/fleet_summary"),
+                         ("POST", "/queries/meshql"), ("GET", "/ai/query/parameters"),
+                         ("POST", "/ai/query/conversation"), ("POST", "/mcp")):
+        assert live.call(method, path, key=None, json={}).status_code == 401, path
+    versions = live.call("GET", "/api/versions", key=None).json()
+    assert {"mcp", "tools_endpoint", "meshql"} <= set(versions["capabilities"])
+
+
+async def _mcp_session(live, coroutine):
+    context = ssl.create_default_context(cafile=live.ca)
+    async with httpx2.AsyncClient(headers=bearer(live.keys["reader"]), verify=context, timeout=30) as http:
+        async with Client(streamable_http_client(live.url + "/mcp", http_client=http)) as client:
+            return await coroutine(client)
+
+
+def test_mcp_client_lists_and_calls_the_same_tools_as_http(live):
+    async def session(client):
+        listed = await client.list_tools()
+        summary = await client.call_tool("fleet_summary", {})
+        down = await client.call_tool("meshql", {"query": 'SHOW LINKS WHERE state = "down"'})
+        bad = await client.call_tool("host_latency", {"host": '"} or vector(1)'})
+        missing = await client.call_tool("no_such_tool", {})
+        return listed, summary, down, bad, missing
+
+    listed, summary, down, bad, missing = asyncio.run(_mcp_session(live, session))
+    http_tools = live.call("GET", "/api/v1/tools/list").json()["tools"]
+    assert sorted(t.name for t in listed.tools) == sorted(t["name"] for t in http_tools)
+    by_name = {t["name"]: t for t in http_tools}
+    assert all(t.input_schema == by_name[t.name]["inputSchema"] for t in listed.tools)
+
+    http_down = live.call("POST", "/api/v1/tools/meshql", json={"query": 'SHOW LINKS WHERE state = "down"'}).json()
+    assert not down.is_error
+    assert {k: v for k, v in down.structured_content.items() if k != "results"} == \
+        {k: v for k, v in http_down.items() if k != "results"}
+    assert [r["labels"] for r in down.structured_content["results"]] == [r["labels"] for r in http_down["results"]]
+    assert not summary.is_error and summary.structured_content["query_name"] == "fleet_summary"
+
+    http_bad = live.call("POST", "/api/v1/tools/host_latency", json={"host": '"} or vector(1)'})
+    assert bad.is_error and bad.structured_content == http_bad.json() and http_bad.status_code == 422
+    http_missing = live.call("POST", "/api/v1/tools/no_such_tool", json={})
+    assert missing.is_error and missing.structured_content == http_missing.json()
+
+    tool_calls = [r for r in live.audit() if r.get("event") == "tool_call"]
+    assert {("mcp", "fleet_summary"), ("http", "host_latency"), ("mcp", "host_latency")} <= \
+        {(r["transport"], r["tool"]) for r in tool_calls}
+
+
+def test_mcp_without_a_valid_key_is_refused(live):
+    response = live.call("POST", "/mcp", key=None, headers={"Authorization": "Bearer nope"},
+                         json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    assert response.status_code == 401
+
+
+def _cli(*args: str, env: dict | None = None):
+    import os
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "fabricscope.cli", "query", *args], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **(env or {})})
+
+
+def test_cli_against_the_sidecar_and_directly_against_prometheus(live):
+    env = {"FABRICSCOPE_SIDECAR_URL": live.url, "FABRICSCOPE_API_KEY": live.keys["reader"],
+           "FABRICSCOPE_CACERT": live.ca}
+    via_sidecar = _cli("which links are down?", env=env)
+    assert via_sidecar.returncode == 0, via_sidecar.stderr
+    assert "query: links_by_state(state=DOWN)" in via_sidecar.stdout
+    assert "gpu-node-1" in via_sidecar.stdout and "mlx5_1" in via_sidecar.stdout and "DEVICE" in via_sidecar.stdout
+    direct = _cli('SHOW LINKS WHERE state = "down"', "--prometheus", live.prom.url)
+    assert direct.returncode == 0, direct.stderr
+    assert direct.stdout.splitlines()[0] == via_sidecar.stdout.splitlines()[0]
+    assert "mlx5_1" in direct.stdout
+    bad = _cli('SHOW LINKS WHERE colour = "x"', env=env)
+    assert bad.returncode == 2 and "at position 17" in bad.stderr and "STATE" in bad.stderr
+    no_key = _cli("which links are down?", env={**env, "FABRICSCOPE_API_KEY": ""})
+    assert no_key.returncode == 2 and "API key" in no_key.stderr

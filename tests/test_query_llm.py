@@ -1,0 +1,195 @@
+"""LLM providers against a local HTTP server started here, with the real SDKs as clients
+(openai for OpenAI-compatible, anthropic for Anthropic; Ollama over urllib).
+
+The server speaks the three wire formats and answers what each test queues, so the tests
+see what a real provider would cause: a registered query is used, an unregistered one or
+hostile parameters are refused, a slow or failing provider falls back to the
+deterministic match."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from fabricscope.queryapi.query import llm
+from fabricscope.queryapi.query.extract import Vocabulary
+from fabricscope.queryapi.query.nl import Interpreter
+from fabricscope.queryapi.query.registry import default_registry
+
+VOCAB = Vocabulary(["gpu-node-0", "gpu-node-1"])
+
+
+class FakeProvider:
+    def __init__(self) -> None:
+        self.answers: list[tuple[str, object]] = []
+        self.requests: list[tuple[str, dict]] = []
+        provider = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                provider.requests.append((self.path, body))
+                kind, value = provider.answers.pop(0) if provider.answers else ("text", "{}")
+                if kind == "sleep":
+                    time.sleep(value)
+                    return
+                if kind == "status":
+                    self.send_response(value)
+                    self.end_headers()
+                    return
+                if self.path.endswith("/chat/completions"):
+                    reply = {"id": "c1", "object": "chat.completion", "created": 0, "model": body["model"],
+                             "choices": [{"index": 0, "finish_reason": "stop",
+                                          "message": {"role": "assistant", "content": value}}],
+                             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+                elif self.path.endswith("/messages"):
+                    reply = {"id": "m1", "type": "message", "role": "assistant", "model": body["model"],
+                             "content": [{"type": "text", "text": value}], "stop_reason": "end_turn",
+                             "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 1}}
+                else:   # Ollama /api/chat
+                    reply = {"model": body["model"], "message": {"role": "assistant", "content": value}, "done": True}
+                data = json.dumps(reply).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                try:
+                    self.wfile.write(data)
+                except BrokenPipeError:     # the client gave up (the timeout test)
+                    pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def provider():
+    fake = FakeProvider()
+    yield fake
+    fake.close()
+
+
+@pytest.fixture
+def fake(provider):
+    provider.answers.clear()
+    provider.requests.clear()
+    return provider
+
+
+def _interpreter(config) -> Interpreter:
+    registry = default_registry()
+    return Interpreter(registry, llm.Refiner(registry, config))
+
+
+@pytest.mark.parametrize("env,provider_name", [
+    ({}, None),
+    ({"ANTHROPIC_API_KEY": "a", "OPENAI_API_KEY": "o", "OLLAMA_URL": "http://x", "LLM_BASE_URL": "http://y"}, "anthropic"),
+    ({"OPENAI_API_KEY": "o", "OLLAMA_URL": "http://x", "LLM_BASE_URL": "http://y"}, "openai"),
+    ({"OLLAMA_URL": "http://x", "LLM_BASE_URL": "http://y"}, "ollama"),
+    ({"LLM_BASE_URL": "http://y"}, "openai_compatible"),
+    ({"LLM_PROVIDER": "vllm", "LLM_BASE_URL": "http://y", "ANTHROPIC_API_KEY": "a"}, "openai_compatible"),
+    ({"LLM_PROVIDER": "ollama", "OPENAI_API_KEY": "o"}, "ollama"),
+])
+def test_detection_priority(env, provider_name):
+    config = llm.detect(env)
+    assert (config.provider if config else None) == provider_name
+
+
+def test_overrides_and_defaults():
+    config = llm.detect({"OPENAI_API_KEY": "o", "LLM_MODEL": "gpt-x", "LLM_BASE_URL": "http://gw/v1",
+                         "LLM_API_KEY": "k2", "LLM_TIMEOUT": "2.5"})
+    assert (config.model, config.base_url, config.api_key, config.timeout) == ("gpt-x", "http://gw/v1", "k2", 2.5)
+    assert llm.detect({"LLM_BASE_URL": "http://h/v1"}).api_key == "local"
+    assert llm.detect({"OLLAMA_URL": "http://o:11434"}).model == "llama3.2"
+    assert "k2" not in json.dumps(config.status())
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"LLM_PROVIDER": "gemini"}, "is not one of"),
+    ({"LLM_PROVIDER": "openai"}, "needs OPENAI_API_KEY"),
+    ({"LLM_PROVIDER": "lmstudio"}, "needs LLM_BASE_URL"),
+    ({"OPENAI_API_KEY": "o", "LLM_TIMEOUT": "soon"}, "LLM_TIMEOUT"),
+])
+def test_bad_configuration_is_a_clear_error(env, message):
+    with pytest.raises(llm.ProviderConfigError, match=message):
+        llm.detect(env)
+
+
+def test_openai_compatible_refines_to_a_registered_query(fake):
+    config = llm.detect({"LLM_PROVIDER": "llama_cpp", "LLM_BASE_URL": fake.url + "/v1", "LLM_MODEL": "tiny"})
+    fake.answers.append(("text", 'Sure! {"query_name": "link_flaps", "params": {"host": "gpu-node-1", "window": "2h"}}'))
+    result = _interpreter(config).interpret("is the cable on gpu-node-1 loose?", VOCAB)
+    assert result.llm["used"] is True
+    assert (result.match.query_name, result.match.params) == ("link_flaps", {"host": "gpu-node-1", "window": "2h"})
+    path, body = fake.requests[0]
+    assert path == "/v1/chat/completions" and body["model"] == "tiny"
+    assert "link_flaps" in body["messages"][0]["content"]          # the catalog went to the model
+    assert json.loads(body["messages"][1]["content"])["extracted_parameters"] == {"host": "gpu-node-1"}
+
+
+def test_unregistered_query_from_the_model_is_refused(fake):
+    config = llm.detect({"LLM_BASE_URL": fake.url + "/v1"})
+    fake.answers.append(("text", '{"query_name": "raw_promql", "params": {"expr": "vector(1)"}}'))
+    result = _interpreter(config).interpret("which links flapped today?", VOCAB)
+    assert result.llm["used"] is False and "unregistered query 'raw_promql'" in result.llm["refused"]
+    assert result.match.query_name == "link_flaps"            # the deterministic answer stands
+
+
+def test_hostile_parameters_from_the_model_are_refused(fake):
+    config = llm.detect({"LLM_BASE_URL": fake.url + "/v1"})
+    fake.answers.append(("text", json.dumps({"query_name": "host_latency",
+                                             "params": {"host": 'x"} or vector(1) #'}})))
+    result = _interpreter(config).interpret("p99 latency of gpu-node-1", VOCAB)
+    assert result.llm["used"] is False and "parameter 'host'" in result.llm["refused"]
+    assert result.match.params["host"] == "gpu-node-1"
+
+
+def test_slow_provider_times_out_and_falls_back(fake):
+    config = llm.detect({"LLM_BASE_URL": fake.url + "/v1", "LLM_TIMEOUT": "0.3"})
+    fake.answers.append(("sleep", 1.0))
+    refiner = llm.Refiner(default_registry(), config)
+    interpreter = Interpreter(default_registry(), refiner)
+    started = time.monotonic()
+    result = interpreter.interpret("which links flapped today?", VOCAB)
+    assert time.monotonic() - started < 0.9
+    assert result.llm["used"] is False and "Timeout" in result.llm["error"]
+    assert result.match.query_name == "link_flaps"
+    # cooling down: the next question does not wait on the provider again
+    assert refiner.available() is False and refiner.status()["cooling_down"] is True
+    assert interpreter.interpret("which links flapped today?", VOCAB).llm == {}
+
+
+def test_provider_http_error_falls_back(fake):
+    config = llm.detect({"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": fake.url + "/v1"})
+    fake.answers.append(("status", 500))
+    result = _interpreter(config).interpret("show xid errors", VOCAB)
+    assert result.llm["used"] is False and result.llm["error"]
+    assert result.match.query_name == "gpu_xid_errors"
+
+
+def test_anthropic_sdk_against_the_local_server(fake):
+    config = llm.detect({"ANTHROPIC_API_KEY": "sk-ant-test", "LLM_BASE_URL": fake.url})
+    fake.answers.append(("text", '{"query_name": "firing_alerts", "params": {"severity": "page"}}'))
+    result = _interpreter(config).interpret("is anything on fire?", VOCAB)
+    assert fake.requests[0][0] == "/v1/messages"
+    assert (result.match.query_name, result.match.params) == ("firing_alerts", {"severity": "critical"})
+
+
+def test_ollama_over_urllib(fake):
+    config = llm.detect({"OLLAMA_URL": fake.url, "LLM_MODEL": "llama3.2"})
+    fake.answers.append(("text", '{"query_name": null}'))
+    result = _interpreter(config).interpret("which nvlinks are down", VOCAB)
+    assert fake.requests[0][0] == "/api/chat" and fake.requests[0][1]["format"] == "json"
+    assert result.llm["used"] is False and result.match.query_name == "nvlink_links_down"
