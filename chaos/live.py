@@ -127,6 +127,49 @@ def observe(query: InstantQuery) -> Observations:
     return obs
 
 
+class DeviceIndex:
+    """Topology devices by what the exporters' labels call them: (node, ib_device),
+    (node, netdev), (node, GPU index), (node, PCI bus id)."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.by_ib: dict[tuple[str, str], str] = {}
+        self.by_netdev: dict[tuple[str, str], str] = {}
+        self.gpus: dict[tuple[str, int], str] = {}
+        self.buses: dict[tuple[str, str], str] = {}
+        for name, data in topology.graph.nodes(data=True):
+            host, attrs = data["host"], data["attrs"]
+            if host is None:
+                continue
+            if "ib_device" in attrs:
+                self.by_ib[(host, attrs["ib_device"])] = name
+            if "netdev" in attrs:
+                self.by_netdev[(host, attrs["netdev"])] = name
+            if data["kind"] == "gpu" and "index" in attrs:
+                self.gpus[(host, int(attrs["index"]))] = name
+            if "pci_bus_id" in attrs:
+                self.buses[(host, _bus(str(attrs["pci_bus_id"])))] = name
+
+    def device_for_labels(self, labels: Mapping[str, str]) -> str | None:
+        """The most specific device a series or alert names: an HCA/NIC (node + device or
+        interface), a GPU (node + gpu), the host (node), or a device named outright."""
+        node, device = labels.get("node"), labels.get("device")
+        if node:
+            if device and (node, device) in self.by_ib:
+                return self.by_ib[(node, device)]
+            for key in ("interface", "netdev", "device"):
+                if labels.get(key) and (node, labels[key]) in self.by_netdev:
+                    return self.by_netdev[(node, labels[key])]
+            gpu = _int(labels.get("gpu"))
+            if gpu is not None and (node, gpu) in self.gpus:
+                return self.gpus[(node, gpu)]
+        if device and device in self.topology:
+            return device
+        if node and node in self.topology:
+            return node
+        return None
+
+
 @dataclass
 class ApplyReport:
     ports: int = 0
@@ -145,17 +188,8 @@ def apply(topology: Topology, obs: Observations) -> ApplyReport:
     equal version). Things the topology cannot place are listed in the report, not guessed."""
     report = ApplyReport()
     graph = topology.graph
-    by_ib, gpus, buses = {}, {}, {}
-    for name, data in graph.nodes(data=True):
-        host, attrs = data["host"], data["attrs"]
-        if host is None:
-            continue
-        if "ib_device" in attrs:
-            by_ib[(host, attrs["ib_device"])] = name
-        if data["kind"] == "gpu" and "index" in attrs:
-            gpus[(host, int(attrs["index"]))] = name
-        if "pci_bus_id" in attrs:
-            buses[(host, _bus(str(attrs["pci_bus_id"])))] = name
+    index = DeviceIndex(topology)
+    by_ib, gpus, buses = index.by_ib, index.gpus, index.buses
     for (node, device, port), up in sorted(obs.port_up.items()):
         name = by_ib.get((node, device))
         links = [] if name is None else [b for b, d in graph.succ[name].items()

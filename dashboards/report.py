@@ -28,12 +28,21 @@ from . import model
 
 MAX_POINTS = 240
 RELATIVE = re.compile(r"^now(?:-(\d+)([smhdw]))?$")
-SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+INTERVAL = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
 DRAWN = ("timeseries", "heatmap", "stat", "table", "state-timeline", "bargauge", "nodeGraph")
 
 
 class ReportError(Exception):
     """Something the user can fix: a bad time, an unreachable Prometheus, a bad --var."""
+
+
+def parse_interval(text: str) -> float:
+    """A Prometheus-style interval (15s, 1m, 500ms) or plain seconds, as seconds."""
+    match = INTERVAL.match(text.strip())
+    if not match or float(match[1]) <= 0:
+        raise ReportError(f"--scrape-interval {text!r}: expected a positive interval such as 15s, 1m or 5")
+    return float(match[1]) * SECONDS[match[2] or "s"]
 
 
 def parse_time(text: str, now: float | None = None) -> float:
@@ -226,8 +235,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only this dashboard (file stem: fleet, node_network, ...); repeatable")
     parser.add_argument("--var", action="append", default=[],
                         help="pin a template variable, e.g. --var node=gpu-node-1 (repeatable; default All)")
-    parser.add_argument("--scrape-interval", type=float, default=15.0,
-                        help="the Prometheus scrape interval in seconds, for $__rate_interval (default 15)")
+    parser.add_argument("--scrape-interval", default="15s",
+                        help="the Prometheus scrape interval (15s, 1m, or seconds), for $__rate_interval "
+                             "as Grafana computes it (default 15s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -235,8 +245,7 @@ def run(args: argparse.Namespace) -> int:
         start, end = parse_time(args.start), parse_time(args.end)
         if end <= start:
             raise ReportError(f"--to ({args.end}) must be after --from ({args.start})")
-        if args.scrape_interval <= 0:
-            raise ReportError("--scrape-interval must be positive")
+        scrape_seconds = parse_interval(args.scrape_interval)
         boards = model.load_all()
         wanted = args.dashboard or list(boards)
         unknown = [name for name in wanted if name not in boards]
@@ -247,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
         prometheus.label_values("__name__", None, start, end)   # fail early and clearly if unreachable
         args.out.mkdir(parents=True, exist_ok=True)
         sections = [render_dashboard(name, boards[name], prometheus, start, end, args.out,
-                                     args.scrape_interval, chosen) for name in wanted]
+                                     scrape_seconds, chosen) for name in wanted]
         page = write_html(sections, args.out, args.prometheus_url, start, end)
     except (ReportError, model.DashboardModelError) as exc:
         print(f"fabricscope report: {exc}", file=sys.stderr)

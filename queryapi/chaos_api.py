@@ -4,6 +4,7 @@
     GET  /graph/chaos-results/<id>    202 while running, 200 when done, 404 unknown
     GET  /graph/chaos-topology        the topology simulations run on: version, counts, live merge
     GET  /graph/chaos-devices         device names (optionally of one kind) to simulate
+    GET  /graph/chaos-alerts          recent critical alerts with the blast radius of their device
 
 Simulations run on a small thread pool, never on the request thread; every state is in
 the sidecar store (simulation_results), so a result outlives the process that computed it.
@@ -11,9 +12,15 @@ Each API key may start `chaos_simulations_per_minute` (default 5) simulations a 
 the next gets 429 with Retry-After. The topology is the `chaos_topology` inventory merged
 with the live metrics every `chaos_refresh_seconds` (chaos/live.py); each result names the
 topology version it ran on.
+
+Alert enrichment: every critical alert the Alertmanager webhook records (storage.alerts)
+gets the blast radius of the device its labels name (an HCA, NIC, GPU or host, see
+chaos.live.DeviceIndex) computed once per alert episode and kept beside it in the store
+(simulation id `alert-<hash of fingerprint and startsAt>`), for dashboards to read.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import time
@@ -27,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fabricscope.chaos.blast import FAILURE_TYPES, BlastRadiusEngine, ChaosInputError, initial_failures
 from fabricscope.chaos.inventory import InventoryError, load_topology
-from fabricscope.chaos.live import LiveTopology
+from fabricscope.chaos.live import DeviceIndex, LiveTopology
 from fabricscope.chaos.model import DEVICE_KINDS
 
 from .auth import current_key, require_scope
@@ -44,6 +51,8 @@ EXTENSION = "fabricscope.chaos"
 # belonged to a sidecar that stopped before finishing it.
 STALE_SECONDS = 300
 SIMULATION_THREADS = 2
+ALERT_SCAN_SECONDS = 5.0
+ALERT_LOOKBACK_MS = 3600 * 1000     # on start, alerts of the last hour get their blast radius
 
 
 class SimulateIn(BaseModel):
@@ -72,6 +81,7 @@ class ChaosService:
         self.limiter = RateLimiter()
         self.executor = ThreadPoolExecutor(SIMULATION_THREADS, thread_name_prefix="chaos-simulation")
         self.instance = uuid.uuid4().hex
+        self.alerts: AlertBlastRadius | None = None
 
     # Listed among the sidecar's workers so shutdown waits for running simulations before
     # the store closes under them.
@@ -93,6 +103,54 @@ class ChaosService:
                                                        "error": f"{type(exc).__name__}: {exc}"})
 
 
+def alert_simulation_id(fingerprint: str, starts_at: str) -> str:
+    return "alert-" + hashlib.sha256(f"{fingerprint}|{starts_at}".encode()).hexdigest()[:32]
+
+
+class AlertBlastRadius:
+    """Finds critical alerts recorded since the last pass and stores the blast radius of the
+    device each names, once per alert episode."""
+    name = "chaos-alerts"
+
+    def __init__(self, service: ChaosService, storage) -> None:
+        self.service = service
+        self.storage = storage
+        self.since_ms = _now_ms() - ALERT_LOOKBACK_MS
+        self._index: tuple[str, DeviceIndex] | None = None
+        self.worker = PeriodicWorker(self.name, ALERT_SCAN_SECONDS, self.run_once)
+
+    def _device_index(self, engine: BlastRadiusEngine) -> DeviceIndex:
+        if self._index is None or self._index[0] != engine.version:
+            self._index = (engine.version, DeviceIndex(engine.topology))
+        return self._index[1]
+
+    def run_once(self) -> int:
+        rows = self.storage.alerts(since_ms=self.since_ms, status="firing", limit=500)
+        attached = 0
+        for row in rows:
+            self.since_ms = max(self.since_ms, row["last_received_ms"])
+            if (row["labels"] or {}).get("severity") == "critical":
+                attached += self.attach(row)
+        return attached
+
+    def attach(self, row: dict) -> int:
+        sim_id = alert_simulation_id(row["fingerprint"], row["starts_at"])
+        if self.storage.load_simulation(sim_id) is not None:
+            return 0
+        engine = self.service.topology.engine()
+        device = self._device_index(engine).device_for_labels(row["labels"])
+        alert = {"alertname": row["alertname"], "fingerprint": row["fingerprint"], "starts_at": row["starts_at"],
+                 "labels": row["labels"]}
+        if device is None:
+            self.storage.save_simulation(sim_id, "no_device", {"alert": alert, "submitted_ms": _now_ms()})
+            return 0
+        result = engine.simulate(device, "device_failure")
+        self.storage.save_simulation(sim_id, "complete", {"alert": alert, "submitted_ms": _now_ms(),
+                                                          "topology_version": engine.version,
+                                                          "result": result.to_dict()})
+        return 1
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -112,6 +170,8 @@ def setup(app, state) -> None:
     service = ChaosService(topology, config.chaos_simulations_per_minute)
     app.extensions[EXTENSION] = service
     state.workers.append(service)
+    service.alerts = AlertBlastRadius(service, state.storage)
+    state.workers.append(service.alerts.worker)
     if query is not None:
         state.workers.append(PeriodicWorker("chaos-topology", config.chaos_refresh_seconds, topology.refresh))
     state.capabilities.add("chaos_simulation")
@@ -207,3 +267,35 @@ def devices(query_data: DevicesQuery):
              ((n, d["kind"], d["rack"]) for n, d in graph.nodes(data=True))
              if query_data.kind is None or kind == query_data.kind]
     return {"devices": names[:query_data.limit], "total": len(names)}
+
+
+class AlertsQuery(BaseModel):
+    minutes: float = Field(60.0, gt=0, le=7 * 24 * 60)
+    limit: int = Field(100, ge=1, le=500)
+
+
+@bp.get("/graph/chaos-alerts")
+@require_scope("read")
+@bp.input(AlertsQuery, location="query")
+@bp.doc(summary="Critical alerts of the last `minutes` with the blast radius of the device each names "
+                "(affected jobs, impact score), for dashboards")
+def alerts(query_data: AlertsQuery):
+    _service()
+    storage = sidecar().storage
+    rows = storage.alerts(since_ms=_now_ms() - int(query_data.minutes * 60_000), limit=500)
+    out = []
+    for row in rows:
+        if (row["labels"] or {}).get("severity") != "critical":
+            continue
+        stored = storage.load_simulation(alert_simulation_id(row["fingerprint"], row["starts_at"]))
+        result = (stored or {}).get("data", {}).get("result")
+        out.append({"alertname": row["alertname"], "status": row["status"], "starts_at": row["starts_at"],
+                    "labels": row["labels"],
+                    "blast_radius": None if result is None else {
+                        key: result[key] for key in ("device", "impact_score", "affected_jobs", "affected_job_count",
+                                                     "affected_device_count", "total_devices", "total_active_jobs",
+                                                     "topology_version", "affected_by_kind")},
+                    "blast_radius_state": "pending" if stored is None else stored["status"]})
+        if len(out) >= query_data.limit:
+            break
+    return {"alerts": out}

@@ -2,6 +2,8 @@
 input, persistence across a restart."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from fabricscope.queryapi.app import create_app
@@ -151,3 +153,33 @@ def test_a_bad_inventory_stops_start_up(env, tmp_path):
     bad.write_text("devices: [{name: a, kind: toaster}]\n")
     with pytest.raises(ConfigError, match=r"chaos_topology: .*bad.yaml: devices\[0\]\.kind"):
         make_app(chaos_topology=str(bad), database=str(tmp_path / "other.db"))
+
+
+def alert(name, severity, **labels):
+    return {"status": "firing", "labels": {"alertname": name, "severity": severity, **labels},
+            "annotations": {}, "startsAt": "2026-11-26T06:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
+            "fingerprint": f"{name}-{sorted(labels.items())}"[:60]}
+
+
+def test_critical_alerts_get_the_blast_radius_of_their_device(env):
+    make_app, keys = env
+    app = make_app()
+    state = app.extensions["fabricscope"]
+    received = [alert("FabricInfinibandPortDown", "critical", node="gpu-node-2", device="mlx5_1", port="1"),
+                alert("FabricExporterDown", "critical", node="gpu-node-6"),
+                alert("FabricNcclHang", "critical", comm="0123456789abcdef"),
+                alert("FabricInfinibandDegraded", "warning", node="gpu-node-5", device="mlx5_0", port="1")]
+    state.storage.record_alerts(received, int(time.time() * 1000))
+    service = app.extensions["fabricscope.chaos"]
+    assert service.alerts.run_once() == 2
+    assert service.alerts.run_once() == 0          # once per alert episode
+    listed = app.test_client().get("/graph/chaos-alerts", headers=bearer(keys["reader"])).get_json()["alerts"]
+    by_name = {a["alertname"]: a for a in listed}
+    assert set(by_name) == {"FabricInfinibandPortDown", "FabricExporterDown", "FabricNcclHang"}
+    port = by_name["FabricInfinibandPortDown"]["blast_radius"]
+    assert port["device"] == "gpu-node-2/mlx5_1" and port["affected_jobs"] == ["job-0"]
+    assert port["affected_by_kind"] == {"gpu": 1, "hca": 1}
+    host = by_name["FabricExporterDown"]["blast_radius"]
+    assert host["device"] == "gpu-node-6" and host["affected_jobs"] == ["job-1"]
+    assert by_name["FabricNcclHang"]["blast_radius"] is None
+    assert by_name["FabricNcclHang"]["blast_radius_state"] == "no_device"

@@ -31,10 +31,21 @@ def bpf_objects() -> Path:
     return objects.default_object_dir()
 
 
+SELFTEST_DIR = Path(__file__).resolve().parent / "bpf"
+
+
+@pytest.fixture(scope="session")
+def selftest_object(bpf_objects) -> Path:
+    ok, output = objects.build(SELFTEST_DIR)
+    if not ok:
+        pytest.skip(f"the loader's test program could not be built: {output}")
+    return SELFTEST_DIR / "selftest.bpf.o"
+
+
 @pytest.fixture
-def selftest(bpf_objects):
+def selftest(selftest_object):
     from fabricscope.exporter.ebpf.libbpf import BpfObject
-    obj = BpfObject.load(bpf_objects / "selftest.bpf.o")
+    obj = BpfObject.load(selftest_object)
     yield obj
     obj.close()
 

@@ -36,7 +36,9 @@ SCENARIO = {"seed": 5, "cluster": {"name": CLUSTER, "nodes": 2, "gpus_per_node":
             "tick_seconds": 0.5,
             "faults": [{"kind": "link_down", "node": 1, "at": 0, "target": {"device": "mlx5_1", "port": 1}},
                        {"kind": "nvlink_down", "node": 0, "at": 0, "target": {"gpu": 1, "link": 0},
-                        "params": {"precursor_seconds": 0}}]}
+                        "params": {"precursor_seconds": 0}},
+                       # rank 1 (gpu-node-0) stops entering the job's collectives
+                       {"kind": "nccl_hang", "at": 8, "target": {"rank": 1}}]}
 
 
 class Live:
@@ -57,10 +59,11 @@ class Live:
 def live(tmp_path_factory):
     procs.require_binary("prometheus")
     work = tmp_path_factory.mktemp("query")
-    keys = make_keys(work / "keys.yaml", {"bulk": "read"})
+    keys = make_keys(work / "keys.yaml", {"bulk": "read", "bulk-writer": "write"})
     # The hostile-input sweep sends ~700 requests: a key with room for them.
-    text = (work / "keys.yaml").read_text().replace(
-        "- id: bulk\n", "- id: bulk\n  rate_limit: {per_second: 5000, burst: 5000}\n")
+    text = (work / "keys.yaml").read_text()
+    for key_id in ("bulk", "bulk-writer"):
+        text = text.replace(f"- id: {key_id}\n", f"- id: {key_id}\n  rate_limit: {{per_second: 5000, burst: 5000}}\n")
     (work / "keys.yaml").write_text(text)
     scenario = scenario_mod.load_scenario(SCENARIO)
     with cluster_mod.DemoCluster(scenario, work / "cluster") as cluster:
@@ -71,27 +74,38 @@ def live(tmp_path_factory):
             for fault in ('fabric_infiniband_port_state{state="DOWN"}', "fabric_nvlink_state == 0"):
                 procs.wait_for(lambda: prom.get("/api/v1/query", query=fault)["data"]["result"], 60,
                                f"{fault} in Prometheus")
-            sidecar = start_sidecar(work, "127.0.0.1", stack.free_port(), prom.url, work / "keys.yaml")
+            # The chaos tools run on the sidecar's topology: the demo's two hosts in a fat tree.
+            inventory = stack.write_yaml(work / "cluster.yaml", {
+                "name": CLUSTER, "generate": {"hosts": 2, "gpus_per_host": 2, "rails": 2,
+                                             "host_prefix": "gpu-node-"}})
+            sidecar = start_sidecar(work, "127.0.0.1", stack.free_port(), prom.url, work / "keys.yaml",
+                                    extra_args=["--chaos-topology", str(inventory), "--chaos-refresh-seconds", "0"],
+                                    env={"FABRICSCOPE_SIDECAR_CHAOS_SIMULATIONS_PER_MINUTE": "30"})
             try:
                 yield Live(sidecar, keys, prom, job_comm(cluster.engine.cluster), work)
             finally:
                 sidecar.stop()
 
 
-def _meshql_forms(comm: str) -> list[str]:
-    return ['SHOW NEIGHBORS OF DEVICE "mlx5_1"', 'SHOW IMPACT IF DEVICE "mlx5_1" DOWN', "SHOW DEVICES",
+def _meshql_forms(comm: str, leaf: str) -> list[str]:
+    return [f'SHOW NEIGHBORS OF DEVICE "{leaf}"', f'SHOW IMPACT IF DEVICE "{leaf}" DOWN', "SHOW DEVICES",
             'SHOW DEVICES WHERE node = "gpu-node-1"', "SHOW SUMMARY", f'SHOW STRAGGLERS IN JOB "{comm}"',
             'SHOW HANGS ON NODE "gpu-node-0" LAST 10m', 'SHOW LATENCY OF HOST "gpu-node-0"',
             'SHOW LINKS WHERE state = "down"', f'SHOW COST OF STRAGGLERS IN JOB "{comm}"',
             'SHOW ALERTS SEVERITY "critical"']
 
 
+def _leaf(live) -> str:
+    devices = live.call("GET", "/graph/chaos-devices", params={"kind": "leaf_switch"}).json()["devices"]
+    return devices[0]["name"]
+
+
 def test_meshql_execute_false_and_true_agree_for_every_form(live):
-    for statement in _meshql_forms(live.comm):
+    for statement in _meshql_forms(live.comm, _leaf(live)):
         parsed = live.call("POST", "/queries/meshql", json={"query": statement, "execute": False})
         assert parsed.status_code == 200, (statement, parsed.text)
         assert set(parsed.json()) == {"query_name", "params"}
-        ran = live.call("POST", "/queries/meshql", json={"query": statement, "execute": True})
+        ran = live.call("POST", "/queries/meshql", key="writer", json={"query": statement, "execute": True})
         spec = default_registry().get(parsed.json()["query_name"])
         if spec.tool is not None and ran.status_code == 503:
             # A tool whose module is not in this sidecar says so; it never pretends.
@@ -102,7 +116,7 @@ def test_meshql_execute_false_and_true_agree_for_every_form(live):
         assert (body["query_name"], body["params"]) == (parsed.json()["query_name"], parsed.json()["params"])
         assert isinstance(body["results"], list)
         # the same registered query through the tool endpoint gives the same series
-        again = live.call("POST", f"/api/v1/tools/{body['query_name']}", json=body["params"]).json()
+        again = live.call("POST", f"/api/v1/tools/{body['query_name']}", key="writer", json=body["params"]).json()
         assert sorted(json.dumps(r["labels"], sort_keys=True) for r in again["results"]) == \
             sorted(json.dumps(r["labels"], sort_keys=True) for r in body["results"])
 
@@ -115,6 +129,37 @@ def test_live_answers_name_the_faults(live):
     assert summary["nodes_up"] == 2 and summary["gpus"] == 4 and summary["ib_ports_not_active"] >= 1
     nvlinks = live.call("POST", "/api/v1/tools/nvlink_links_down", json={}).json()["results"]
     assert [(r["labels"]["node"], r["labels"]["gpu"], r["labels"]["link"]) for r in nvlinks] == [("gpu-node-0", "1", "0")]
+
+
+def test_hang_questions_find_the_hang(live):
+    def culprits():
+        body = live.call("POST", "/ai/query/conversation", json={"message": "which rank is causing the nccl hang?"})
+        return body.json()["results"] if body.status_code == 200 else None
+    found = procs.wait_for(lambda: [r for r in culprits() or [] if r["labels"]["rank"] == "1"], 90,
+                           "rank 1 named as the hang's culprit")
+    assert found[0]["labels"]["comm"] == live.comm and found[0]["labels"]["node"] == "gpu-node-0"
+    hangs = procs.wait_for(lambda: live.call("POST", "/queries/meshql", json={"query": "SHOW HANGS LAST 10m"})
+                           .json()["results"], 60, "SHOW HANGS")
+    assert {r["labels"]["node"] for r in hangs} <= {"gpu-node-0", "gpu-node-1"} and hangs[0]["value"] >= 1
+
+
+def test_topology_tools_use_the_chaos_engine(live):
+    leaf = _leaf(live)
+    neighbours = live.call("POST", "/queries/meshql", json={"query": f'SHOW NEIGHBORS OF DEVICE "{leaf}"'}).json()
+    assert any(r["labels"]["kind"] == "hca" for r in neighbours["results"])
+    # Blast radius needs `write`, like POST /graph/chaos-simulate.
+    refused = live.call("POST", "/queries/meshql", json={"query": f'SHOW IMPACT IF DEVICE "{leaf}" DOWN'})
+    assert refused.status_code == 403 and refused.json()["error"]["detail"]["needs"] == "write"
+    impact = live.call("POST", "/api/v1/tools/blast_radius_device", key="writer",
+                       json={"device": leaf, "failure_type": "switch_failure"}).json()
+    submitted = live.call("POST", "/graph/chaos-simulate", key="writer",
+                          json={"device": leaf, "failure_type": "switch_failure"}).json()
+    simulated = procs.wait_for(lambda: (lambda r: r.status_code == 200 and r.json())(
+        live.call("GET", f"/graph/chaos-results/{submitted['simulation_id']}")), 30, "the chaos simulation")
+    assert impact["summary"]["impact_score"] == simulated["impact_score"] > 0
+    assert sorted(r["labels"]["device"] for r in impact["results"]) == sorted(simulated["affected_devices"])
+    unknown = live.call("POST", "/api/v1/tools/device_neighbors", json={"device": "no-such-switch"})
+    assert unknown.status_code == 422 and unknown.json()["error"]["detail"]["param"] == "device"
 
 
 def test_meshql_errors_are_422_with_position(live):
@@ -160,7 +205,7 @@ def test_hostile_input_in_every_parameter_over_http_is_refused_cleanly(live):
             if pspec.type == "text":
                 continue      # free text: rendered only inside its literal (test_query_escaping)
             for value in HOSTILE:
-                response = live.call("POST", f"/api/v1/tools/{name}", key="bulk", json={pname: value})
+                response = live.call("POST", f"/api/v1/tools/{name}", key="bulk-writer", json={pname: value})
                 if response.status_code == 200:
                     # a legitimate value of its type ("1e309" is a valid host name)
                     assert not any(c in value for c in '"{}()\\\0'), (name, pname, value)

@@ -27,7 +27,8 @@ def test_unreachable_prometheus_is_named(capsys, tmp_path):
     (["--from", "now", "--to", "now-1h"], "must be after --from"),
     (["--dashboard", "nope"], "unknown dashboard(s) nope"),
     (["--var", "node"], "expected NAME=VALUE"),
-    (["--scrape-interval", "0"], "--scrape-interval must be positive"),
+    (["--scrape-interval", "0"], "expected a positive interval"),
+    (["--scrape-interval", "fast"], "expected a positive interval"),
 ])
 def test_bad_arguments_get_a_specific_error(capsys, tmp_path, args, message):
     code, err = run(capsys, "--prometheus-url", f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path), *args)
@@ -51,6 +52,10 @@ def test_variables_are_formatted_as_grafana_formats_them_for_prometheus():
         r'x{node=~"(gpu-node-1|gpu\.node\(2\))", cluster=~"a"}[1m] * 2.5'
     with pytest.raises(model.DashboardModelError, match=r"\$gpu is not defined"):
         variables.substitute('x{gpu=~"$gpu"}')
+
+
+def test_scrape_interval_takes_prometheus_durations():
+    assert [report.parse_interval(text) for text in ("15s", "1m", "500ms", "5", "2.5")] == [15, 60, 0.5, 5, 2.5]
 
 
 def test_rate_interval_follows_grafana():

@@ -7,6 +7,7 @@ import json
 import os
 import queue
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -19,7 +20,7 @@ import requests
 import yaml
 
 from fabricscope.demo.main import write_targets_file
-from fabricscope import stack
+from fabricscope import cli, stack
 from tests import procs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -231,6 +232,11 @@ def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path
         assert am["cluster"]["status"] == "disabled"
         ams = requests.get(f"{prometheus_url}/api/v1/alertmanagers", timeout=5).json()["data"]["activeAlertmanagers"]
         assert [a["url"] for a in ams] == [f"{alertmanager_url}/api/v2/alerts"]
+        # The report command the banner prints draws this very stack's fleet dashboard.
+        report_command = shlex.split(re.search(r"^\s+(fabricscope report .*)$", text, re.M).group(1))
+        assert report_command[report_command.index("--prometheus-url") + 1] == prometheus_url
+        assert cli.main([*report_command[1:], "--dashboard", "fleet"]) == 0
+        assert (tmp_path / "work" / "report" / "index.html").exists()
 
         # Alertmanager -> the stack's own receiver -> one printed line per alert.
         lines: queue.Queue[str] = queue.Queue()

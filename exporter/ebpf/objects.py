@@ -22,11 +22,13 @@ def object_path(name: str, object_dir: Path | None = None) -> Path:
 
 
 def build(source_dir: Path = SOURCE_DIR, timeout: float = 600) -> tuple[bool, str]:
-    """Run the Makefile; (every *.bpf.c has a fresh *.bpf.o, make's output)."""
+    """Run exporter/bpf/Makefile on the *.bpf.c of `source_dir` (default: the exporter's own
+    programs; the tests build theirs with the same flags); (every *.bpf.c has a fresh
+    *.bpf.o, make's output)."""
     if shutil.which("make") is None:
         return False, "make is not installed"
-    proc = subprocess.run(["make", "-s", "-C", str(source_dir)], capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(["make", "-s", "-C", str(SOURCE_DIR), f"SRC_DIR={Path(source_dir).resolve()}"],
+                          capture_output=True, text=True, timeout=timeout)
     output = (proc.stdout + proc.stderr).strip()
     if proc.returncode != 0:
         return False, output

@@ -190,6 +190,10 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
                                             f"  (printed below and in {workdir / 'notifications.log'})"),
         f"Workdir:        {workdir}  (configs, logs, TSDB)",
         "",
+        "Report (the dashboards drawn to PNG and one HTML page; run it while the stack runs):",
+        f"  fabricscope report --prometheus-url {prometheus_url} --from now-30m --to now "
+        f"--scrape-interval {args.scrape_interval} --out {workdir / 'report'}",
+        "",
         "Fault timeline (seconds since start" + (f", repeating every {scenario.repeat:g}s):" if scenario.repeat else "):"),
         *describe_faults(scenario),
         "",

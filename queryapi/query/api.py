@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 from ..auth import current_key, open_endpoint, require_scope
 from ..context import sidecar
 from ..errors import ApiError
+from .executor import Caller
 from .mcp_bridge import McpBridge
 from .service import QueryService
 from .tools import ToolError, ToolRegistry, build_tools, classify
@@ -57,7 +58,12 @@ def setup(app, state) -> None:
 
 def _raise(exc: Exception):
     error = classify(exc)
-    raise ApiError(error.status, error.message, code=error.code, detail=error.detail) from None
+    raise ApiError(error.status, error.message, code=error.code, detail=error.detail,
+                   headers=error.headers or None) from None
+
+
+def _caller() -> Caller:
+    return Caller(current_key(), current_app._get_current_object())
 
 
 def _run(function, *args) -> Any:
@@ -93,7 +99,7 @@ def parameters():
 @bp.input(ConversationIn)
 @bp.doc(summary="Ask in plain language; follow-ups resolve against the session's previous turn")
 def conversation(json_data: ConversationIn):
-    return _run(_query().service.conversation, sidecar(), json_data.message, json_data.session_id)
+    return _run(_query().service.conversation, sidecar(), json_data.message, json_data.session_id, _caller())
 
 
 @bp.post("/queries/meshql")
@@ -101,7 +107,7 @@ def conversation(json_data: ConversationIn):
 @bp.input(MeshQLIn)
 @bp.doc(summary="Run (or with execute=false only parse) a MeshQL statement")
 def meshql(json_data: MeshQLIn):
-    return _run(_query().service.meshql, sidecar(), json_data.query, json_data.execute)
+    return _run(_query().service.meshql, sidecar(), json_data.query, json_data.execute, _caller())
 
 
 @bp.get("/chat/status")
@@ -127,10 +133,11 @@ def tools_call(name: str):
     arguments = request.get_json(silent=True) if request.content_length else {}
     if arguments is None:
         raise ApiError(400, "the body is not valid JSON", code="bad_request")
-    status, body = _query().tools.call(sidecar(), name, arguments, current_key(), "http")
+    status, body, headers = _query().tools.call(sidecar(), name, arguments, current_key(), "http",
+                                                current_app._get_current_object())
     if status >= 400:
         error = body["error"]
-        raise ApiError(status, error["message"], code=error["code"], detail=error["detail"])
+        raise ApiError(status, error["message"], code=error["code"], detail=error["detail"], headers=headers or None)
     return body
 
 
@@ -142,7 +149,8 @@ def mcp():
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in ("authorization", "x-api-key")]
     status, response_headers, body = query.bridge.handle(
         request.method, "/mcp", request.query_string, headers, request.get_data(cache=False),
-        (request.remote_addr or "", 0), {"state": sidecar(), "key": current_key(), "tools": query.tools})
+        (request.remote_addr or "", 0), {"state": sidecar(), "key": current_key(), "tools": query.tools,
+                                         "app": current_app._get_current_object()})
     response = Response(body, status=status)
     for key, value in response_headers:
         if key.lower() not in ("content-length", "transfer-encoding", "connection"):

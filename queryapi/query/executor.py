@@ -7,19 +7,46 @@ and a cap on returned rows (`truncated` says when it cut).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from .registry import Registry
 
 MAX_ROWS = 500
 
-# tool name (queries.yaml `tool:`) -> handler(state, params) -> list of row dicts.
-ToolHandler = Callable[[Any, dict[str, Any]], list[dict[str, Any]]]
+
+@dataclass(frozen=True)
+class Caller:
+    """Who runs a query: their API key (scope checks, per-key budgets) and the Flask app
+    (other areas' services in app.extensions). The command line's direct mode has none."""
+    key: Any = None
+    app: Any = None
+
+
+# tool name (queries.yaml `tool:`) -> handler(state, params, caller) -> rows, or
+# {"results": rows, "summary": {...}}.
+ToolHandler = Callable[[Any, dict[str, Any], Caller], Any]
 _TOOL_HANDLERS: dict[str, ToolHandler] = {}
 
 
 class ToolUnavailable(RuntimeError):
     """The tool behind a registered query is not available in this sidecar."""
+
+
+class QueryForbidden(PermissionError):
+    """The caller's key lacks the scope the query needs."""
+
+    def __init__(self, name: str, scope: str) -> None:
+        super().__init__(f"query {name!r} needs the {scope!r} scope")
+        self.scope = scope
+
+
+class QueryBudgetExceeded(RuntimeError):
+    """A per-key budget (e.g. chaos simulations a minute) is spent; retry after `retry_after`."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 def tool_handler(name: str) -> Callable[[ToolHandler], ToolHandler]:
@@ -41,11 +68,13 @@ def _number(value: float) -> float | str | None:
     return value
 
 
-def run(state, registry: Registry, name: str, params: dict[str, Any] | None,
+def run(state, registry: Registry, name: str, params: dict[str, Any] | None, caller: Caller | None = None,
         max_rows: int = MAX_ROWS) -> dict[str, Any]:
-    """{query_name, params, kind, promql?, results, truncated}; raises UnknownQuery, ParamError,
-    PrometheusError, ToolUnavailable."""
+    """{query_name, params, kind, promql?, results, truncated[, summary]}; raises UnknownQuery,
+    ParamError, QueryForbidden, PrometheusError, ToolUnavailable."""
     spec = registry.get(name)
+    if caller is not None and caller.key is not None and not caller.key.grants(spec.scope):
+        raise QueryForbidden(name, spec.scope)
     values = registry.validate(name, params)
     result: dict[str, Any] = {"query_name": name, "params": values, "kind": "promql" if spec.promql else "tool"}
     if spec.promql is not None:
@@ -60,7 +89,10 @@ def run(state, registry: Registry, name: str, params: dict[str, Any] | None,
             handler = _TOOL_HANDLERS.get(spec.tool)
         if handler is None:
             raise ToolUnavailable(f"tool {spec.tool!r} behind query {name!r} is not available in this sidecar")
-        rows = handler(state, values)
+        rows = handler(state, values, caller or Caller())
+        if isinstance(rows, dict):
+            result["summary"] = rows.get("summary", {})
+            rows = rows["results"]
     result["truncated"] = len(rows) > max_rows
     result["results"] = rows[:max_rows]
     return result

@@ -64,6 +64,7 @@ class QuerySpec(BaseModel):
     promql: str | None = None
     tool: str | None = None
     result: Literal["vector", "table"] = "vector"
+    scope: Literal["read", "write", "admin"] = "read"   # the key scope running it needs
     # Natural-language matching: words (or "two words") and their weights.
     terms: dict[str, float] = {}
     examples: list[str] = []
@@ -89,7 +90,7 @@ class QuerySpec(BaseModel):
         """What the catalog shows: no templates' internals beyond the PromQL itself."""
         return {
             "name": self.name, "category": self.category, "description": self.description,
-            "kind": "promql" if self.promql else "tool",
+            "kind": "promql" if self.promql else "tool", "scope": self.scope,
             "params": {name: {"type": spec.type, "required": spec.required, "default": spec.default,
                               "description": spec.description or TYPES[spec.type].description}
                        for name, spec in self.params.items()},

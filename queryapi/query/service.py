@@ -61,23 +61,26 @@ class QueryService:
         return vocabulary
 
     # -- MeshQL ------------------------------------------------------------------------
-    def meshql(self, state, text: Any, execute: Any = True) -> dict[str, Any]:
+    def meshql(self, state, text: Any, execute: Any = True, caller: executor.Caller | None = None) -> dict[str, Any]:
         if not isinstance(execute, bool):
             raise ToolError(422, "invalid_params", "`execute` must be true or false")
         statement = meshql.parse(text, self.registry)
         if not execute:
             return {"query_name": statement.query_name, "params": statement.params}
-        return executor.run(state, self.registry, statement.query_name, statement.params)
+        return executor.run(state, self.registry, statement.query_name, statement.params, caller)
 
     # -- natural language --------------------------------------------------------------
     def parameters(self, state, message: Any) -> dict[str, Any]:
         """Extraction preview: what would run, without running it."""
         return self.interpreter.interpret(_message(message), self.vocabulary(state)).to_dict()
 
-    def ask(self, state, message: Any, previous: dict[str, Any] | None = None, execute: bool = True) -> dict[str, Any]:
+    def ask(self, state, message: Any, previous: dict[str, Any] | None = None, execute: Any = True,
+            caller: executor.Caller | None = None) -> dict[str, Any]:
+        if not isinstance(execute, bool):
+            raise ToolError(422, "invalid_params", "`execute` must be true or false")
         body = self._interpret(state, message, previous)
         if execute:
-            self._execute(state, body)
+            self._execute(state, body, caller)
         return body
 
     def _interpret(self, state, message: Any, previous: dict[str, Any] | None) -> dict[str, Any]:
@@ -91,11 +94,12 @@ class QueryService:
             body["answer"] = f"Query {match.query_name} needs: {', '.join(match.missing)}."
         return body
 
-    def _execute(self, state, body: dict[str, Any]) -> None:
+    def _execute(self, state, body: dict[str, Any], caller: executor.Caller | None) -> None:
         if body.get("query_name") and not body.get("missing"):
-            body.update(executor.run(state, self.registry, body["query_name"], body["params"]))
+            body.update(executor.run(state, self.registry, body["query_name"], body["params"], caller))
 
-    def conversation(self, state, message: Any, session_id: Any) -> dict[str, Any]:
+    def conversation(self, state, message: Any, session_id: Any,
+                     caller: executor.Caller | None = None) -> dict[str, Any]:
         message = _message(message)
         conversations = Conversations(state.storage)
         try:
@@ -112,7 +116,7 @@ class QueryService:
         if conversation.renewed:
             body["session_renewed"] = conversation.renewed
         try:
-            self._execute(state, body)
+            self._execute(state, body, caller)
         except Exception as exc:
             # The turn is stored; the error names the session so the client can follow up.
             error = classify(exc)

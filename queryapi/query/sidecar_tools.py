@@ -8,7 +8,7 @@ from collections import defaultdict
 from typing import Any
 from urllib.parse import urlsplit
 
-from .executor import tool_handler
+from .executor import QueryBudgetExceeded, ToolUnavailable, tool_handler
 from .params import duration_seconds
 
 
@@ -17,7 +17,7 @@ def _since_ms(window: str) -> int:
 
 
 @tool_handler("slo_violations")
-def slo_violations(state, params: dict[str, Any]) -> list[dict[str, Any]]:
+def slo_violations(state, params: dict[str, Any], caller) -> list[dict[str, Any]]:
     """Violating spans per (service, operation) in the window, most first."""
     spans = state.storage.slo_violations(_since_ms(params["window"]), service=params.get("service"), limit=10_000)
     groups: dict[tuple[str, str], dict[str, Any]] = {}
@@ -31,7 +31,7 @@ def slo_violations(state, params: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @tool_handler("correlations")
-def correlations(state, params: dict[str, Any]) -> list[dict[str, Any]]:
+def correlations(state, params: dict[str, Any], caller) -> list[dict[str, Any]]:
     """Network anomalies matched to slow spans (the sidecar's correlator), per device."""
     found = state.storage.correlations(since_ms=_since_ms("1d"), limit=5000)
     service = params.get("service")
@@ -51,7 +51,7 @@ def correlations(state, params: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @tool_handler("locate_ip")
-def locate_ip(state, params: dict[str, Any]) -> list[dict[str, Any]]:
+def locate_ip(state, params: dict[str, Any], caller) -> list[dict[str, Any]]:
     """Scrape targets whose address is the IP: compared as parsed addresses in Python, so
     the IP never goes into a regex matcher."""
     wanted = ipaddress.ip_address(params["ip"])
@@ -64,3 +64,55 @@ def locate_ip(state, params: dict[str, Any]) -> list[dict[str, Any]]:
         except ValueError:
             continue
     return rows
+
+
+# -- topology (fabricscope.chaos, through the sidecar's chaos service) ----------------------
+CHAOS_EXTENSION = "fabricscope.chaos"   # queryapi/chaos_api.py keeps its ChaosService there
+
+
+def _chaos_service(caller):
+    service = caller.app.extensions.get(CHAOS_EXTENSION) if caller.app is not None else None
+    if service is None:
+        raise ToolUnavailable("no cluster topology is configured for chaos simulations: start the sidecar with "
+                              "--chaos-topology FILE (docs/chaos.md)")
+    return service
+
+
+@tool_handler("neighbors")
+def neighbors(state, params: dict[str, Any], caller) -> list[dict[str, Any]]:
+    """The devices one link away, with the link's kind, partition and state."""
+    from fabricscope.chaos.blast import ChaosInputError
+    topology = _chaos_service(caller).topology.engine().topology
+    device = params["device"]
+    if device not in topology:
+        raise ChaosInputError("device", f"unknown device {device!r} in topology {topology.name!r}")
+    graph = topology.graph
+    rows = []
+    for peer in sorted(set(graph.successors(device)) | set(graph.predecessors(device))):
+        edge = graph.edges[device, peer] if graph.has_edge(device, peer) else graph.edges[peer, device]
+        up = all(graph.edges[a, b].get("state", "up") == "up" for a, b in ((device, peer), (peer, device))
+                 if graph.has_edge(a, b))
+        rows.append({"labels": {"device": peer, "kind": graph.nodes[peer]["kind"], "link": edge.get("kind", ""),
+                                "partition": edge.get("partition", "")}, "value": 1 if up else 0})
+    return rows
+
+
+@tool_handler("blast_radius")
+def blast_radius(state, params: dict[str, Any], caller) -> dict[str, Any]:
+    """The chaos engine's simulation, synchronously (milliseconds), under the same per-key
+    simulation budget as POST /graph/chaos-simulate."""
+    service = _chaos_service(caller)
+    if caller.key is not None:
+        allowed, retry_after = service.limiter.allow(caller.key.id, service.per_minute / 60.0, service.per_minute)
+        if not allowed:
+            raise QueryBudgetExceeded(f"chaos simulations are limited to {service.per_minute} per minute per API "
+                                      f"key (key {caller.key.id!r})", retry_after)
+    engine = service.topology.engine()
+    result = engine.simulate(params["device"], params["failure_type"], include_jobs=True).to_dict()
+    kinds = {name: kind for name, kind in engine.topology.graph.nodes(data="kind")}
+    rows = [{"labels": {"device": step["device"], "kind": kinds.get(step["device"], "")},
+             "value": None, "via": step["via"], "reason": step["reason"]} for step in result["path"]]
+    summary = {k: result[k] for k in ("impact_score", "affected_device_count", "total_devices", "affected_jobs",
+                                      "affected_job_count", "total_active_jobs", "affected_by_kind",
+                                      "topology_version", "path_truncated")}
+    return {"results": rows, "summary": summary}

@@ -9,6 +9,7 @@ registered query is a tool (its parameters are the tool's input); `meshql`, `ask
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -24,9 +25,11 @@ from .registry import Registry, UnknownQuery
 class ToolError(Exception):
     """A failed call, with the sidecar's stable error code and an HTTP status."""
 
-    def __init__(self, status: int, code: str, message: str, detail: dict[str, Any] | None = None) -> None:
+    def __init__(self, status: int, code: str, message: str, detail: dict[str, Any] | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.detail = status, code, message, detail or {}
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return {"error": {"code": self.code, "message": self.message, "detail": self.detail}}
@@ -37,7 +40,7 @@ class Tool:
     name: str
     description: str
     input_schema: dict[str, Any]
-    handler: Callable[[Any, dict[str, Any]], dict[str, Any]]   # (sidecar state, arguments) -> result
+    handler: Callable[[Any, dict[str, Any], executor.Caller], dict[str, Any]]   # (state, arguments, caller)
     scope: str = "read"
 
     def listing(self) -> dict[str, Any]:
@@ -72,8 +75,15 @@ def classify(exc: BaseException) -> ToolError:
         return ToolError(status, f"prometheus_{exc.reason}", str(exc))
     if isinstance(exc, executor.ToolUnavailable):
         return ToolError(503, "tool_unavailable", str(exc))
+    if isinstance(exc, executor.QueryForbidden):
+        return ToolError(403, "forbidden", str(exc), {"needs": exc.scope})
+    if isinstance(exc, executor.QueryBudgetExceeded):
+        retry = max(1, math.ceil(exc.retry_after))
+        return ToolError(429, "rate_limited", str(exc), {"retry_after_seconds": retry}, {"Retry-After": str(retry)})
     if isinstance(exc, ValueError):
-        return ToolError(422, "invalid_params", str(exc)[:500])
+        # e.g. fabricscope.chaos' ChaosInputError names the field it refused
+        field = getattr(exc, "field", None)
+        return ToolError(422, "invalid_params", str(exc)[:500], {"param": field} if field else {})
     return ToolError(500, DEFAULT_CODES[500], f"internal error in tool ({type(exc).__name__})")
 
 
@@ -88,8 +98,10 @@ class ToolRegistry:
     def listing(self) -> list[dict[str, Any]]:
         return [tool.listing() for tool in sorted(self.tools.values(), key=lambda t: t.name)]
 
-    def call(self, state, name: str, arguments: Any, key, transport: str) -> tuple[int, dict[str, Any]]:
-        """(HTTP status, body): the result, or {"error": {code, message, detail}}."""
+    def call(self, state, name: str, arguments: Any, key, transport: str,
+             app=None) -> tuple[int, dict[str, Any], dict[str, str]]:
+        """(HTTP status, body, headers): the result, or {"error": {code, message, detail}}."""
+        headers: dict[str, str] = {}
         started = time.perf_counter()
         try:
             tool = self.tools.get(name)
@@ -103,22 +115,23 @@ class ToolRegistry:
                 arguments = {}
             if not isinstance(arguments, dict):
                 raise ToolError(422, "invalid_params", "tool arguments must be a JSON object")
-            status, body = 200, tool.handler(state, arguments)
+            status, body = 200, tool.handler(state, arguments, executor.Caller(key, app))
         except Exception as exc:  # every failure leaves as the shared error shape
             error = classify(exc)
-            status, body = error.status, error.body()
+            status, body, headers = error.status, error.body(), error.headers
         state.audit.info(json.dumps({
             "ts": round(time.time(), 3), "event": "tool_call", "transport": transport, "tool": str(name)[:80],
             "status": status, "key_id": key.id if key is not None else None,
             "error_code": body["error"]["code"] if status >= 400 else None,
             "duration_ms": round((time.perf_counter() - started) * 1000, 3)}, separators=(",", ":")))
-        return status, body
+        return status, body, headers
 
 
 def _query_tool(registry: Registry, name: str) -> Tool:
     spec = registry.get(name)
     return Tool(name=name, description=f"[{spec.category}] {spec.description}", input_schema=spec.input_schema(),
-                handler=lambda state, arguments: executor.run(state, registry, name, arguments))
+                scope=spec.scope,
+                handler=lambda state, arguments, caller: executor.run(state, registry, name, arguments, caller))
 
 
 def build_tools(registry: Registry, service) -> ToolRegistry:
@@ -130,17 +143,18 @@ def build_tools(registry: Registry, service) -> ToolRegistry:
         {"type": "object", "properties": {"query": {"type": "string", "maxLength": 2000},
                                           "execute": {"type": "boolean", "default": True}},
          "required": ["query"], "additionalProperties": False},
-        lambda state, args: service.meshql(state, args.get("query"), args.get("execute", True))))
+        lambda state, args, caller: service.meshql(state, args.get("query"), args.get("execute", True), caller)))
     tools.append(Tool(
         "ask", "Answer an operator's question in plain language with the registered query it means.",
         {"type": "object", "properties": {"message": {"type": "string", "maxLength": 2000},
                                           "execute": {"type": "boolean", "default": True}},
          "required": ["message"], "additionalProperties": False},
-        lambda state, args: service.ask(state, args.get("message"), execute=args.get("execute", True))))
+        lambda state, args, caller: service.ask(state, args.get("message"), execute=args.get("execute", True),
+                                                caller=caller)))
     tools.append(Tool(
         "list_queries", "The registered queries by category, with their parameters.",
         {"type": "object", "properties": {}, "additionalProperties": False},
-        lambda state, args: {"queries": registry.catalog()}))
+        lambda state, args, caller: {"queries": registry.catalog()}))
     for factory in _EXTRA:
         tools.extend(factory(registry, service))
     return ToolRegistry(tools)

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
-/* Exercises the loader itself (uprobes, hash maps, ring buffers) in tests and in
- * `fabricscope`'s self-check; the collector does not load it. */
+/* Exercises the loader itself (uprobes, hash maps, per-CPU maps, ring buffers) in
+ * tests/test_ebpf_libbpf.py; built by exporter/bpf/Makefile with SRC_DIR=tests/bpf. */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
