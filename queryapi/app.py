@@ -34,6 +34,8 @@ BLUEPRINTS = [
     "fabricscope.queryapi.probes:bp",
     "fabricscope.queryapi.housekeeping:bp",
     "fabricscope.queryapi.tracing.api:bp",
+    "fabricscope.queryapi.cluster.api:bp",
+    "fabricscope.queryapi.seedviews:bp",
     "fabricscope.queryapi.query.api:bp",
     "fabricscope.queryapi.chaos_api:bp",
 ]

@@ -6,6 +6,9 @@
     GET  /graph/chaos-devices         device names (optionally of one kind) to simulate
     GET  /graph/chaos-alerts          recent critical alerts with the blast radius of their device
 
+The query layer's `blast_radius` and `neighbors` tools (queryapi/query/sidecar_tools.py)
+use the same service from app.extensions[EXTENSION], with the same per-key budget.
+
 Simulations run on a small thread pool, never on the request thread; every state is in
 the sidecar store (simulation_results), so a result outlives the process that computed it.
 Each API key may start `chaos_simulations_per_minute` (default 5) simulations a minute;
@@ -243,8 +246,9 @@ def results(simulation_id: str):
         if _now_ms() - data.get("submitted_ms", row["created_ms"]) > STALE_SECONDS * 1000:
             return {**head, "status": "failed", "error": "interrupted: the sidecar running it stopped first"}, 200
         return head, 202
-    if status == "failed":
-        return {**head, "finished_ms": data.get("finished_ms"), "error": data.get("error")}, 200
+    if "result" not in data:      # failed, or an alert whose labels name no device
+        error = data.get("error") or "the alert names no device of the topology"
+        return {**head, "finished_ms": data.get("finished_ms"), "error": error}, 200
     return {**head, "finished_ms": data.get("finished_ms"), **data["result"]}, 200
 
 
@@ -299,3 +303,4 @@ def alerts(query_data: AlertsQuery):
         if len(out) >= query_data.limit:
             break
     return {"alerts": out}
+

@@ -183,3 +183,10 @@ def test_critical_alerts_get_the_blast_radius_of_their_device(env):
     assert host["device"] == "gpu-node-6" and host["affected_jobs"] == ["job-1"]
     assert by_name["FabricNcclHang"]["blast_radius"] is None
     assert by_name["FabricNcclHang"]["blast_radius_state"] == "no_device"
+    # Each is also a simulation result of its own.
+    from fabricscope.queryapi.chaos_api import alert_simulation_id
+    for sent, status in ((received[0], "complete"), (received[2], "no_device")):
+        got = app.test_client().get(f"/graph/chaos-results/{alert_simulation_id(sent['fingerprint'], sent['startsAt'])}",
+                                    headers=bearer(keys["reader"]))
+        assert got.status_code == 200 and got.get_json()["status"] == status
+

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 CLUSTER = "corr"
 BURST_NODE = "gpu-node-1"
 HEALTHY_SECONDS = 60            # the microburst baseline (rolling average) must fill first
-SCENARIO = {"seed": 5, "cluster": {"name": CLUSTER, "nodes": 3, "gpus_per_node": 1, "hcas_per_node": 1},
+SCENARIO = {"seed": 5, "cluster": {"name": CLUSTER, "nodes": 3, "gpus_per_node": 2, "hcas_per_node": 1},
             "tick_seconds": 0.5,
             "faults": [{"kind": "microburst", "node": 1, "at": HEALTHY_SECONDS, "duration": 900}]}
 # The e2e test's shortened windows (every key exists in rules/mixin/config.libsonnet).
@@ -195,3 +195,23 @@ def test_the_opentelemetry_sdk_exporter_delivers_spans_that_are_stored_and_corre
     assert 2400 < violation["duration_ms"] < 2700
     fast_id = format(fast.get_span_context().trace_id, "032x")
     assert fast_id not in {v["trace_id"] for v in sidecar.get("/tracing/slo-violations")["violations"]}
+
+
+def test_seed_read_api_views_the_same_cluster(sidecars):
+    sidecar = sidecars["prometheus"]
+    metrics = {m["host"]: m for m in sidecar.get("/ebpf/metrics")["metrics"]}
+    assert set(metrics) == {"gpu-node-0", "gpu-node-1", "gpu-node-2"}
+    assert metrics[BURST_NODE]["p99_us"] > 3 * metrics["gpu-node-0"]["p99_us"] > 0
+    assert metrics["gpu-node-0"]["p50_us"] <= metrics["gpu-node-0"]["p99_us"]
+    (only,) = sidecar.get("/ebpf/metrics", device="gpu-node-2")["metrics"]
+    assert only["host"] == "gpu-node-2"
+    events = sidecar.get("/ebpf/events")["events"]
+    assert {(e["host"], e["type"]) for e in events} == {(BURST_NODE, "microburst")}
+    edges = sidecar.get("/nvlink/edges")["edges"]
+    assert edges and {e["source_device"] for e in edges} == set(metrics)
+    assert all(e["link_state"] == "active" for e in edges)
+    topology = sidecar.get("/nccl/topology/full")
+    assert topology["nvlink_edges"] == edges
+    assert {p["device"] for p in topology["infiniband_ports"]} == set(metrics)
+    active = sidecar.get("/nccl/operations/active")
+    assert active["culprits"] == [] and all(not o["hanging"] for o in active["operations"])

@@ -53,9 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where Alertmanager's sidecar webhook posts, e.g. the query sidecar's "
                              f"http://127.0.0.1:19500{SIDECAR_WEBHOOK_PATH} (default: a local receiver "
                              "that prints each notification)")
-    parser.add_argument("--fast-alerts", action="store_true",
-                        help="render the rules with shortened for: durations and rule-group intervals "
-                             "(same thresholds) so each demo fault alerts while it lasts")
+    alerts = parser.add_mutually_exclusive_group()
+    alerts.add_argument("--fast-alerts", dest="fast_alerts", action="store_true", default=True,
+                        help="(default) render the rules with shortened for: durations and 15s rule-group "
+                             "intervals, same thresholds and windows, so each demo fault alerts while it lasts")
+    alerts.add_argument("--production-alerts", dest="fast_alerts", action="store_false",
+                        help="load the committed rule files (production for: durations) instead")
     parser.add_argument("--scrape-interval", default="5s",
                         help="Prometheus scrape and rule evaluation interval (default 5s)")
     parser.add_argument("--log.level", dest="log_level", default="warning",
@@ -183,8 +186,9 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
         *(f"  {node:<16} http://{address}/metrics" for node, address in stack.cluster.targets),
         f"Prometheus:     {prometheus_url}   (alerts: {prometheus_url}/alerts, targets: {prometheus_url}/targets)",
         f"  rules:        {', '.join(str(p) for p in rules) or 'none'}"
-        + (" (shortened for: durations, --fast-alerts)" if args.fast_alerts else
-           " (production for: durations; --fast-alerts shortens them)"),
+        + (" (fast alerts: shortened for: durations; the production rules are "
+           f"{', '.join(str(p) for p in rule_files())}, --production-alerts loads them)" if args.fast_alerts else
+           " (production for: durations)"),
         f"Alertmanager:   {alertmanager_url}",
         f"Notifications:  {webhook_url}" + ("" if args.webhook_url else
                                             f"  (printed below and in {workdir / 'notifications.log'})"),

@@ -1,0 +1,143 @@
+"""Cluster questions over a real Prometheus: outlier ranks by median absolute deviation of
+NCCL arrival lag, their dollar cost, and alert history.
+
+Prometheus scrapes a small text exposition served over HTTP, with series
+of the shape the NCCL rules record: `comm_rank:fabric_nccl_arrival_lag_seconds:mean5m`
+{cluster, node, comm, rank} and `fabric_nccl_calls_total` counters, and evaluates two
+test alerts on them for the event history."""
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import requests
+
+from fabricscope import stack
+from fabricscope.demo.main import write_targets_file
+from fabricscope.sidecar_process import start_sidecar
+from tests import procs
+from tests.sidecar_helpers import bearer, make_keys
+
+pytestmark = pytest.mark.slow
+
+CLUSTER = "c1"
+# comm "job-a": rank 5 is 80 ms late into every collective, rank 2 a milder 12 ms.
+LAGS = {"job-a": [0.001, 0.002, 0.012, 0.0015, 0.002, 0.080, 0.001, 0.0025],
+        "job-b": [0.001, 0.0012, 0.0011, 0.0013]}
+CALLS_PER_SECOND = 10.0
+WINDOW = 10          # seconds: the cost window the tests ask for (the data must span it)
+RULES = {"groups": [{"name": "test", "interval": "1s", "rules": [
+    {"alert": "TestSlowRank", "expr": "comm_rank:fabric_nccl_arrival_lag_seconds:mean5m > 0.05",
+     "labels": {"severity": "warning"}},
+    {"alert": "TestOpAlert", "expr": 'comm_rank:fabric_nccl_arrival_lag_seconds:mean5m{rank="0",comm="job-b"} > 0',
+     "labels": {"severity": "info", "op": "AllReduce"}}]}]}
+
+
+class NcclShapedSeries(BaseHTTPRequestHandler):
+    """Text exposition of the recording rule's series and per-rank call counters. Served
+    by hand: prometheus_client rewrites the colons of a recording-rule name."""
+    started = time.time()
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+        lines = ["# TYPE comm_rank:fabric_nccl_arrival_lag_seconds:mean5m gauge",
+                 "# TYPE fabric_nccl_calls_total counter"]
+        calls = (time.time() - self.started) * CALLS_PER_SECOND
+        for comm, lags in LAGS.items():
+            for rank, value in enumerate(lags):
+                labels = f'cluster="{CLUSTER}",node="gpu-node-{rank // 2}",comm="{comm}",rank="{rank}"'
+                lines.append(f"comm_rank:fabric_nccl_arrival_lag_seconds:mean5m{{{labels}}} {value}")
+                lines.append(f'fabric_nccl_calls_total{{{labels},op="AllReduce"}} {calls}')
+        body = ("\n".join(lines) + "\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def sidecar(tmp_path_factory):
+    work = tmp_path_factory.mktemp("cluster")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NcclShapedSeries)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        targets = write_targets_file(work / "targets.json", [("gpu-node-0", f"127.0.0.1:{port}")], CLUSTER)
+        rules = stack.write_yaml(work / "rules.yml", RULES)
+        config = stack.prometheus_config(CLUSTER, targets, f"127.0.0.1:{stack.free_port()}", [rules],
+                                         scrape_interval="1s", evaluation_interval="1s")
+        with procs.prometheus(config, work / "prom") as prom:
+            # Samples spanning the cost window (rate() over it is then exact), alerts evaluated.
+            spans_window = f"count_over_time(fabric_nccl_calls_total[{WINDOW + 3}s]) > {WINDOW + 1}"
+            procs.wait_for(lambda: prom.get("/api/v1/query", query='ALERTS{alertname="TestSlowRank"}')
+                           ["data"]["result"] and prom.get("/api/v1/query", query=spans_window)["data"]["result"],
+                           90, "scraped series spanning the window and firing test alerts")
+            keys = make_keys(work / "keys.yaml")
+            process = start_sidecar(work, "127.0.0.1", stack.free_port(), prom.url, work / "keys.yaml",
+                                    extra_args=["--gpu-hour-rates", "default=2,h100=4"])
+            try:
+                def get(path, expect=200, **params):
+                    response = requests.get(process.url + path, params=params, headers=bearer(keys["reader"]),
+                                            verify=str(process.certs.ca), timeout=15)
+                    assert response.status_code == expect, response.text
+                    return response.json()
+                yield get
+            finally:
+                process.stop()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_outlier_ranks_are_the_mad_outliers_slowest_first(sidecar):
+    answer = sidecar("/api/v1/cluster/outlier-ranks")
+    assert answer["signal"] == "comm_rank:fabric_nccl_arrival_lag_seconds:mean5m"
+    found = [(o["comm"], o["rank"]) for o in answer["outliers"]]
+    assert found == [("job-a", "5"), ("job-a", "2")]          # job-b's ranks arrive together
+    slowest = answer["outliers"][0]
+    assert slowest["node"] == "gpu-node-2" and slowest["nranks"] == 8
+    assert slowest["median_lag_seconds"] == pytest.approx(0.002)
+    assert slowest["mad_seconds"] == pytest.approx(0.00075)
+    assert slowest["score"] == pytest.approx(0.078 / (1.4826 * 0.00075), rel=1e-6)
+
+
+def test_the_threshold_and_filters_narrow_the_answer(sidecar):
+    strict = sidecar("/api/v1/cluster/outlier-ranks", threshold=20)
+    assert [o["rank"] for o in strict["outliers"]] == ["5"]
+    assert sidecar("/api/v1/cluster/outlier-ranks", comm="job-b")["outliers"] == []
+    assert sidecar("/api/v1/cluster/outlier-ranks", cluster="elsewhere")["outliers"] == []
+    # A hostile label value is a matcher value, never query text.
+    assert sidecar("/api/v1/cluster/outlier-ranks", comm='job-a"} or vector(1) #')["outliers"] == []
+
+
+def test_cost_is_lag_times_collective_rate_times_idle_gpus_times_the_rate_table(sidecar):
+    answer = sidecar("/api/v1/cluster/cost", rate_class="h100", window_seconds=WINDOW)
+    assert answer["dollars_per_gpu_hour"] == 4.0
+    by_rank = {r["rank"]: r for r in answer["ranks"]}
+    slow = by_rank["5"]
+    assert slow["collectives_per_second"] == pytest.approx(CALLS_PER_SECOND, rel=0.15)
+    # 78 ms late x ~10 collectives/s: the 7 other GPUs wait ~78% of the time.
+    expected_per_hour = 7 * min(1.0, 0.078 * slow["collectives_per_second"]) * 4.0
+    assert slow["dollars_per_hour"] == pytest.approx(expected_per_hour, rel=1e-6)
+    assert slow["dollars_in_window"] == pytest.approx(expected_per_hour * WINDOW / 3600, rel=1e-6)
+    assert answer["dollars_per_hour"] == pytest.approx(sum(r["dollars_per_hour"] for r in answer["ranks"]))
+    default = sidecar("/api/v1/cluster/cost", window_seconds=WINDOW)
+    assert default["dollars_per_hour"] == pytest.approx(answer["dollars_per_hour"] / 2, rel=0.2)
+    error = sidecar("/api/v1/cluster/cost", expect=422, rate_class="tpu")["error"]
+    assert error["code"] == "unknown_rate_class" and error["detail"]["known"] == ["default", "h100"]
+
+
+def test_event_history_filters_by_rank_node_op_and_window(sidecar):
+    events = sidecar("/api/v1/cluster/events", rank="5")["events"]
+    assert [(e["alertname"], e["labels"]["node"], e["end"]) for e in events] == [("TestSlowRank", "gpu-node-2", None)]
+    assert sidecar("/api/v1/cluster/events", rank="1")["events"] == []
+    assert [e["alertname"] for e in sidecar("/api/v1/cluster/events", op="AllReduce")["events"]] == ["TestOpAlert"]
+    assert {e["alertname"] for e in sidecar("/api/v1/cluster/events", node="gpu-node-0")["events"]} == {"TestOpAlert"}
+    long_ago = time.time() - 7 * 86400
+    assert sidecar("/api/v1/cluster/events", start=long_ago, end=long_ago + 3600)["events"] == []
+    assert sidecar("/api/v1/cluster/events", expect=422, start=10, end=5)["error"]["code"] == "bad_time_window"
