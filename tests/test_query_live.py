@@ -27,7 +27,7 @@ from fabricscope.demo.main import write_targets_file
 from fabricscope.demo.sources.nccl import job_comm
 from fabricscope.queryapi.promql import quote
 from fabricscope.queryapi.query.registry import default_registry
-from fabricscope.sidecar_process import start_sidecar
+from fabricscope.stack.sidecar import start_sidecar
 from tests import procs
 from tests.sidecar_helpers import bearer, make_keys
 

@@ -16,7 +16,7 @@ import requests
 
 from fabricscope import stack
 from fabricscope.demo.main import write_targets_file
-from fabricscope.sidecar_process import start_sidecar
+from fabricscope.stack.sidecar import start_sidecar
 from tests import procs
 from tests.sidecar_helpers import bearer, make_keys
 
