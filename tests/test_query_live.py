@@ -27,7 +27,7 @@ from fabricscope.demo.main import write_targets_file
 from fabricscope.demo.sources.nccl import job_comm
 from fabricscope.queryapi.promql import quote
 from fabricscope.queryapi.query.registry import default_registry
-from fabricscope.sidecar_process import start_sidecar
+from fabricscope.stack.sidecar import start_sidecar
 from tests import procs
 from tests.sidecar_helpers import bearer, make_keys
 
@@ -39,6 +39,30 @@ SCENARIO = {"seed": 5, "cluster": {"name": CLUSTER, "nodes": 2, "gpus_per_node":
                         "params": {"precursor_seconds": 0}},
                        # rank 1 (gpu-node-0) stops entering the job's collectives
                        {"kind": "nccl_hang", "at": 8, "target": {"rank": 1}}]}
+
+
+# A communicator of four ranks recorded by a rule of this test (cluster "synthetic", so it
+# never mixes with the demo's series): rank 3 arrives 80 ms after the others, every rank
+# runs 10 collectives a second. The outlier and cost tools must find exactly that.
+SYNTHETIC_COMM = "5e5e5e5e5e5e5e5e"
+SYNTHETIC_LAGS = {0: 0.001, 1: 0.0012, 2: 0.0009, 3: 0.08}
+
+
+def _series(expr: str, **labels: str) -> str:
+    for name, value in labels.items():
+        expr = f'label_replace({expr}, "{name}", "{value}", "", "")'
+    return expr
+
+
+def synthetic_rules() -> dict:
+    common = {"cluster": "synthetic", "comm": SYNTHETIC_COMM}
+    lags = " or ".join(_series(f"vector({lag})", rank=str(rank), node=f"syn-{rank // 2}", **common)
+                       for rank, lag in SYNTHETIC_LAGS.items())
+    calls = " or ".join(_series("vector(time() * 10)", rank=str(rank), op="AllReduce", **common)
+                        for rank in SYNTHETIC_LAGS)
+    return {"groups": [{"name": "query-test-synthetic", "interval": "1s", "rules": [
+        {"record": "comm_rank:fabric_nccl_arrival_lag_seconds:mean5m", "expr": lags},
+        {"record": "fabric_nccl_calls_total", "expr": calls}]}]}
 
 
 class Live:
@@ -68,7 +92,8 @@ def live(tmp_path_factory):
     scenario = scenario_mod.load_scenario(SCENARIO)
     with cluster_mod.DemoCluster(scenario, work / "cluster") as cluster:
         targets = write_targets_file(work / "targets.json", cluster.targets, CLUSTER)
-        config = stack.prometheus_config(CLUSTER, targets, "127.0.0.1:1", stack.rule_files(),
+        synthetic = stack.write_yaml(work / "synthetic-rules.yml", synthetic_rules())
+        config = stack.prometheus_config(CLUSTER, targets, "127.0.0.1:1", [*stack.rule_files(), synthetic],
                                          scrape_interval="1s", evaluation_interval="1s")
         with procs.prometheus(config, work / "prom") as prom:
             for fault in ('fabric_infiniband_port_state{state="DOWN"}', "fabric_nvlink_state == 0"):
@@ -160,6 +185,29 @@ def test_topology_tools_use_the_chaos_engine(live):
     assert sorted(r["labels"]["device"] for r in impact["results"]) == sorted(simulated["affected_devices"])
     unknown = live.call("POST", "/api/v1/tools/device_neighbors", json={"device": "no-such-switch"})
     assert unknown.status_code == 422 and unknown.json()["error"]["detail"]["param"] == "device"
+
+
+def test_straggler_outliers_and_cost(live):
+    outliers = procs.wait_for(lambda: live.call("POST", "/api/v1/tools/straggler_outliers",
+                                                json={"comm": SYNTHETIC_COMM}).json()["results"], 30, "outliers")
+    assert [(r["labels"]["rank"], r["labels"]["node"]) for r in outliers] == [("3", "syn-1")]
+    assert outliers[0]["value"] == 0.08 and outliers[0]["median_seconds"] == pytest.approx(0.0011)
+    # rate() needs two samples of the synthetic counter
+    cost = procs.wait_for(lambda: live.call("POST", "/queries/meshql", json={
+        "query": f'SHOW COST OF STRAGGLERS IN JOB "{SYNTHETIC_COMM}"'}).json()["results"], 30, "cost")
+    (row,) = cost
+    # rate() of a series younger than its 5m window reads low (it divides by the window), so
+    # the expected collectives/s is what Prometheus says, not the synthetic 10/s.
+    rates = [float(r["value"][1]) for r in live.prom.get("/api/v1/query", query=(
+        f'sum by (rank) (rate(fabric_nccl_calls_total{{comm="{SYNTHETIC_COMM}"}}[5m]))'))["data"]["result"]]
+    idle = sorted(rates)[len(rates) // 2 - 1:len(rates) // 2 + 1]
+    idle = sum(idle) / 2 * sum(SYNTHETIC_LAGS[3] - lag for lag in SYNTHETIC_LAGS.values())
+    assert row["slowest_rank"] == "3" and row["idle_gpus"] == pytest.approx(idle, rel=0.1)
+    assert row["dollars_per_hour"] == pytest.approx(row["idle_gpus"] * 2.0, rel=1e-3)   # default $2/GPU-hour
+    assert row["dollars_in_window"] == pytest.approx(row["dollars_per_hour"], rel=1e-3)   # window 1h
+    stricter = live.call("POST", "/api/v1/tools/straggler_outliers",
+                         json={"comm": SYNTHETIC_COMM, "threshold": 50}).json()["results"]
+    assert [r["labels"]["rank"] for r in stricter] == ["3"]       # 532 robust z-scores off
 
 
 def test_meshql_errors_are_422_with_position(live):

@@ -1,5 +1,6 @@
 """`fabricscope stack`: config rendering, the local webhook receiver, clear failures, and
-the whole stack started as a user would and stopped with SIGTERM."""
+the whole stack (demo cluster, Prometheus, Alertmanager, sidecar) started as a user would
+and stopped with SIGTERM."""
 from __future__ import annotations
 
 import datetime as dt
@@ -139,7 +140,8 @@ def test_webhook_receiver_records_alerts_and_rejects_bad_posts():
 # ----------------------------------------------------------------- failures
 
 def run_stack(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([*FABRICSCOPE, "stack", *args], capture_output=True, text=True,
+    # A free sidecar port: the default 19500 may be taken by a sidecar already running here.
+    return subprocess.run([*FABRICSCOPE, "stack", *args, "--sidecar-port", "0"], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO)
 
 
@@ -200,7 +202,7 @@ def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path
                                                                "gpus_per_node": 2, "hcas_per_node": 2},
                                         "tick_seconds": 1, "faults": []}))
     child = start_stack_child("--workdir", str(tmp_path / "work"), "--scenario", str(scenario), "--nodes", "2",
-                              "--scrape-interval", "1s", "--fast-alerts")
+                              "--scrape-interval", "1s")
     try:
         text = read_banner(child)
         assert child.poll() is None, text + child.stderr.read()
@@ -221,13 +223,13 @@ def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path
         result = requests.get(f"{prometheus_url}/api/v1/query", timeout=5,
                               params={"query": "count by (node) (fabric_exporter_build_info)"}).json()
         assert sorted(r["metric"]["node"] for r in result["data"]["result"]) == ["gpu-node-0", "gpu-node-1"]
-        # --fast-alerts: the mixin rendered into the workdir, same rules, shorter for:.
+        # Fast alerts by default: the mixin rendered into the workdir, same rules, shorter for:.
         groups = requests.get(f"{prometheus_url}/api/v1/rules", timeout=5).json()["data"]["groups"]
         assert {Path(g["file"]).name for g in groups} == {p.name for p in stack.rule_files()}
         assert {Path(g["file"]).parent for g in groups} == {tmp_path / "work" / "rules"}
         durations = {r["name"]: r["duration"] for g in groups for r in g["rules"] if r["type"] == "alerting"}
         assert durations["FabricNcclStragglerRank"] == 60
-        assert "(shortened for: durations, --fast-alerts)" in text
+        assert "(fast alerts: shortened for: durations" in text and "--production-alerts loads them" in text
         am = requests.get(f"{alertmanager_url}/api/v2/status", timeout=5).json()
         assert am["cluster"]["status"] == "disabled"
         ams = requests.get(f"{prometheus_url}/api/v1/alertmanagers", timeout=5).json()["data"]["activeAlertmanagers"]
@@ -238,7 +240,18 @@ def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path
         assert cli.main([*report_command[1:], "--dashboard", "fleet"]) == 0
         assert (tmp_path / "work" / "report" / "index.html").exists()
 
-        # Alertmanager -> the stack's own receiver -> one printed line per alert.
+        # The sidecar: TLS with the demo CA; the printed curl example works as written.
+        curl = shlex.split(re.search(r"^\s+try:\s+(curl .*)$", text, re.M).group(1))
+        answer = subprocess.run(curl, capture_output=True, text=True, timeout=30)
+        assert answer.returncode == 0 and "correlations" in json.loads(answer.stdout), answer.stdout + answer.stderr
+        sidecar_url = re.search(r"^Sidecar:\s+(https://\S+)", text, re.M).group(1)
+        ca = curl[curl.index("--cacert") + 1]
+        # The stack feeds it synthetic spans.
+        procs.wait_for(lambda: "fabric_sidecar_spans_received_total{format=\"seed\"}" in
+                       requests.get(f"{sidecar_url}/metrics", verify=ca, timeout=5).text, 30,
+                       "synthetic spans at the sidecar")
+
+        # Alertmanager -> the sidecar's webhook (TLS, API key) -> one printed line per alert.
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=lambda: [lines.put(line) for line in child.stdout], daemon=True).start()
         now = dt.datetime.now(dt.timezone.utc)
@@ -249,7 +262,7 @@ def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path
             "startsAt": now.isoformat(), "endsAt": (now + dt.timedelta(minutes=5)).isoformat()}]).raise_for_status()
         printed = procs.wait_for(lambda: next((line for line in drain(lines) if "FabricStackSmoke" in line), None),
                                  60, "the stack to print the notification")
-        assert re.search(r"\[sidecar\] FIRING FabricStackSmoke \(critical\) cluster=stacktest node=gpu-node-1 "
+        assert re.search(r"\[fabricscope-sidecar\] FIRING FabricStackSmoke \(critical\) cluster=stacktest node=gpu-node-1 "
                          r"- posted by the test$", printed.rstrip()), printed
         assert "FabricStackSmoke" in (tmp_path / "work" / "notifications.log").read_text()
 
@@ -259,13 +272,16 @@ def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path
         for url in (prometheus_url, alertmanager_url):
             with pytest.raises(requests.ConnectionError):
                 requests.get(f"{url}/-/ready", timeout=2)
+        with pytest.raises(requests.ConnectionError):
+            requests.get(f"{sidecar_url}/api/versions", verify=ca, timeout=2)
     finally:
         stop_child(child)
 
 
 def start_stack_child(*args: str) -> subprocess.Popen:
     """`fabricscope stack` as a user runs it, on ports chosen free at start."""
-    return subprocess.Popen([*FABRICSCOPE, "stack", *args, "--prometheus-port", "0", "--alertmanager-port", "0"],
+    return subprocess.Popen([*FABRICSCOPE, "stack", *args, "--prometheus-port", "0", "--alertmanager-port", "0",
+                             "--sidecar-port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
 
 
@@ -324,3 +340,29 @@ def test_stack_stops_everything_when_prometheus_dies(tmp_path):
         assert child_pids_with_argument(f"--storage.path={work / 'alertmanager-data'}") == []
     finally:
         stop_child(child)
+
+
+def test_fast_alerts_are_the_default_and_production_alerts_an_explicit_choice():
+    import argparse
+
+    from fabricscope.stack.cli import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args([]).fast_alerts is True
+    assert parser.parse_args(["--fast-alerts"]).fast_alerts is True
+    assert parser.parse_args(["--production-alerts"]).fast_alerts is False
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--fast-alerts", "--production-alerts"])
+
+
+def test_fast_alert_overrides_render_and_keep_every_threshold(tmp_path):
+    """The fast variant differs from production only in for:, group intervals and the
+    kernel-log hold window: thresholds, and the rule set, are the same."""
+    fast = {r.get("alert"): r for p in stack.render_rules(stack.FAST_ALERT_OVERRIDES, tmp_path)
+            for g in yaml.safe_load(p.read_text())["groups"] for r in g["rules"] if "alert" in r}
+    production = {r.get("alert"): r for p in stack.rule_files()
+                  for g in yaml.safe_load(p.read_text())["groups"] for r in g["rules"] if "alert" in r}
+    assert fast.keys() == production.keys()
+    changed = {name for name in fast if fast[name]["expr"] != production[name]["expr"]}
+    assert changed <= {"FabricKernelLogFatal", "FabricKernelLogNonFatal", "FabricGpuXidFatal", "FabricGpuXidNonFatal"}

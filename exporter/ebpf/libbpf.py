@@ -96,6 +96,7 @@ class _Lib:
         self._declare("libbpf_set_print", vp, [_PRINT_FN])
         self._declare("ring_buffer__new", vp, [c_int, _SAMPLE_FN, vp, vp])
         self._declare("ring_buffer__poll", c_int, [vp, c_int])
+        self._declare("ring_buffer__consume", c_int, [vp])
         self._declare("ring_buffer__free", None, [vp])
         self.libc.vsnprintf.restype = c_int
         self.libc.vsnprintf.argtypes = [c_char_p, ctypes.c_size_t, c_char_p, vp]
@@ -293,6 +294,14 @@ class RingBuffer:
             if self._ptr is None:
                 return 0
             return self._lib.so.ring_buffer__poll(self._ptr, int(timeout_ms))
+
+    def consume(self) -> int:
+        """Deliver every record already in the ring, without waiting (records submitted with
+        BPF_RB_NO_WAKEUP never wake poll); returns how many (or -errno)."""
+        with self._lock:
+            if self._ptr is None:
+                return 0
+            return self._lib.so.ring_buffer__consume(self._ptr)
 
     def close(self) -> None:
         with self._lock:

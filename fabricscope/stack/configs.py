@@ -16,15 +16,19 @@ from .errors import StackError
 SCRAPE_JOB = "fabricscope"
 
 
-# `--fast-alerts`: production `for:` durations (up to 15 minutes) outlast most demo
-# faults, so a newcomer would see few alerts. These keep every threshold and window and
-# only shorten how long a condition must hold, and how often each rule group runs.
+# Fast alerts, the default of `fabricscope stack` (`--production-alerts` turns them off):
+# production `for:` durations (up to 15 minutes) outlast most demo faults, so a newcomer
+# would see few alerts. These keep every threshold and range window and only shorten how
+# long a condition must hold, how often each rule group runs, and how long one kernel-log
+# line keeps its alert raised (so the next pass of a repeating timeline pages again).
 FAST_ALERT_OVERRIDES: dict[str, Any] = {
     "intervals": {group: "15s" for group in ("tcp", "nccl", "infiniband", "nvlink", "kernel", "pipeline")},
     "for": {"ncclHang": "30s", "ncclRankStalled": "30s", "straggler": "1m", "ibPortDown": "30s",
             "ibDeviceMissing": "30s", "ibPortFatal": "30s", "ibFatalCounter": "30s", "ibDegraded": "1m",
-            "ibBer": "1m", "ibAnomaly": "2m", "nvlinkDown": "30s", "nvlinkErrors": "1m",
-            "nvlinkCollapse": "1m", "exporterDown": "1m", "collectorFailing": "1m", "ebpfUnavailable": "1m"},
+            "ibBer": "1m", "ibAnomaly": "2m", "ibCounterSaturated": "1m", "nvlinkDown": "30s",
+            "nvlinkErrors": "1m", "nvlinkCollapse": "1m", "exporterDown": "1m", "collectorFailing": "1m",
+            "ebpfUnavailable": "1m"},
+    "windows": {"kernelLogFatal": "5m", "kernelLogNonFatal": "5m"},
 }
 
 
@@ -64,13 +68,16 @@ def prometheus_config(cluster: str, targets_file: Path, alertmanager_address: st
 
 
 def alertmanager_config(webhook_url: str, base_config: Path = ALERTMANAGER_CONFIG,
-                        timing: dict[str, str] | None = None) -> dict[str, Any]:
+                        timing: dict[str, str] | None = None,
+                        webhook_http_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """The repository's Alertmanager config, made runnable from another directory.
 
     Template globs become absolute (Alertmanager resolves them against the config file's
     directory), every webhook URL becomes `webhook_url`, and `timing` (group_wait,
     group_interval, repeat_interval) replaces those values on every route, which is how
-    the end-to-end test gets 1s grouping without a second copy of the routing tree."""
+    the end-to-end test gets 1s grouping without a second copy of the routing tree.
+    `webhook_http_config` (Alertmanager's http_config: authorization, tls_config) is set
+    on every webhook, which is how it reaches the sidecar over TLS with an API key."""
     try:
         config = yaml.safe_load(Path(base_config).read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -82,6 +89,8 @@ def alertmanager_config(webhook_url: str, base_config: Path = ALERTMANAGER_CONFI
     for receiver in config.get("receivers") or []:
         for webhook in receiver.get("webhook_configs") or []:
             webhook["url"] = webhook_url
+            if webhook_http_config:
+                webhook["http_config"] = webhook_http_config
     if timing:
         config["route"].update(timing)
         _override_route_timing(config["route"].get("routes") or [], timing)
