@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from fabricscope.sidecar_process import sidecar_argv, start_sidecar
+from fabricscope.stack.sidecar import sidecar_argv, start_sidecar
 from fabricscope.stack import free_port
 from fabricscope.queryapi.keys import add_key
 from tests.procs import wait_for

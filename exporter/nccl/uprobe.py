@@ -78,14 +78,15 @@ class NcclEvent:
     rank: int
     nranks: int
     unique_id: bytes
+    seq: int = 0         # collective entry: sequence number on the comm, counted in the kernel
 
 
 def decode_event(raw: bytes) -> NcclEvent:
     if len(raw) < EVENT.size:
         raise ValueError(f"event record of {len(raw)} bytes, expected {EVENT.size}")
-    (ts, comm, count, aux, pid, tid, kind, op, dtype, peer, rank, nranks, _pad,
+    (ts, comm, count, aux, pid, tid, kind, op, dtype, peer, rank, nranks, seq,
      unique_id) = EVENT.unpack_from(raw)
-    return NcclEvent(ts, comm, count, aux, pid, tid, kind, op, dtype, peer, rank, nranks, unique_id)
+    return NcclEvent(ts, comm, count, aux, pid, tid, kind, op, dtype, peer, rank, nranks, unique_id, seq)
 
 
 @dataclass
@@ -167,7 +168,7 @@ class EventHandler:
             size = 0
         ref = self._comm(event.pid, event.comm)
         call = NcclCall(op=OPS[event.op], comm=ref.label, rank=ref.rank, nranks=ref.nranks,
-                        nbytes=event.count * size, start=self._wall(event.ts_ns))
+                        nbytes=event.count * size, start=self._wall(event.ts_ns), sequence=event.seq or None)
         self.open_calls[(event.pid, event.tid)] = event.ts_ns
         self.tracker.call_entered(call, token=(event.pid, event.tid))
 
