@@ -99,7 +99,7 @@ def dashboard() -> g.Dashboard:
             c.prom(f"""topk(10, sum by (cluster, node, gpu, link) (
                          rate(fabric_nvlink_errors_total{{{SCOPE}}}[{c.RATE}])) > 0)""", instant=True, table=True),
             c.prom(f"sum by (cluster, node, gpu, link) (fabric_nvlink_state{{{SCOPE}}}) == 0",
-                   instant=True, table=True)], "eps",
+                   instant=True, table=True)], "none",
             "NVLink links counting errors (per second), and links that are down (state 0).",
             size=c.Size(12, 8), renames={"Value #A": "errors/s", "Value #B": "state (0 = down)"},
             links=[c.dashboard_link(nvlink_nccl.UID, "NVLink view of ${__data.fields.node} GPU ${__data.fields.gpu}",

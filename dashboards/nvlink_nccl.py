@@ -135,4 +135,4 @@ def dashboard() -> g.Dashboard:
     ]
     return c.dashboard(__file__, TITLE, "NVLink links and topology, NCCL collectives, hangs and straggler ranks.",
                        c.fleet_variables(c.node_variable(), gpu_variable(), comm_variable(), rank_variable()),
-                       panels, annotation_scope=("node",))
+                       panels, annotation_scope=("cluster", "node"))

@@ -3,10 +3,12 @@
 # on a machine that has them (`make setup` done): the BPF object, libbpf and libelf, and
 # the exporter's pure-Python dependencies. All of it is git-ignored; carry these paths:
 #   exporter/bpf/nccl.bpf.o  exporter/bpf/procwatch.bpf.o  bench/device/lib  bench/device/vendor
+# and, for gpu_cost.sh (every collector): exporter/bpf/sched.bpf.o exporter/bpf/syscalls.bpf.o
+#   exporter/bpf/tcp.bpf.o
 set -eu
 cd "$(dirname "$0")/../.."
 make -s bpf
-for object in nccl procwatch; do
+for object in nccl procwatch sched syscalls tcp; do
     test -f exporter/bpf/$object.bpf.o || { echo "exporter/bpf/$object.bpf.o was not built" >&2; exit 1; }
 done
 mkdir -p bench/device/lib bench/device/vendor
@@ -34,4 +36,4 @@ for requirement in metadata.requires("fabricscope") or []:
             (out / file).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, out / file)
 PY
-du -sh exporter/bpf/nccl.bpf.o exporter/bpf/procwatch.bpf.o bench/device/lib bench/device/vendor
+du -sh exporter/bpf/*.bpf.o bench/device/lib bench/device/vendor

@@ -68,13 +68,16 @@ def prometheus_config(cluster: str, targets_file: Path, alertmanager_address: st
 
 
 def alertmanager_config(webhook_url: str, base_config: Path = ALERTMANAGER_CONFIG,
-                        timing: dict[str, str] | None = None) -> dict[str, Any]:
+                        timing: dict[str, str] | None = None,
+                        webhook_http_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """The repository's Alertmanager config, made runnable from another directory.
 
     Template globs become absolute (Alertmanager resolves them against the config file's
     directory), every webhook URL becomes `webhook_url`, and `timing` (group_wait,
     group_interval, repeat_interval) replaces those values on every route, which is how
-    the end-to-end test gets 1s grouping without a second copy of the routing tree."""
+    the end-to-end test gets 1s grouping without a second copy of the routing tree.
+    `webhook_http_config` (Alertmanager's http_config: authorization, tls_config) is set
+    on every webhook, which is how it reaches the sidecar over TLS with an API key."""
     try:
         config = yaml.safe_load(Path(base_config).read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -86,6 +89,8 @@ def alertmanager_config(webhook_url: str, base_config: Path = ALERTMANAGER_CONFI
     for receiver in config.get("receivers") or []:
         for webhook in receiver.get("webhook_configs") or []:
             webhook["url"] = webhook_url
+            if webhook_http_config:
+                webhook["http_config"] = webhook_http_config
     if timing:
         config["route"].update(timing)
         _override_route_timing(config["route"].get("routes") or [], timing)
