@@ -152,6 +152,8 @@ def test_live_answers_name_the_faults(live):
     summary = {r["labels"]["item"]: r["value"] for r in
                live.call("POST", "/queries/meshql", json={"query": "SHOW SUMMARY"}).json()["results"]}
     assert summary["nodes_up"] == 2 and summary["gpus"] == 4 and summary["ib_ports_not_active"] >= 1
+    history = live.call("POST", "/api/v1/tools/event_history", json={"host": "gpu-node-1", "window": "1h"})
+    assert history.status_code == 200 and isinstance(history.json()["results"], list)
     nvlinks = live.call("POST", "/api/v1/tools/nvlink_links_down", json={}).json()["results"]
     assert [(r["labels"]["node"], r["labels"]["gpu"], r["labels"]["link"]) for r in nvlinks] == [("gpu-node-0", "1", "0")]
 

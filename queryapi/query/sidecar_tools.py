@@ -119,6 +119,17 @@ def blast_radius(state, params: dict[str, Any], caller) -> dict[str, Any]:
     return {"results": rows, "summary": summary}
 
 
+@tool_handler("event_history")
+def event_history(state, params: dict[str, Any], caller) -> list[dict[str, Any]]:
+    """event_history (the sidecar's cluster question): alert episodes in the window."""
+    from ..cluster.questions import event_history as history
+    end = time.time()
+    episodes = history(state.prom, end - duration_seconds(params["window"]), end, node=params.get("host"),
+                       rank=str(params["rank"]) if params.get("rank") is not None else None)
+    return [{"labels": {"alertname": e["alertname"], **e["labels"]}, "value": None, "severity": e["severity"],
+             "start": e["start"], "end": e["end"]} for e in episodes]
+
+
 # -- stragglers: the sidecar's cluster questions (queryapi/cluster/questions.py) ------------
 def _straggler_row(rank: dict[str, Any]) -> dict[str, Any]:
     labels = {k: rank[k] for k in ("cluster", "comm", "rank", "node")}
