@@ -215,6 +215,24 @@ def test_straggler_outliers_and_cost(live):
     assert [r["labels"]["rank"] for r in stricter] == ["3"]       # 532 robust z-scores off
 
 
+def test_row_cap_and_prometheus_evaluation_timeout(live):
+    from types import SimpleNamespace
+
+    from fabricscope.queryapi.prom import PrometheusClient, PrometheusError
+    from fabricscope.queryapi.query import executor
+    registry = default_registry()
+    state = SimpleNamespace(prom=PrometheusClient(live.prom.url, timeout=10),
+                            config=SimpleNamespace(prometheus_timeout_seconds=10))
+    whole = executor.run(state, registry, "gpu_inventory", {})
+    capped = executor.run(state, registry, "gpu_inventory", {}, max_rows=2)
+    assert len(whole["results"]) == 4 and not whole["truncated"]
+    assert capped["results"] == whole["results"][:2] and capped["truncated"]
+    # Prometheus itself stops a query at the sidecar's timeout (its `timeout` parameter).
+    state.config.prometheus_timeout_seconds = 0.001
+    with pytest.raises(PrometheusError, match="timed out|timeout"):
+        executor.run(state, registry, "nccl_hangs_by_node", {"window": "30d"})
+
+
 def test_meshql_errors_are_422_with_position(live):
     response = live.call("POST", "/queries/meshql", json={"query": 'SHOW LINKS WHERE colour = "red"'})
     assert response.status_code == 422
