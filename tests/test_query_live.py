@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import ssl
 import time
 
@@ -388,5 +389,9 @@ def test_cli_against_the_sidecar_and_directly_against_prometheus(live):
     assert "mlx5_1" in direct.stdout
     bad = _cli('SHOW LINKS WHERE colour = "x"', env=env)
     assert bad.returncode == 2 and "at position 17" in bad.stderr and "STATE" in bad.stderr
+    session = re.search(r"^session: (\S+)", via_sidecar.stdout, re.M).group(1)
+    follow_up = _cli("and on gpu-node-0?", "--session", session, env=env)
+    assert "query: links_by_state(host=gpu-node-0, state=DOWN)" in follow_up.stdout, follow_up.stdout
+    assert "(no results)" in follow_up.stdout
     no_key = _cli("which links are down?", env={**env, "FABRICSCOPE_API_KEY": ""})
     assert no_key.returncode == 2 and "API key" in no_key.stderr
