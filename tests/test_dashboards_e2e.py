@@ -127,7 +127,7 @@ def post_spans(run: Run, sequence: int) -> None:
 def run(tmp_path_factory):
     from fabricscope.demo import cluster as cluster_mod, scenario as scenario_mod
     from fabricscope.devcerts import ensure_dev_certs
-    from fabricscope.sidecar_process import mint_key, start_sidecar
+    from fabricscope.stack.sidecar import mint_key, start_sidecar
 
     procs.require_binary("prometheus")
     work = tmp_path_factory.mktemp("dash-e2e")
