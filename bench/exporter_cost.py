@@ -271,6 +271,7 @@ def main() -> int:
                     next_scrape += args.scrape_interval
             wall = time.monotonic() - started
             cpu = {e.name: cpu_seconds(e.proc.pid) - start_cpu[e.name] for e in exporters}
+            logs = {e.name: Path(e.log.name).read_text()[-2000:] for e in exporters}
             memory = {e.name: memory_mb(e.proc.pid) for e in exporters}
             for exporter in exporters:
                 exporter.scrape()
@@ -294,6 +295,8 @@ def main() -> int:
             mem = memory[exporter.name]
             calls = sample_value(exporter.body, "fabric_nccl_calls_total")
             counted = "-" if calls is None else f"{calls - (events0[exporter.name] or 0):,.0f}"
+            if calls is not None and calls == events0[exporter.name]:
+                print(f"  ({exporter.name}: no NCCL call counted in the window; its log ends:\n{logs[exporter.name]})")
             print(f"{exporter.name:<14} {cpu[exporter.name]:7.2f} {cpu[exporter.name] / wall * 100:11.2f}% "
                   f"{mem['VmRSS']:7.1f} {mem['RssAnon']:6.1f} {mem['RssFile']:6.1f} "
                   f"{statistics.median(exporter.scrape_times) * 1e3:9.1f}ms {counted:>19}")

@@ -110,4 +110,4 @@ def _benign(type_name: str):
             "comm": "0123456789abcdef", "duration": "5m", "quantile": 0.99, "severity": "critical",
             "event_severity": "fatal", "port_state": "down", "failure_type": "device_failure",
             "device_field": "role", "name": "chat-api", "text": "compute", "ip": "10.0.0.1",
-            "threshold": 3.5}[type_name]
+            "threshold": 3.0}[type_name]

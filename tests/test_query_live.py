@@ -43,7 +43,7 @@ SCENARIO = {"seed": 5, "cluster": {"name": CLUSTER, "nodes": 2, "gpus_per_node":
 
 # A communicator of four ranks recorded by a rule of this test (cluster "synthetic", so it
 # never mixes with the demo's series): rank 3 arrives 80 ms after the others, every rank
-# runs 10 collectives a second. The outlier and cost tools must find exactly that.
+# runs 10 collectives a second (the recording rules' names, CONTRACTS.md and rules/). The outlier and cost tools must find exactly that.
 SYNTHETIC_COMM = "5e5e5e5e5e5e5e5e"
 SYNTHETIC_LAGS = {0: 0.001, 1: 0.0012, 2: 0.0009, 3: 0.08}
 
@@ -58,11 +58,11 @@ def synthetic_rules() -> dict:
     common = {"cluster": "synthetic", "comm": SYNTHETIC_COMM}
     lags = " or ".join(_series(f"vector({lag})", rank=str(rank), node=f"syn-{rank // 2}", **common)
                        for rank, lag in SYNTHETIC_LAGS.items())
-    calls = " or ".join(_series("vector(time() * 10)", rank=str(rank), op="AllReduce", **common)
+    rates = " or ".join(_series("vector(10)", rank=str(rank), node=f"syn-{rank // 2}", **common)
                         for rank in SYNTHETIC_LAGS)
     return {"groups": [{"name": "query-test-synthetic", "interval": "1s", "rules": [
         {"record": "comm_rank:fabric_nccl_arrival_lag_seconds:mean5m", "expr": lags},
-        {"record": "fabric_nccl_calls_total", "expr": calls}]}]}
+        {"record": "comm_rank:fabric_nccl_collectives:rate1m", "expr": rates}]}]}
 
 
 class Live:
@@ -152,6 +152,8 @@ def test_live_answers_name_the_faults(live):
     summary = {r["labels"]["item"]: r["value"] for r in
                live.call("POST", "/queries/meshql", json={"query": "SHOW SUMMARY"}).json()["results"]}
     assert summary["nodes_up"] == 2 and summary["gpus"] == 4 and summary["ib_ports_not_active"] >= 1
+    history = live.call("POST", "/api/v1/tools/event_history", json={"host": "gpu-node-1", "window": "1h"})
+    assert history.status_code == 200 and isinstance(history.json()["results"], list)
     nvlinks = live.call("POST", "/api/v1/tools/nvlink_links_down", json={}).json()["results"]
     assert [(r["labels"]["node"], r["labels"]["gpu"], r["labels"]["link"]) for r in nvlinks] == [("gpu-node-0", "1", "0")]
 
@@ -191,20 +193,18 @@ def test_straggler_outliers_and_cost(live):
     outliers = procs.wait_for(lambda: live.call("POST", "/api/v1/tools/straggler_outliers",
                                                 json={"comm": SYNTHETIC_COMM}).json()["results"], 30, "outliers")
     assert [(r["labels"]["rank"], r["labels"]["node"]) for r in outliers] == [("3", "syn-1")]
-    assert outliers[0]["value"] == 0.08 and outliers[0]["median_seconds"] == pytest.approx(0.0011)
-    # rate() needs two samples of the synthetic counter
-    cost = procs.wait_for(lambda: live.call("POST", "/queries/meshql", json={
-        "query": f'SHOW COST OF STRAGGLERS IN JOB "{SYNTHETIC_COMM}"'}).json()["results"], 30, "cost")
-    (row,) = cost
-    # rate() of a series younger than its 5m window reads low (it divides by the window), so
-    # the expected collectives/s is what Prometheus says, not the synthetic 10/s.
-    rates = [float(r["value"][1]) for r in live.prom.get("/api/v1/query", query=(
-        f'sum by (rank) (rate(fabric_nccl_calls_total{{comm="{SYNTHETIC_COMM}"}}[5m]))'))["data"]["result"]]
-    idle = sorted(rates)[len(rates) // 2 - 1:len(rates) // 2 + 1]
-    idle = sum(idle) / 2 * sum(SYNTHETIC_LAGS[3] - lag for lag in SYNTHETIC_LAGS.values())
-    assert row["slowest_rank"] == "3" and row["idle_gpus"] == pytest.approx(idle, rel=0.1)
-    assert row["dollars_per_hour"] == pytest.approx(row["idle_gpus"] * 2.0, rel=1e-3)   # default $2/GPU-hour
-    assert row["dollars_in_window"] == pytest.approx(row["dollars_per_hour"], rel=1e-3)   # window 1h
+    assert outliers[0]["value"] == 0.08 and outliers[0]["median_lag_seconds"] == pytest.approx(0.0011)
+    # The same answer as the sidecar's own endpoint for the cluster question.
+    direct = live.call("GET", "/api/v1/cluster/outlier-ranks", params={"comm": SYNTHETIC_COMM}).json()
+    assert [o["rank"] for o in direct["outliers"]] == ["3"]
+    cost = live.call("POST", "/queries/meshql", json={
+        "query": f'SHOW COST OF STRAGGLERS IN JOB "{SYNTHETIC_COMM}"'}).json()
+    (row,) = cost["results"]
+    excess = SYNTHETIC_LAGS[3] - 0.0011
+    idle = (len(SYNTHETIC_LAGS) - 1) * min(1.0, excess * 10)       # the others wait, 10 collectives/s
+    assert row["labels"]["rank"] == "3" and row["idle_gpus"] == pytest.approx(idle, rel=1e-3)
+    assert row["value"] == pytest.approx(idle * 2.0, rel=1e-3)               # default $2/GPU-hour
+    assert cost["summary"]["dollars_in_window"] == pytest.approx(idle * 2.0, rel=1e-3)   # window 1h
     stricter = live.call("POST", "/api/v1/tools/straggler_outliers",
                          json={"comm": SYNTHETIC_COMM, "threshold": 50}).json()["results"]
     assert [r["labels"]["rank"] for r in stricter] == ["3"]       # 532 robust z-scores off

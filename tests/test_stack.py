@@ -246,6 +246,19 @@ def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path
         assert answer.returncode == 0 and "correlations" in json.loads(answer.stdout), answer.stdout + answer.stderr
         sidecar_url = re.search(r"^Sidecar:\s+(https://\S+)", text, re.M).group(1)
         ca = curl[curl.index("--cacert") + 1]
+        # The two example questions answer from the live demo data, as printed.
+        asks = [shlex.split(command) for command in re.findall(r"^\s+(curl .*/(?:ai/query/conversation|"
+                                                                r"queries/meshql))$", text, re.M)]
+        assert len(asks) == 2, text
+
+        def answered(command):
+            result = subprocess.run(command, capture_output=True, text=True, timeout=30)
+            body = json.loads(result.stdout) if result.returncode == 0 else {}
+            return body if [r for r in body.get("results", []) if r.get("value") is not None] else None
+        latency = procs.wait_for(lambda: answered(asks[0]), 60, "the p99 latency example to answer")
+        assert latency["query_name"] == "host_latency" and latency["params"]["host"] == "gpu-node-1"
+        summary = {r["labels"]["item"]: r["value"] for r in answered(asks[1])["results"]}
+        assert summary["nodes_up"] == 2 and summary["gpus"] == 4
         # The stack feeds it synthetic spans.
         procs.wait_for(lambda: "fabric_sidecar_spans_received_total{format=\"seed\"}" in
                        requests.get(f"{sidecar_url}/metrics", verify=ca, timeout=5).text, 30,

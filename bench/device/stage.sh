@@ -3,10 +3,14 @@
 # on a machine that has them (`make setup` done): the BPF object, libbpf and libelf, and
 # the exporter's pure-Python dependencies. All of it is git-ignored; carry these paths:
 #   exporter/bpf/nccl.bpf.o  bench/device/lib  bench/device/vendor
+# and, for gpu_cost.sh (every collector): exporter/bpf/procwatch.bpf.o exporter/bpf/sched.bpf.o
+#   exporter/bpf/syscalls.bpf.o exporter/bpf/tcp.bpf.o
 set -eu
 cd "$(dirname "$0")/../.."
 make -s bpf
-test -f exporter/bpf/nccl.bpf.o || { echo "exporter/bpf/nccl.bpf.o was not built" >&2; exit 1; }
+for object in nccl procwatch sched syscalls tcp; do
+    test -f exporter/bpf/$object.bpf.o || { echo "exporter/bpf/$object.bpf.o was not built" >&2; exit 1; }
+done
 mkdir -p bench/device/lib bench/device/vendor
 for lib in libbpf.so.1 libelf.so.1; do
     cp -L "$(/sbin/ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64/ {print $NF; exit}')" bench/device/lib/
@@ -32,4 +36,4 @@ for requirement in metadata.requires("fabricscope") or []:
             (out / file).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, out / file)
 PY
-du -sh exporter/bpf/nccl.bpf.o bench/device/lib bench/device/vendor
+du -sh exporter/bpf/*.bpf.o bench/device/lib bench/device/vendor

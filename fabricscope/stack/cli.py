@@ -13,7 +13,9 @@ correlations appear on their own. --webhook-url sends Alertmanager elsewhere ins
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import shlex
 import shutil
 import signal
 import sys
@@ -221,6 +223,9 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
         f"  API key:      {demo_key}   (scope admin; keys in {keys_file})",
         f"  try:          curl --cacert {ca} -H 'Authorization: Bearer {demo_key}' {sidecar_url}/tracing/correlations",
         "  spans:        synthetic requests every 2s; paths crossing a faulted node run over their SLO",
+        "  ask:          (registered queries only, docs/query.md; fabricscope query \"...\" does the same)",
+        *(f"    {question}\n      {command}" for question, command in
+          example_questions(sidecar_url, ca, demo_key, scenario.node_name(min(1, scenario.nodes - 1)))),
         f"Notifications:  {webhook_url}" + ("" if args.webhook_url else
                                             f"  (recorded by the sidecar, printed below and in "
                                             f"{workdir / 'notifications.log'})"),
@@ -237,6 +242,20 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
         "",
     ]
     print("\n".join(banner), file=out, flush=True)
+
+
+def example_questions(sidecar_url: str, ca: Path, key: str, node: str) -> list[tuple[str, str]]:
+    """Two questions the demo's live data answers from the first minute, each with the curl
+    command that asks the sidecar (natural language, then MeshQL)."""
+    asks = [(f"What is the p99 latency of {node}?", "/ai/query/conversation",
+             {"message": f"What is the p99 latency of {node}?"}),
+            ("How is the fleet doing?  (as MeshQL: SHOW SUMMARY)", "/queries/meshql",
+             {"query": "SHOW SUMMARY"})]
+    return [(question, " ".join(["curl", "--cacert", shlex.quote(str(ca)), "-H",
+                                  shlex.quote(f"Authorization: Bearer {key}"), "-H",
+                                  shlex.quote("Content-Type: application/json"), "-d",
+                                  shlex.quote(json.dumps(body)), shlex.quote(sidecar_url + path)]))
+            for question, path, body in asks]
 
 
 def run(args: argparse.Namespace) -> int:

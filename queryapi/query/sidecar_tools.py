@@ -3,13 +3,12 @@ own store or Prometheus in ways one PromQL expression cannot."""
 from __future__ import annotations
 
 import ipaddress
-import statistics
 import time
 from collections import defaultdict
+from dataclasses import asdict
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..promql import quote
 from .executor import QueryBudgetExceeded, ToolUnavailable, tool_handler
 from .params import duration_seconds
 
@@ -120,87 +119,40 @@ def blast_radius(state, params: dict[str, Any], caller) -> dict[str, Any]:
     return {"results": rows, "summary": summary}
 
 
-# -- stragglers: arrival lag (rules/: comm_rank:fabric_nccl_arrival_lag_seconds:mean5m) -----
-ARRIVAL_LAG = "comm_rank:fabric_nccl_arrival_lag_seconds:mean5m"
-# Collectives per second per rank (point-to-point excluded, as the arrival lag excludes them).
-COLLECTIVE_RATE = 'sum by (cluster, comm, rank) (rate(fabric_nccl_calls_total{op!~"Send|Recv"%s}[5m]))'
-MAD_SCALE = 1.4826          # MAD x 1.4826 estimates the standard deviation of normal data
-MIN_DEVIATION = 0.001       # a rank under 1 ms off the median is not a straggler, whatever MAD says
+@tool_handler("event_history")
+def event_history(state, params: dict[str, Any], caller) -> list[dict[str, Any]]:
+    """event_history (the sidecar's cluster question): alert episodes in the window."""
+    from ..cluster.questions import event_history as history
+    end = time.time()
+    episodes = history(state.prom, end - duration_seconds(params["window"]), end, node=params.get("host"),
+                       rank=str(params["rank"]) if params.get("rank") is not None else None)
+    return [{"labels": {"alertname": e["alertname"], **e["labels"]}, "value": None, "severity": e["severity"],
+             "start": e["start"], "end": e["end"]} for e in episodes]
 
 
-def _comm_matcher(params: dict[str, Any]) -> str:
-    return f", comm={quote(params['comm'])}" if params.get("comm") else ""
-
-
-def _lags_by_comm(state, params: dict[str, Any]) -> dict[tuple[str, str], list[tuple[dict[str, str], float]]]:
-    selector = f"{ARRIVAL_LAG}{{{_comm_matcher(params).lstrip(', ')}}}"
-    by_comm: dict[tuple[str, str], list[tuple[dict[str, str], float]]] = defaultdict(list)
-    for sample in state.prom.query(selector, timeout=state.config.prometheus_timeout_seconds):
-        if sample.value == sample.value:      # NaN: no collective completed in the window
-            by_comm[(sample.labels.get("cluster", ""), sample.labels.get("comm", ""))].append(
-                (sample.labels, sample.value))
-    return by_comm
-
-
-def robust_outliers(lags: list[float], threshold: float) -> tuple[float, float, list[tuple[int, float]]]:
-    """(median, MAD, [(index, robust z)]) of the lags above the median by more than
-    `threshold` robust z-scores and MIN_DEVIATION seconds. With MAD 0 (all ranks but the
-    outliers equal) any rank past MIN_DEVIATION is an outlier (z = inf)."""
-    median = statistics.median(lags)
-    mad = statistics.median(abs(lag - median) for lag in lags)
-    found = []
-    for index, lag in enumerate(lags):
-        deviation = lag - median
-        if deviation <= MIN_DEVIATION:
-            continue
-        z = deviation / (MAD_SCALE * mad) if mad > 0 else float("inf")
-        if z > threshold:
-            found.append((index, z))
-    return median, mad, found
+# -- stragglers: the sidecar's cluster questions (queryapi/cluster/questions.py) ------------
+def _straggler_row(rank: dict[str, Any]) -> dict[str, Any]:
+    labels = {k: rank[k] for k in ("cluster", "comm", "rank", "node")}
+    return {"labels": labels, "value": rank["lag_seconds"],
+            **{k: v for k, v in rank.items() if k not in labels and k != "lag_seconds"}}
 
 
 @tool_handler("outliers")
 def outliers(state, params: dict[str, Any], caller) -> list[dict[str, Any]]:
-    """Straggler ranks: arrival lag more than `threshold` robust z-scores above the median of
-    their communicator's ranks (median absolute deviation), slowest first."""
-    rows = []
-    for (_, comm), members in _lags_by_comm(state, params).items():
-        if len(members) < 3:
-            continue        # a median of two ranks cannot say which one is off
-        median, mad, found = robust_outliers([lag for _, lag in members], params["threshold"])
-        for index, z in found:
-            labels, lag = members[index]
-            rows.append({"labels": {k: labels[k] for k in ("cluster", "comm", "rank", "node") if k in labels},
-                         "value": lag, "deviation_seconds": lag - median, "median_seconds": median,
-                         "mad_seconds": mad, "robust_z": None if z == float("inf") else round(z, 2),
-                         "ranks": len(members)})
-    return sorted(rows, key=lambda r: -r["value"])
+    """find_outlier_ranks: arrival lag more than `threshold` robust z-scores (1.4826 x MAD)
+    above the communicator's median, slowest first."""
+    from ..cluster.questions import find_outlier_ranks
+    return [_straggler_row(asdict(o)) for o in
+            find_outlier_ranks(state.prom, comm=params.get("comm"), threshold=params["threshold"])]
 
 
 @tool_handler("cost")
-def cost(state, params: dict[str, Any], caller) -> list[dict[str, Any]]:
-    """What stragglers cost, per communicator: every collective, each rank waits for the last
-    to arrive, so the GPUs idle on average are collectives/s x sum over ranks of (slowest
-    lag - own lag); times the default GPU-hour rate, per hour and over the window."""
-    rate = state.config.gpu_hour_rates["default"]
-    hours = duration_seconds(params["window"]) / 3600
-    per_second: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for sample in state.prom.query(COLLECTIVE_RATE % _comm_matcher(params),
-                                   timeout=state.config.prometheus_timeout_seconds):
-        per_second[(sample.labels.get("cluster", ""), sample.labels.get("comm", ""))].append(sample.value)
-    rows = []
-    for key, members in _lags_by_comm(state, params).items():
-        rates = [r for r in per_second.get(key, []) if r == r]
-        if len(members) < 2 or not rates:
-            continue
-        labels, slowest = max(members, key=lambda m: m[1])
-        collectives = statistics.median(rates)
-        idle_gpus = collectives * sum(slowest - lag for _, lag in members)
-        rows.append({"labels": {k: labels[k] for k in ("cluster", "comm") if k in labels},
-                     "value": round(idle_gpus * rate, 4), "slowest_rank": labels.get("rank"),
-                     "slowest_node": labels.get("node"), "slowest_lag_seconds": slowest,
-                     "idle_gpus": round(idle_gpus, 4), "ranks": len(members),
-                     "collectives_per_second": round(collectives, 3), "gpu_hour_rate": rate,
-                     "dollars_per_hour": round(idle_gpus * rate, 4),
-                     "dollars_in_window": round(idle_gpus * rate * hours, 4), "window": params["window"]})
-    return sorted(rows, key=lambda r: -r["value"])
+def cost(state, params: dict[str, Any], caller) -> dict[str, Any]:
+    """get_cost: what the straggler ranks cost their communicators, per hour and over the
+    window, at the sidecar's default GPU-hour rate."""
+    from ..cluster.questions import get_cost
+    answer = get_cost(state.prom, state.config.gpu_hour_rates, comm=params.get("comm"),
+                      window_seconds=int(duration_seconds(params["window"])))
+    ranks = answer.pop("ranks")
+    return {"results": [{**_straggler_row(r), "value": r["dollars_per_hour"], "lag_seconds": r["lag_seconds"]}
+                        for r in ranks], "summary": answer}

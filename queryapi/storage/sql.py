@@ -26,7 +26,7 @@ def now_ms() -> int:
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+    return json.dumps(value, separators=(",", ":"))
 
 
 class SqlStorage(Storage):
