@@ -65,7 +65,7 @@ SCENARIO = {
 # Same thresholds, windows short enough for a run of minutes (keys of rules/mixin/config.libsonnet).
 RULE_OVERRIDES = {
     "intervals": {group: "1s" for group in ("tcp", "nccl", "infiniband", "nvlink", "kernel", "pipeline")},
-    "windows": {"tcpRate": "10s", "tcpBaseline": "30s", "ncclRate": "15s", "ibFlap": "2m",
+    "windows": {"tcpRate": "10s", "tcpBaseline": "30s", "ncclLag": "15s", "ncclNodeOffset": "30s", "ibFlap": "2m",
                 "nvlinkRate": "15s", "nvlinkBaseline": "30s"},
     "for": {key: "5s" for key in stack.FAST_ALERT_OVERRIDES["for"]},
 }
