@@ -185,6 +185,11 @@ def test_topology_tools_use_the_chaos_engine(live):
         live.call("GET", f"/graph/chaos-results/{submitted['simulation_id']}")), 30, "the chaos simulation")
     assert impact["summary"]["impact_score"] == simulated["impact_score"] > 0
     assert sorted(r["labels"]["device"] for r in impact["results"]) == sorted(simulated["affected_devices"])
+    # NL knows the topology's names (here one that no name-shaped pattern would catch)
+    pdu = live.call("GET", "/graph/chaos-devices", params={"kind": "pdu"}).json()["devices"][0]["name"]
+    preview = live.call("GET", "/ai/query/parameters", params={"message": f"blast radius of a power failure at {pdu}"})
+    assert (preview.json()["query_name"], preview.json()["params"]) == \
+        ("blast_radius_device", {"device": pdu, "failure_type": "power_failure"})
     unknown = live.call("POST", "/api/v1/tools/device_neighbors", json={"device": "no-such-switch"})
     assert unknown.status_code == 422 and unknown.json()["error"]["detail"]["param"] == "device"
 
@@ -329,6 +334,13 @@ def test_mcp_client_lists_and_calls_the_same_tools_as_http(live):
     tool_calls = [r for r in live.audit() if r.get("event") == "tool_call"]
     assert {("mcp", "fleet_summary"), ("http", "host_latency"), ("mcp", "host_latency")} <= \
         {(r["transport"], r["tool"]) for r in tool_calls}
+
+
+def test_mcp_has_no_stream_to_get_or_session_to_delete(live):
+    for method in ("GET", "DELETE"):
+        started = time.monotonic()
+        response = live.call(method, "/mcp", headers={"Accept": "text/event-stream"})
+        assert response.status_code == 405 and time.monotonic() - started < 5
 
 
 def test_mcp_without_a_valid_key_is_refused(live):

@@ -8,8 +8,8 @@ Part 1, NVML (no job yet):
     batch, one error-counter call per link and type, GPU after GPU), timed directly;
   * "after": one sampler round per GPU (exporter/nvml/sampler.py), all GPUs in parallel,
     its wall time, CPU, and how it read the error counters.
-Part 2, a 4-rank DDP job (one GPU each; an MLP whose gradients DDP all-reduces in buckets;
-8 DataLoader workers per rank), with one exporter process per collector set running side
+Part 2, a 4-rank DDP job (one GPU each; an MLP whose 64 MB of gradients DDP all-reduces in
+4 MB buckets, ~20 steps a second; 8 DataLoader workers per rank), with one exporter process per collector set running side
 by side ("all", "all but nccl", "nvlink only"), each scraped every --scrape-interval
 seconds. After a warm-up, over --seconds: CPU share (/proc/<pid>/stat), RSS, scrape and
 nvlink-collector durations, the age of the NVLink samples served, the CPU of the sampling
@@ -178,7 +178,7 @@ def nvml_part(results: dict, simulate: bool) -> None:
 
 # ---- part 2: the job ------------------------------------------------------------------------------
 
-def fake_rank_main(rank: int, port: int, stop, steps) -> None:
+def fake_rank_main(rank: int, port: int, stop, steps, step_seconds: float) -> None:
     """--simulate: a rank over the fake libnccl (tests/nccl_fake), forking 8 idle "DataLoader
     workers" that map the library, calling ncclAllReduce ~200 times a second."""
     import ctypes
@@ -211,7 +211,7 @@ def fake_rank_main(rank: int, port: int, stop, steps) -> None:
         os.waitpid(pid, 0)
 
 
-def rank_main(rank: int, port: int, stop, steps) -> None:
+def rank_main(rank: int, port: int, stop, steps, step_seconds: float) -> None:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -235,6 +235,9 @@ def rank_main(rank: int, port: int, stop, steps) -> None:
     for x, y in loader:
         if stop.is_set():
             break
+        # The rest of a real step's compute: a training job runs a few steps a second, not
+        # as many as an MLP allows (that would be a collective-rate stress, not a busy node).
+        time.sleep(step_seconds)
         loss = torch.nn.functional.mse_loss(ddp(x.cuda(non_blocking=True)), y.cuda(non_blocking=True))
         optimiser.zero_grad()
         loss.backward()
@@ -329,7 +332,7 @@ def job_part(args, results: dict, work: Path) -> None:
 
         os.environ["GPU_COST_FAKE_NCCL"] = str(build_fake_nccl(work)[0])
     target = fake_rank_main if args.simulate else rank_main
-    ranks = [ctx.Process(target=target, args=(rank, port, stop, steps)) for rank in range(WORLD)]
+    ranks = [ctx.Process(target=target, args=(rank, port, stop, steps, args.step_seconds)) for rank in range(WORLD)]
     exporters = [Exporter(name, collectors, work, config) for name, collectors in SETS.items()]
     try:
         for exporter in exporters:
@@ -368,7 +371,7 @@ def job_part(args, results: dict, work: Path) -> None:
     finally:
         stop.set()
         for rank in ranks:
-            rank.join(timeout=30)
+            rank.join(timeout=10)
             if rank.is_alive():
                 rank.kill()
         for exporter in exporters:
@@ -417,6 +420,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=25.0)
     parser.add_argument("--scrape-interval", type=float, default=15.0)
     parser.add_argument("--nvlink-interval", type=float, default=10.0)
+    parser.add_argument("--step-seconds", type=float, default=0.05,
+                        help="extra compute per training step (default 0.05: ~20 steps/s, ~17 all-reduces each)")
     parser.add_argument("--skip-job", action="store_true", help="part 1 only")
     parser.add_argument("--simulate", action="store_true", help="no GPUs: simulated NVML and fake-libnccl "
                         "ranks (to try the orchestration here; the figures mean nothing)")
