@@ -199,7 +199,9 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
     prom_config = write_yaml(workdir / "prometheus.yml", prometheus_config(
         scenario.cluster_name, targets_file, f"{host}:{alertmanager_port}", rules,
         scrape_interval=args.scrape_interval, evaluation_interval=args.scrape_interval,
-        self_address=f"{host}:{prometheus_port}"))
+        self_address=f"{host}:{prometheus_port}",
+        sidecar_address=stack.sidecar.url.split("://", 1)[1],
+        sidecar_ca=stack.sidecar.certs.ca if stack.sidecar.certs else None))
     stack.prometheus = start_prometheus(prom_config, workdir / "prometheus-data", host, prometheus_port,
                                         workdir / "prometheus.log")
     stack.feeder = span_feeder(stack.sidecar, demo_key, scenario, stack.cluster.now)
