@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import ssl
 import time
 
@@ -215,6 +216,24 @@ def test_straggler_outliers_and_cost(live):
     assert [r["labels"]["rank"] for r in stricter] == ["3"]       # 532 robust z-scores off
 
 
+def test_row_cap_and_prometheus_evaluation_timeout(live):
+    from types import SimpleNamespace
+
+    from fabricscope.queryapi.prom import PrometheusClient, PrometheusError
+    from fabricscope.queryapi.query import executor
+    registry = default_registry()
+    state = SimpleNamespace(prom=PrometheusClient(live.prom.url, timeout=10),
+                            config=SimpleNamespace(prometheus_timeout_seconds=10))
+    whole = executor.run(state, registry, "gpu_inventory", {})
+    capped = executor.run(state, registry, "gpu_inventory", {}, max_rows=2)
+    assert len(whole["results"]) == 4 and not whole["truncated"]
+    assert capped["results"] == whole["results"][:2] and capped["truncated"]
+    # Prometheus itself stops a query at the sidecar's timeout (its `timeout` parameter).
+    state.config.prometheus_timeout_seconds = 0.001
+    with pytest.raises(PrometheusError, match="timed out|timeout"):
+        executor.run(state, registry, "nccl_hangs_by_node", {"window": "30d"})
+
+
 def test_meshql_errors_are_422_with_position(live):
     response = live.call("POST", "/queries/meshql", json={"query": 'SHOW LINKS WHERE colour = "red"'})
     assert response.status_code == 422
@@ -370,5 +389,9 @@ def test_cli_against_the_sidecar_and_directly_against_prometheus(live):
     assert "mlx5_1" in direct.stdout
     bad = _cli('SHOW LINKS WHERE colour = "x"', env=env)
     assert bad.returncode == 2 and "at position 17" in bad.stderr and "STATE" in bad.stderr
+    session = re.search(r"^session: (\S+)", via_sidecar.stdout, re.M).group(1)
+    follow_up = _cli("and on gpu-node-0?", "--session", session, env=env)
+    assert "query: links_by_state(host=gpu-node-0, state=DOWN)" in follow_up.stdout, follow_up.stdout
+    assert "(no results)" in follow_up.stdout
     no_key = _cli("which links are down?", env={**env, "FABRICSCOPE_API_KEY": ""})
     assert no_key.returncode == 2 and "API key" in no_key.stderr
