@@ -197,7 +197,7 @@ def test_real_sidecar_process_simulates_and_keeps_results_across_a_restart(tmp_p
     worker run after the fork, and a result outlives the process."""
     import requests
 
-    from fabricscope.sidecar_process import start_sidecar
+    from fabricscope.stack.sidecar import start_sidecar
 
     inventory = tmp_path / "cluster.yaml"
     inventory.write_text(INVENTORY)

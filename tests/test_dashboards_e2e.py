@@ -9,7 +9,7 @@ before it substituted (as Grafana chains them; "All" selected), `$__rate_interva
 Grafana would compute for the step, and each expression must parse and return data in the
 scenario's window. A panel that can never show anything fails here.
 
-One short scenario for the module: 40 s healthy, then on separate nodes a symbol-error
+One short scenario for the module: 30 s healthy, then on separate nodes a symbol-error
 storm, a link flap, a port down, a microburst, an NVLink failure, an mlx5 firmware fault
 and a straggler rank; then an NCCL hang. Rules are rendered with shortened windows and
 `for:` durations (thresholds unchanged) so alerts, which the fleet view and the
@@ -37,10 +37,10 @@ from tests import procs
 pytestmark = pytest.mark.slow
 
 CLUSTER = "dash"
-HEALTHY = 40
-FAULT_END = HEALTHY + 60
+HEALTHY = 30
+FAULT_END = HEALTHY + 45
 HANG_AT = FAULT_END + 5
-END = HANG_AT + 40
+END = HANG_AT + 30
 SCRAPE_SECONDS = 1
 STEP_SECONDS = 2
 
@@ -48,24 +48,24 @@ SCENARIO = {
     "seed": 13, "tick_seconds": 0.5,
     "cluster": {"name": CLUSTER, "nodes": 4, "gpus_per_node": 2, "hcas_per_node": 2},
     "faults": [
-        {"kind": "symbol_error_storm", "node": 1, "at": HEALTHY, "duration": 60,
+        {"kind": "symbol_error_storm", "node": 1, "at": HEALTHY, "duration": 45,
          "target": {"device": "mlx5_1", "port": 1}, "params": {"rate_per_second": 25}},
         {"kind": "link_flap", "node": 0, "at": HEALTHY, "target": {"device": "mlx5_1", "port": 1},
          "params": {"count": 3, "period_seconds": 10, "down_seconds": 5}},
         {"kind": "link_down", "node": 2, "at": HEALTHY, "duration": 40, "target": {"device": "mlx5_0", "port": 1}},
         {"kind": "microburst", "node": 3, "at": HEALTHY, "duration": 40},
-        {"kind": "nvlink_down", "node": 0, "at": HEALTHY, "duration": 60, "target": {"gpu": 1, "link": 3}},
+        {"kind": "nvlink_down", "node": 0, "at": HEALTHY, "duration": 45, "target": {"gpu": 1, "link": 3}},
         {"kind": "mlx5_fatal", "node": 3, "at": HEALTHY, "duration": 30, "target": {"device": "mlx5_0"}},
-        {"kind": "straggler_rank", "at": HEALTHY, "duration": 60, "target": {"rank": 5},
+        {"kind": "straggler_rank", "at": HEALTHY, "duration": 45, "target": {"rank": 5},
          "params": {"lag_seconds": 0.1}},
-        {"kind": "nccl_hang", "at": HANG_AT, "duration": 40, "target": {"rank": 2}},
+        {"kind": "nccl_hang", "at": HANG_AT, "duration": 30, "target": {"rank": 2}},
     ],
 }
 
 # Same thresholds, windows short enough for a run of minutes (keys of rules/mixin/config.libsonnet).
 RULE_OVERRIDES = {
     "intervals": {group: "1s" for group in ("tcp", "nccl", "infiniband", "nvlink", "kernel", "pipeline")},
-    "windows": {"tcpRate": "10s", "tcpBaseline": "30s", "ncclRate": "15s", "ibFlap": "2m",
+    "windows": {"tcpRate": "10s", "tcpBaseline": "30s", "ncclLag": "15s", "ncclNodeOffset": "30s", "ibFlap": "2m",
                 "nvlinkRate": "15s", "nvlinkBaseline": "30s"},
     "for": {key: "5s" for key in stack.FAST_ALERT_OVERRIDES["for"]},
 }
@@ -74,7 +74,6 @@ DASHBOARDS = model.load_all()
 QUERIES = [query for name, board in sorted(DASHBOARDS.items()) for query in model.prometheus_queries(name, board)]
 
 
-SIDECAR_JOB = "fabricscope-sidecar"
 # A path through the microburst node: one device in three has an anomaly -> confidence 1/3.
 SPAN_PATH = ["gpu-node-3", "leaf-su0-r0", "gpu-node-1"]
 TOPOLOGY = {"name": CLUSTER, "generate": {"hosts": 4, "job_hosts": 4}}
@@ -127,7 +126,7 @@ def post_spans(run: Run, sequence: int) -> None:
 def run(tmp_path_factory):
     from fabricscope.demo import cluster as cluster_mod, scenario as scenario_mod
     from fabricscope.devcerts import ensure_dev_certs
-    from fabricscope.sidecar_process import mint_key, start_sidecar
+    from fabricscope.stack.sidecar import mint_key, start_sidecar
 
     procs.require_binary("prometheus")
     work = tmp_path_factory.mktemp("dash-e2e")
@@ -142,10 +141,8 @@ def run(tmp_path_factory):
         t0 = time.time() - cluster.now()
         targets = write_targets_file(work / "targets.json", cluster.targets, CLUSTER)
         config = stack.prometheus_config(CLUSTER, targets, "127.0.0.1:1", rules,
-                                         scrape_interval=f"{SCRAPE_SECONDS}s", evaluation_interval="1s")
-        config["scrape_configs"].append({
-            "job_name": SIDECAR_JOB, "scheme": "https", "tls_config": {"ca_file": str(certs.ca)},
-            "static_configs": [{"targets": [f"127.0.0.1:{sidecar_port}"], "labels": {"cluster": CLUSTER}}]})
+                                         scrape_interval=f"{SCRAPE_SECONDS}s", evaluation_interval="1s",
+                                         sidecar_address=f"127.0.0.1:{sidecar_port}", sidecar_ca=certs.ca)
         with procs.prometheus(config, work / "prom") as prom:
             sidecar = start_sidecar(work / "sidecar", "127.0.0.1", sidecar_port, prom.url, work / "keys.yaml",
                                     extra_args=["--chaos-topology", str(topology)])

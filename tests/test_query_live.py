@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import ssl
 import time
 
@@ -185,6 +186,11 @@ def test_topology_tools_use_the_chaos_engine(live):
         live.call("GET", f"/graph/chaos-results/{submitted['simulation_id']}")), 30, "the chaos simulation")
     assert impact["summary"]["impact_score"] == simulated["impact_score"] > 0
     assert sorted(r["labels"]["device"] for r in impact["results"]) == sorted(simulated["affected_devices"])
+    # NL knows the topology's names (here one that no name-shaped pattern would catch)
+    pdu = live.call("GET", "/graph/chaos-devices", params={"kind": "pdu"}).json()["devices"][0]["name"]
+    preview = live.call("GET", "/ai/query/parameters", params={"message": f"blast radius of a power failure at {pdu}"})
+    assert (preview.json()["query_name"], preview.json()["params"]) == \
+        ("blast_radius_device", {"device": pdu, "failure_type": "power_failure"})
     unknown = live.call("POST", "/api/v1/tools/device_neighbors", json={"device": "no-such-switch"})
     assert unknown.status_code == 422 and unknown.json()["error"]["detail"]["param"] == "device"
 
@@ -208,6 +214,24 @@ def test_straggler_outliers_and_cost(live):
     stricter = live.call("POST", "/api/v1/tools/straggler_outliers",
                          json={"comm": SYNTHETIC_COMM, "threshold": 50}).json()["results"]
     assert [r["labels"]["rank"] for r in stricter] == ["3"]       # 532 robust z-scores off
+
+
+def test_row_cap_and_prometheus_evaluation_timeout(live):
+    from types import SimpleNamespace
+
+    from fabricscope.queryapi.prom import PrometheusClient, PrometheusError
+    from fabricscope.queryapi.query import executor
+    registry = default_registry()
+    state = SimpleNamespace(prom=PrometheusClient(live.prom.url, timeout=10),
+                            config=SimpleNamespace(prometheus_timeout_seconds=10))
+    whole = executor.run(state, registry, "gpu_inventory", {})
+    capped = executor.run(state, registry, "gpu_inventory", {}, max_rows=2)
+    assert len(whole["results"]) == 4 and not whole["truncated"]
+    assert capped["results"] == whole["results"][:2] and capped["truncated"]
+    # Prometheus itself stops a query at the sidecar's timeout (its `timeout` parameter).
+    state.config.prometheus_timeout_seconds = 0.001
+    with pytest.raises(PrometheusError, match="timed out|timeout"):
+        executor.run(state, registry, "nccl_hangs_by_node", {"window": "30d"})
 
 
 def test_meshql_errors_are_422_with_position(live):
@@ -331,6 +355,13 @@ def test_mcp_client_lists_and_calls_the_same_tools_as_http(live):
         {(r["transport"], r["tool"]) for r in tool_calls}
 
 
+def test_mcp_has_no_stream_to_get_or_session_to_delete(live):
+    for method in ("GET", "DELETE"):
+        started = time.monotonic()
+        response = live.call(method, "/mcp", headers={"Accept": "text/event-stream"})
+        assert response.status_code == 405 and time.monotonic() - started < 5
+
+
 def test_mcp_without_a_valid_key_is_refused(live):
     response = live.call("POST", "/mcp", key=None, headers={"Authorization": "Bearer nope"},
                          json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
@@ -358,5 +389,9 @@ def test_cli_against_the_sidecar_and_directly_against_prometheus(live):
     assert "mlx5_1" in direct.stdout
     bad = _cli('SHOW LINKS WHERE colour = "x"', env=env)
     assert bad.returncode == 2 and "at position 17" in bad.stderr and "STATE" in bad.stderr
+    session = re.search(r"^session: (\S+)", via_sidecar.stdout, re.M).group(1)
+    follow_up = _cli("and on gpu-node-0?", "--session", session, env=env)
+    assert "query: links_by_state(host=gpu-node-0, state=DOWN)" in follow_up.stdout, follow_up.stdout
+    assert "(no results)" in follow_up.stdout
     no_key = _cli("which links are down?", env={**env, "FABRICSCOPE_API_KEY": ""})
     assert no_key.returncode == 2 and "API key" in no_key.stderr

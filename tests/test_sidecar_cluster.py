@@ -81,6 +81,7 @@ def sidecar(tmp_path_factory):
                                             verify=str(process.certs.ca), timeout=15)
                     assert response.status_code == expect, response.text
                     return response.json()
+                get.prom_url, get.exposition_url = prom.url, f"http://127.0.0.1:{port}"
                 yield get
             finally:
                 process.stop()
@@ -136,3 +137,23 @@ def test_event_history_filters_by_rank_node_op_and_window(sidecar):
     long_ago = time.time() - 7 * 86400
     assert sidecar("/api/v1/cluster/events", start=long_ago, end=long_ago + 3600)["events"] == []
     assert sidecar("/api/v1/cluster/events", expect=422, start=10, end=5)["error"]["code"] == "bad_time_window"
+
+
+def test_the_prometheus_client_speaks_the_whole_http_api(sidecar):
+    from fabricscope.queryapi.prom import PrometheusClient, PrometheusError
+
+    prom = PrometheusClient(sidecar.prom_url, timeout=5)
+    series = prom.series(['comm_rank:fabric_nccl_arrival_lag_seconds:mean5m{comm="job-b"}'])
+    assert sorted(s["rank"] for s in series) == ["0", "1", "2", "3"]
+    assert prom.label_values("comm", ["comm_rank:fabric_nccl_arrival_lag_seconds:mean5m"]) == ["job-a", "job-b"]
+    now = time.time()
+    (matrix,) = prom.query_range('comm_rank:fabric_nccl_arrival_lag_seconds:mean5m{comm="job-a",rank="5"}',
+                                 now - 5, now, 1)
+    assert matrix["values"] and all(v == 0.08 for _, v in matrix["values"])
+    with pytest.raises(PrometheusError) as refused:
+        prom.query("sum(")
+    assert refused.value.reason == "query_error"
+    # Something that is not a Prometheus API answers HTTP but not its JSON.
+    with pytest.raises(PrometheusError) as garbage:
+        PrometheusClient(sidecar.exposition_url, timeout=5).query("up")
+    assert garbage.value.reason == "bad_response"

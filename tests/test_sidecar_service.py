@@ -250,3 +250,17 @@ def test_otlp_protobuf_is_decoded_and_garbage_is_400(server):
     response = server.request("POST", "/v1/traces", "writer", data=b"\xff\xfe garbage",
                               headers={"Content-Type": "application/x-protobuf"})
     assert response.status_code == 400 and response.json()["error"]["code"] == "bad_otlp"
+
+
+def test_prometheus_down_is_a_clear_503_not_a_crash(server):
+    for path in ("/api/v1/cluster/outlier-ranks", "/ebpf/metrics", "/nccl/operations/active"):
+        response = server.request("GET", path, "reader")
+        assert response.status_code == 503, path
+        error = response.json()["error"]
+        assert error["code"] == "prometheus_unreachable" and "is unreachable" in error["message"]
+    # Ingest does not depend on Prometheus: violations wait for it, counted as pending.
+    trace = "waits-for-prometheus"
+    assert server.request("POST", "/tracing/spans", "writer",
+                          json={"spans": [seed_span(trace, "s", 5000, ["gpu-node-0"])]}).status_code == 200
+    answer = server.request("GET", "/tracing/correlations", "reader", params={"trace_id": trace}).json()
+    assert answer["correlations"] == [] and answer["pending"] >= 1

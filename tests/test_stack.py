@@ -21,6 +21,8 @@ import requests
 import yaml
 
 from fabricscope.demo.main import write_targets_file
+from fabricscope.demo.scenario import load_scenario
+from fabricscope.demo.topology import demo_job_name
 from fabricscope import cli, stack
 from tests import procs
 
@@ -259,6 +261,19 @@ def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path
         assert latency["query_name"] == "host_latency" and latency["params"]["host"] == "gpu-node-1"
         summary = {r["labels"]["item"]: r["value"] for r in answered(asks[1])["results"]}
         assert summary["nodes_up"] == 2 and summary["gpus"] == 4
+        # The chaos example as printed: a demo leaf switch's failure names the demo job it cuts.
+        job = demo_job_name(load_scenario(scenario))
+        submit, result_command = re.findall(r"^\s+(curl .*/graph/chaos-(?:simulate|results/SIMULATION_ID))$", text, re.M)
+        submitted = subprocess.run(shlex.split(submit), capture_output=True, text=True, timeout=30)
+        simulation_id = json.loads(submitted.stdout)["simulation_id"]
+        result_command = shlex.split(result_command.replace("SIMULATION_ID", simulation_id))
+
+        def simulated():
+            body = json.loads(subprocess.run(result_command, capture_output=True, text=True, timeout=30).stdout)
+            return body if body.get("status") == "complete" else None
+        blast = procs.wait_for(simulated, 30, "the printed chaos simulation to complete")
+        assert blast["device"] == "leaf-su0-r1" and blast["affected_jobs"] == [job]
+        assert blast["disconnected_devices"]["gpu-node-0/gpu1"] == ["compute"]
         # The stack feeds it synthetic spans.
         procs.wait_for(lambda: "fabric_sidecar_spans_received_total{format=\"seed\"}" in
                        requests.get(f"{sidecar_url}/metrics", verify=ca, timeout=5).text, 30,
@@ -278,6 +293,16 @@ def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path
         assert re.search(r"\[fabricscope-sidecar\] FIRING FabricStackSmoke \(critical\) cluster=stacktest node=gpu-node-1 "
                          r"- posted by the test$", printed.rstrip()), printed
         assert "FabricStackSmoke" in (tmp_path / "work" / "notifications.log").read_text()
+        # The critical alert names gpu-node-1: the sidecar attaches that host's blast radius.
+        key = curl[curl.index("-H") + 1].split()[-1]
+
+        def enriched():
+            found = requests.get(f"{sidecar_url}/graph/chaos-alerts", verify=ca, timeout=5,
+                                 headers={"Authorization": f"Bearer {key}"}).json()["alerts"]
+            return next((a["blast_radius"] for a in found if a["alertname"] == "FabricStackSmoke"
+                         and a["blast_radius"]), None)
+        radius = procs.wait_for(enriched, 30, "the alert's blast radius")
+        assert radius["device"] == "gpu-node-1" and radius["affected_jobs"] == [job]
 
         child.send_signal(signal.SIGTERM)
         assert child.wait(30) == 0, child.stderr.read()

@@ -169,7 +169,12 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
     keys_file = sidecar_dir / "keys.yaml"
     demo_key = mint_key(keys_file, "demo", "admin")
     alertmanager_key = mint_key(keys_file, "alertmanager", "write")
-    stack.sidecar = start_sidecar(sidecar_dir, host, args.sidecar_port or free_port(host), prometheus_url, keys_file)
+    # The sidecar simulates failures on the demo cluster's generated topology, merged with
+    # the demo's live metrics (link and NVLink faults, the NCCL job) every 15 s.
+    from fabricscope.demo.topology import write_demo_inventory
+    topology_file = write_demo_inventory(scenario, sidecar_dir / "topology.yaml")
+    stack.sidecar = start_sidecar(sidecar_dir, host, args.sidecar_port or free_port(host), prometheus_url, keys_file,
+                                  extra_args=["--chaos-topology", str(topology_file), "--chaos-refresh-seconds", "15"])
 
     webhook_url, webhook_http_config = args.webhook_url, None
     if not webhook_url:
@@ -194,7 +199,9 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
     prom_config = write_yaml(workdir / "prometheus.yml", prometheus_config(
         scenario.cluster_name, targets_file, f"{host}:{alertmanager_port}", rules,
         scrape_interval=args.scrape_interval, evaluation_interval=args.scrape_interval,
-        self_address=f"{host}:{prometheus_port}"))
+        self_address=f"{host}:{prometheus_port}",
+        sidecar_address=stack.sidecar.url.split("://", 1)[1],
+        sidecar_ca=stack.sidecar.certs.ca if stack.sidecar.certs else None))
     stack.prometheus = start_prometheus(prom_config, workdir / "prometheus-data", host, prometheus_port,
                                         workdir / "prometheus.log")
     stack.feeder = span_feeder(stack.sidecar, demo_key, scenario, stack.cluster.now)
@@ -224,6 +231,9 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
         "  ask:          (registered queries only, docs/query.md; fabricscope query \"...\" does the same)",
         *(f"    {question}\n      {command}" for question, command in
           example_questions(sidecar_url, ca, demo_key, scenario.node_name(min(1, scenario.nodes - 1)))),
+        f"  chaos:        what a demo leaf switch takes down, then the result (SIMULATION_ID from the first "
+        f"answer; docs/chaos.md, topology {topology_file}):",
+        *(f"      {command}" for command in chaos_example(sidecar_url, ca, demo_key, scenario)),
         f"Notifications:  {webhook_url}" + ("" if args.webhook_url else
                                             f"  (recorded by the sidecar, printed below and in "
                                             f"{workdir / 'notifications.log'})"),
@@ -249,11 +259,23 @@ def example_questions(sidecar_url: str, ca: Path, key: str, node: str) -> list[t
              {"message": f"What is the p99 latency of {node}?"}),
             ("How is the fleet doing?  (as MeshQL: SHOW SUMMARY)", "/queries/meshql",
              {"query": "SHOW SUMMARY"})]
-    return [(question, " ".join(["curl", "--cacert", shlex.quote(str(ca)), "-H",
-                                  shlex.quote(f"Authorization: Bearer {key}"), "-H",
-                                  shlex.quote("Content-Type: application/json"), "-d",
-                                  shlex.quote(json.dumps(body)), shlex.quote(sidecar_url + path)]))
-            for question, path, body in asks]
+    return [(question, curl_command(ca, key, sidecar_url + path, body)) for question, path, body in asks]
+
+
+def chaos_example(sidecar_url: str, ca: Path, key: str, scenario) -> list[str]:
+    """Start a simulation of a demo leaf switch's failure, then read its result
+    (SIMULATION_ID: the simulation_id of the first answer)."""
+    leaf = f"leaf-su0-r{min(3, scenario.hcas_per_node - 1)}"
+    return [curl_command(ca, key, f"{sidecar_url}/graph/chaos-simulate",
+                         {"device": leaf, "failure_type": "switch_failure", "include_jobs": True}),
+            curl_command(ca, key, f"{sidecar_url}/graph/chaos-results/SIMULATION_ID")]
+
+
+def curl_command(ca: Path, key: str, url: str, body: dict | None = None) -> str:
+    words = ["curl", "--cacert", shlex.quote(str(ca)), "-H", shlex.quote(f"Authorization: Bearer {key}")]
+    if body is not None:
+        words += ["-H", shlex.quote("Content-Type: application/json"), "-d", shlex.quote(json.dumps(body))]
+    return " ".join([*words, shlex.quote(url)])
 
 
 def run(args: argparse.Namespace) -> int:

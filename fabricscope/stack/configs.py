@@ -40,9 +40,13 @@ def render_rules(overrides: dict[str, Any], out_dir: Path) -> list[Path]:
         raise StackError(f"rendering rules with overrides: {exc}") from None
 
 
+SIDECAR_SCRAPE_JOB = "fabricscope-sidecar"
+
+
 def prometheus_config(cluster: str, targets_file: Path, alertmanager_address: str,
                       rules: list[Path], scrape_interval: str = "5s",
-                      evaluation_interval: str = "5s", self_address: str | None = None) -> dict[str, Any]:
+                      evaluation_interval: str = "5s", self_address: str | None = None,
+                      sidecar_address: str | None = None, sidecar_ca: Path | None = None) -> dict[str, Any]:
     scrape_configs: list[dict[str, Any]] = [{
         "job_name": SCRAPE_JOB,
         # The exporter sets `node` on every series itself; honouring it keeps one
@@ -53,6 +57,12 @@ def prometheus_config(cluster: str, targets_file: Path, alertmanager_address: st
     if self_address:
         # Prometheus' own metrics feed the pipeline alerts (missed rule-group iterations).
         scrape_configs.append({"job_name": "prometheus", "static_configs": [{"targets": [self_address]}]})
+    if sidecar_address:
+        # The sidecar's own metrics (SLO violations, correlations) feed the tracing dashboard.
+        scrape_configs.append({
+            "job_name": SIDECAR_SCRAPE_JOB, "scheme": "https" if sidecar_ca else "http",
+            **({"tls_config": {"ca_file": str(sidecar_ca)}} if sidecar_ca else {}),
+            "static_configs": [{"targets": [sidecar_address], "labels": {"cluster": cluster}}]})
     return {
         "global": {
             "scrape_interval": scrape_interval,
