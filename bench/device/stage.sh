@@ -2,9 +2,9 @@
 # Prepare what a GPU host without clang, libbpf or the exporter's Python dependencies needs,
 # on a machine that has them (`make setup` done): the BPF object, libbpf and libelf, and
 # the exporter's pure-Python dependencies. All of it is git-ignored; carry these paths:
-#   exporter/bpf/nccl.bpf.o  bench/device/lib  bench/device/vendor
-# and, for gpu_cost.sh (every collector): exporter/bpf/procwatch.bpf.o exporter/bpf/sched.bpf.o
-#   exporter/bpf/syscalls.bpf.o exporter/bpf/tcp.bpf.o
+#   exporter/bpf/nccl.bpf.o  exporter/bpf/procwatch.bpf.o  bench/device/lib  bench/device/vendor
+# and, for gpu_cost.sh (every collector): exporter/bpf/sched.bpf.o exporter/bpf/syscalls.bpf.o
+#   exporter/bpf/tcp.bpf.o
 set -eu
 cd "$(dirname "$0")/../.."
 make -s bpf
