@@ -84,11 +84,12 @@ class Live:
 def live(tmp_path_factory):
     procs.require_binary("prometheus")
     work = tmp_path_factory.mktemp("query")
-    keys = make_keys(work / "keys.yaml", {"bulk": "read", "bulk-writer": "write"})
+    keys = make_keys(work / "keys.yaml", {"bulk": "read", "bulk-writer": "write", "limited": "read"})
     # The hostile-input sweep sends ~700 requests: a key with room for them.
     text = (work / "keys.yaml").read_text()
     for key_id in ("bulk", "bulk-writer"):
         text = text.replace(f"- id: {key_id}\n", f"- id: {key_id}\n  rate_limit: {{per_second: 5000, burst: 5000}}\n")
+    text = text.replace("- id: limited\n", "- id: limited\n  rate_limit: {per_second: 0.2, burst: 2}\n")
     (work / "keys.yaml").write_text(text)
     scenario = scenario_mod.load_scenario(SCENARIO)
     with cluster_mod.DemoCluster(scenario, work / "cluster") as cluster:
@@ -353,6 +354,20 @@ def test_mcp_client_lists_and_calls_the_same_tools_as_http(live):
     tool_calls = [r for r in live.audit() if r.get("event") == "tool_call"]
     assert {("mcp", "fleet_summary"), ("http", "host_latency"), ("mcp", "host_latency")} <= \
         {(r["transport"], r["tool"]) for r in tool_calls}
+
+
+def test_one_rate_limit_for_both_transports(live):
+    """The limited key's burst of 2 is spent over HTTP; MCP is then refused the same way
+    (429 before the tool runs), and the audit log shows both."""
+    statuses = [live.call("POST", "/api/v1/tools/fleet_summary", key="limited", json={}).status_code
+                for _ in range(2)]
+    mcp = live.call("POST", "/mcp", key="limited", headers={"Accept": "application/json, text/event-stream"},
+                    json={"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                          "params": {"name": "fleet_summary", "arguments": {}}})
+    assert statuses == [200, 200] and mcp.status_code == 429 and mcp.headers["Retry-After"]
+    assert mcp.json()["error"]["code"] == "rate_limited"
+    audited = [(r["path"], r["status"]) for r in live.audit() if r["event"] == "request" and r["key_id"] == "limited"]
+    assert ("/mcp", 429) in audited and audited.count(("/api/v1/tools/fleet_summary", 200)) == 2
 
 
 def test_mcp_has_no_stream_to_get_or_session_to_delete(live):
