@@ -181,6 +181,7 @@ def worker(rank: int, backend: str, library: str, control, progress, ready, go, 
         import torch.distributed as dist
 
         torch.cuda.set_device(rank)
+        torch.cuda.nccl.version()                  # libnccl is loaded (and probed) before init
         ready.set()
         go.wait()
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
