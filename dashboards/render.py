@@ -97,9 +97,10 @@ def message(panel: dict, text: str, path: Path) -> Path:
 
 def _time_axis(ax, start: float, end: float) -> None:
     ax.set_xlim(datetime.fromtimestamp(start, tz=timezone.utc), datetime.fromtimestamp(end, tz=timezone.utc))
-    locator = mdates.AutoDateLocator(tz=timezone.utc, maxticks=8)
+    locator = mdates.AutoDateLocator(tz=timezone.utc)
     ax.xaxis.set_major_locator(locator)
-    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=timezone.utc))
+    # The page header gives the date and range; the axis only needs times.
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=timezone.utc, show_offset=False))
     ax.tick_params(labelsize=7)
     ax.grid(alpha=0.3)
 

@@ -182,12 +182,12 @@ def write_html(sections: list[DashboardSection], out_dir: Path, prometheus_url: 
     parts = [f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>fabricscope report {e(stamp(start))} – {e(stamp(end))}</title>
 <style>
-body {{ font-family: sans-serif; margin: 1.5em; color: #222; background: #f6f7f9; }}
+body {{ font-family: sans-serif; margin: 1em; color: #222; background: #f6f7f9; }}
 h1 {{ font-size: 1.4em; }} h2 {{ font-size: 1.15em; margin-top: 2em; border-bottom: 1px solid #ccc; }}
 .panels {{ display: flex; flex-wrap: wrap; gap: 12px; }}
 figure {{ margin: 0; background: white; padding: 6px; border: 1px solid #ddd; max-width: 100%; }}
 figure img {{ display: block; max-width: 100%; }}
-figcaption {{ font-size: 0.8em; color: #555; max-width: 60em; }}
+figcaption {{ font-size: 0.8em; color: #555; width: 0; min-width: 100%; }}
 details {{ font-size: 0.75em; }} code {{ white-space: pre-wrap; word-break: break-all; }}
 .problem {{ color: #a33; }} .vars {{ font-size: 0.8em; color: #555; }}
 </style></head><body>

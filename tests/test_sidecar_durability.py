@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from fabricscope import stack
-from fabricscope.sidecar_process import start_sidecar
+from fabricscope.stack.sidecar import start_sidecar
 from tests import procs
 from tests.sidecar_helpers import bearer, make_keys, seed_span
 

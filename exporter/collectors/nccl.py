@@ -5,7 +5,8 @@ sources and maps its snapshot to metric families. Config section `nccl`:
   hang_multiplier (3.0), min_completed (5), window (20), max_comms (128),
   max_series (4096), idle_evict_seconds (3600), boundary_ops (64): see NcclTracker;
   uprobes (true): attach to libnccl in running processes;
-  rescan_seconds (2.0): how often to look for new processes;
+  rescan_seconds: how often every process's maps are read: 300 s as a safety net when the
+    exec/dlopen hints (exporter/bpf/procwatch.bpf.c) run, 2 s when they cannot;
   bpf_object: path of nccl.bpf.o (default: exporter/bpf/nccl.bpf.o).
 """
 from __future__ import annotations
@@ -26,6 +27,10 @@ log = logging.getLogger("fabricscope.exporter.nccl")
 DEFAULT_OBJECT = Path(__file__).resolve().parent.parent / "bpf" / "nccl.bpf.o"
 LABELS = ["comm", "rank", "op"]
 CONFIG_KEYS = NcclTracker.CONFIG_KEYS | {"uprobes", "rescan_seconds", "bpf_object"}
+
+
+def _optional_seconds(value) -> float | None:
+    return None if value is None else float(value)
 
 
 @register
@@ -50,7 +55,7 @@ class NcclCollector(Collector):
             from ..nccl.uprobe import UprobeSource
 
             self.uprobes = UprobeSource(ctx.procfs, ctx.sysfs, Path(section.get("bpf_object", DEFAULT_OBJECT)),
-                                        rescan_seconds=float(section.get("rescan_seconds", 2.0)))
+                                        rescan_seconds=_optional_seconds(section.get("rescan_seconds")))
             self.uprobes.attach(self.tracker)
 
     def routes(self):

@@ -449,7 +449,7 @@ class NcclTracker:
     def _arrive(self, state: _Comm, call: NcclCall) -> None:
         """Number the rank's collective and judge arrival lag once every local rank entered it."""
         seq = state.ranks.setdefault(call.rank, _RankSequence())
-        seq.sequence += 1
+        seq.sequence = call.sequence if call.sequence is not None else seq.sequence + 1
         seq.last_op = call.op
         if seq.sequence % self.boundary_ops == 0:
             seq.boundary, seq.boundary_start = seq.sequence, call.start

@@ -80,7 +80,8 @@ class Storage:
     def correlations(self, trace_id: str | None = None, since_ms: int | None = None,
                      limit: int = 500) -> list[dict]: raise NotImplementedError
     # alerts -------------------------------------------------------------------------
-    def record_alerts(self, alerts: list[dict], received_ms: int) -> tuple[int, int]: raise NotImplementedError
+    def record_alerts(self, alerts: list[dict], received_ms: int, receiver: str = "") -> tuple[int, int]:
+        raise NotImplementedError
     def alerts(self, since_ms: int | None = None, status: str | None = None, alertname: str | None = None,
                limit: int = 500) -> list[dict]: raise NotImplementedError
     # documents (query sessions, simulation results) ---------------------------------
