@@ -14,7 +14,7 @@ from typing import Any
 
 from ..schema import shown
 from .events import OPS, NcclCall
-from .tracker import NcclTracker, RecordError
+from .tracker import CapacityError, NcclTracker, RecordError
 
 MAX_RECORDS = 10_000
 _COMM_PATTERN = re.compile(r"^[0-9A-Za-z_.:-]{1,64}$")
@@ -107,28 +107,37 @@ def _json(status: int, payload: Any) -> tuple[int, str, bytes]:
 
 
 class IngestRoutes:
-    """The two HTTP handlers over one tracker; counts accepted and rejected requests."""
+    """The two HTTP handlers over one tracker; counts accepted and rejected requests.
 
-    def __init__(self, tracker: NcclTracker) -> None:
+    POST is off unless the `nccl.ingest` setting turns it on: whoever can reach the port
+    could otherwise invent communicators. Turn it on behind --web.config.file
+    basic_auth_users (every route then needs credentials)."""
+
+    def __init__(self, tracker: NcclTracker, enabled: bool = False) -> None:
         self.tracker = tracker
-        self.requests = {"accepted": 0, "rejected": 0}
+        self.enabled = enabled
+        self.requests = {"accepted": 0, "rejected": 0, "disabled": 0}
 
     def routes(self) -> dict:
         return {("POST", "/nccl/operations"): self.post_operations,
                 ("GET", "/nccl/operations/active"): self.get_active}
 
     def post_operations(self, body: bytes, query: dict) -> tuple[int, str, bytes]:
+        if not self.enabled:
+            self.requests["disabled"] += 1
+            return _json(403, {"error": "POST /nccl/operations is off on this exporter: set `ingest: true` in the "
+                                        "nccl section of --config.file (with basic_auth_users in --web.config.file)"})
         try:
             calls = parse_operations(body)
             self.tracker.record_batch(calls)
-        except RecordError as exc:            # invalid input, or a conflict with stored records
+        except RecordError as exc:            # invalid input, a conflict, or no room left
             self.requests["rejected"] += 1
             payload = {"error": str(exc)}
             if exc.index is not None:
                 payload["index"] = exc.index
             if exc.field is not None:
                 payload["field"] = exc.field
-            return _json(400, payload)
+            return _json(503 if isinstance(exc, CapacityError) else 400, payload)
         self.requests["accepted"] += 1
         return _json(202, {"accepted": len(calls)})
 
