@@ -117,7 +117,7 @@ def timeseries(panel: dict, results: list[tuple[dict, list[Series]]], start: flo
     unit = unit_of(panel)
     pairs = [(target, series) for target, found in results for series in found]
     fig = figure(panel)
-    ax = fig.add_axes([0.07, 0.14, 0.62, 0.74])
+    ax = fig.add_axes([0.12, 0.14, 0.57, 0.74])
     bars = panel.get("fieldConfig", {}).get("defaults", {}).get("custom", {}).get("drawStyle") == "bars"
     for target, series in _strongest(pairs):
         times, values = points(series)
@@ -261,7 +261,7 @@ def node_graph(panel: dict, results: list[tuple[dict, list[Series]]], path: Path
     edges = [(s["metric"].get("source"), s["metric"].get("target"), last_value(s)) for s in frames.get("edges", [])]
     if not nodes:
         return message(panel, "no topology at the end of the range", path)
-    sources = sorted({a for a, _, _ in edges} | {n for n, t in nodes.items() if t.startswith("GPU")})
+    sources = sorted({a for a, _, _ in edges} | {n for n, t in nodes.items() if "GPU" in t.split()})
     targets = sorted(set(nodes) - set(sources))
     fig = figure(panel)
     ax = fig.add_axes([0.02, 0.02, 0.96, 0.86])
