@@ -280,3 +280,35 @@ def node_graph(panel: dict, results: list[tuple[dict, list[Series]]], path: Path
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     return save(fig, path)
+
+
+def _cell(value: Any, kind: str) -> str:
+    if value is None:
+        return ""
+    if kind == "timestamp_epoch" and isinstance(value, (int, float)):
+        return datetime.fromtimestamp(value / 1000, tz=timezone.utc).strftime("%H:%M:%S")
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, dict)):
+        import json
+
+        text = json.dumps(value, separators=(",", ":"))
+        return text if len(text) <= 40 else text[:39] + "…"
+    return str(value)
+
+
+def sidecar_table(panel: dict, columns: list[dict], rows: list[dict], path: Path) -> Path:
+    """Rows of a sidecar response with the columns the panel maps (Infinity's table)."""
+    if not rows:
+        return message(panel, "no rows in the time range", path)
+    fig = figure(panel)
+    ax = fig.add_axes([0.01, 0.02, 0.98, 0.86])
+    ax.axis("off")
+    cells = [[_cell(row.get(c["selector"]), c["type"]) for c in columns] for row in rows[:MAX_TABLE_ROWS]]
+    drawn = ax.table(cellText=cells, colLabels=[c["text"] for c in columns], loc="upper center", cellLoc="left")
+    drawn.auto_set_font_size(False)
+    drawn.set_fontsize(6.5)
+    drawn.scale(1, 1.15)
+    if len(rows) > MAX_TABLE_ROWS:
+        fig.text(0.01, 0.01, f"{MAX_TABLE_ROWS} of {len(rows)} rows", fontsize=7, color="#666666")
+    return save(fig, path)
