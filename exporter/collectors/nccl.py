@@ -27,7 +27,6 @@ log = logging.getLogger("fabricscope.exporter.nccl")
 
 DEFAULT_OBJECT = Path(__file__).resolve().parent.parent / "bpf" / "nccl.bpf.o"
 LABELS = ["comm", "rank", "op"]
-CONFIG_KEYS = NcclTracker.CONFIG_KEYS | {"uprobes", "rescan_seconds", "bpf_object", "ingest"}
 
 
 def _optional_seconds(value) -> float | None:
@@ -41,16 +40,11 @@ class NcclCollector(Collector):
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
-        section = ctx.section("nccl")
-        unknown = sorted(set(section) - CONFIG_KEYS)
-        if unknown:                                   # a typo would silently keep a default
-            log.warning("nccl config: ignoring unknown keys %s (known: %s)", unknown, sorted(CONFIG_KEYS))
+        section = ctx.section("nccl")   # validated: exporter/config.py NcclSection
         self.source = ctx.sources.get("nccl")
         clock = getattr(self.source, "clock", time.time)
         self.tracker = NcclTracker.from_config(section, clock=clock)
         ingest = section.get("ingest", False)
-        if not isinstance(ingest, bool):
-            raise ValueError(f"nccl.ingest must be true or false, got {ingest!r}")
         self.ingest = IngestRoutes(self.tracker, enabled=ingest)
         self.uprobes = None
         if self.source is not None:
