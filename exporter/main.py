@@ -19,7 +19,8 @@ from .exposition import Renderer
 from .framework import (COLLECTORS, DEFAULT_COLLECTOR_TIMEOUT, Collector, ScrapeCollector, build_collectors,
                         load_collector_modules)
 from .web import serve
-from .webconfig import WebConfigError, load_web_config
+from .schema import ConfigError
+from .webconfig import load_web_config
 
 log = logging.getLogger("fabricscope.exporter")
 
@@ -43,11 +44,10 @@ class RunningExporter:
 
     @property
     def port(self) -> int:
-        return self.server.server_address[1]
+        return self.server.port
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.stop()
         if self.scrape is not None:
             self.scrape.close()
         _close_all(self.collectors)
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     enabled = enabled_collectors(args)
     try:
         exporter = start_exporter(ctx, enabled, args.listen, args.web_config, args.collector_timeout)
-    except (WebConfigError, OSError) as exc:   # bad web config, address in use, ...
+    except (ConfigError, OSError) as exc:   # bad web config, address in use, ...
         raise SystemExit(f"fabricscope exporter: {exc}") from None
     # Everything allocated so far (modules, caches, static device info) lives for the
     # whole process: move it out of the cyclic GC's reach. Otherwise each full collection
