@@ -30,7 +30,7 @@ from fabricscope.queryapi.promql import quote
 from fabricscope.queryapi.query.registry import default_registry
 from fabricscope.stack.sidecar import start_sidecar
 from tests import procs
-from tests.sidecar_helpers import bearer, make_keys
+from tests.sidecar_helpers import bearer, make_keys, seed_span
 
 CLUSTER = "qtest"
 SCENARIO = {"seed": 5, "cluster": {"name": CLUSTER, "nodes": 2, "gpus_per_node": 2, "hcas_per_node": 2},
@@ -233,6 +233,28 @@ def test_row_cap_and_prometheus_evaluation_timeout(live):
     state.config.prometheus_timeout_seconds = 0.001
     with pytest.raises(PrometheusError, match="timed out|timeout"):
         executor.run(state, registry, "nccl_hangs_by_node", {"window": "30d"})
+
+
+def test_slo_and_correlation_questions_read_the_sidecar_store(live):
+    # Wait for the hang's culprit (rank 1 on gpu-node-0): the correlator's anomaly there.
+    procs.wait_for(lambda: live.prom.get("/api/v1/query", query='fabric_nccl_hang_culprit{node="gpu-node-0"} > 0')
+                   ["data"]["result"], 90, "the hang culprit")
+    spans = [seed_span("q-trace-1", "s1", 4000, ["gpu-node-0", "leaf-x"], service="chat-api"),
+             seed_span("q-trace-2", "s2", 5000, ["gpu-node-0"], service="chat-api"),
+             seed_span("q-trace-3", "s3", 100, ["gpu-node-1"], service="chat-api"),
+             seed_span("q-trace-4", "s4", 3000, ["gpu-node-1"], service="search", operation="rank")]
+    stored = live.call("POST", "/tracing/spans", key="writer", json={"spans": spans})
+    assert stored.status_code == 200, stored.text
+    answer = live.call("POST", "/ai/query/conversation",
+                       json={"message": "which services violated their SLO in the last hour?"}).json()
+    assert answer["query_name"] == "slo_violations"
+    counts = {(r["labels"]["service"], r["labels"]["operation"]): r["value"] for r in answer["results"]}
+    assert counts == {("chat-api", "generate"): 2, ("search", "rank"): 1}
+    correlated = procs.wait_for(lambda: live.call("POST", "/api/v1/tools/network_correlations",
+                                                  json={"service": "chat-api"}).json()["results"], 30,
+                                "the correlator to match the slow chat-api spans")
+    assert correlated[0]["labels"]["device"] == "gpu-node-0" and "NcclHangCulprit" in correlated[0]["anomalies"]
+    assert correlated[0]["traces"] == 2
 
 
 def test_meshql_errors_are_422_with_position(live):
