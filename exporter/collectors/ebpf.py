@@ -8,7 +8,8 @@ collector stays cheap: fabric_ebpf_available{reason} 0 and nothing else, logged 
 Config section `ebpf` (all optional):
   peers: {10.0.0.12: gpu-node-3, ...}   peer IP -> host label of fabric_tcp_retransmits_total
   processes: [python, tritonserver]     process names always counted under their own name
-  gpu_device_prefix: /dev/nvidia        a process holding such an fd is counted by name
+  gpu_device_prefix: /dev/nvidia        no longer used: a process is counted by name from its
+                                        first ioctl on a GPU device (gpu_device_majors)
   gpu_device_majors: [195, 508]         GPU char-device majors (default: nvidia* in /proc/devices)
   process_scan_interval_seconds: 15
   enable_stats: false                   account program run count/time (BPF_ENABLE_STATS); costs
@@ -90,7 +91,6 @@ class EbpfCollector(Collector):
         majors = config.get("gpu_device_majors")
         tracker = ProcessTracker(
             procfs=self.ctx.procfs,
-            device_prefix=str(config.get("gpu_device_prefix", "/dev/nvidia")),
             allow_comms=frozenset(map(str, config.get("processes") or ())),
             explicit_majors=[int(m) for m in majors] if majors is not None else None,
             interval_seconds=float(config.get("process_scan_interval_seconds", 15)),
