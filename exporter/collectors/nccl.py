@@ -19,6 +19,7 @@ from typing import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from ..ebpf import elfsym
 from ..framework import Collector, register
 from ..nccl.ingest import IngestRoutes
 from ..nccl.tracker import NcclTracker
@@ -169,4 +170,9 @@ class NcclCollector(Collector):
                                       labels=["reason"])
         for reason, count in sorted(status.invalid.items()):
             invalid.add_metric([reason], count)
-        yield from (available, attached, traced, exited, lost, invalid)
+        skipped = CounterMetricFamily("fabric_nccl_library_files_skipped", "Mapped library files whose ELF "
+                                      "symbols could not be read (truncated, not ELF64, malformed).",
+                                      labels=["reason"])
+        for reason, count in sorted(elfsym.MALFORMED_FILES.items()):
+            skipped.add_metric([reason], count)
+        yield from (available, attached, traced, exited, lost, invalid, skipped)
