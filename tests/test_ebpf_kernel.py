@@ -237,6 +237,29 @@ def test_syscalls_ioctls_and_mmaps_of_a_tracked_process(collector):
                                                     if _holds_gpu(p.parent)}
 
 
+def test_a_process_is_counted_by_name_from_its_first_gpu_ioctl_without_any_scan(collector):
+    n = 40
+    child = subprocess.Popen([sys.executable, "-c", CHILD.format(n=n).replace("fabric-gpu-test", "fabric-gpu-new")],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        # No allow-list: only the kernel can find it, at its first ioctl on the "GPU" major.
+        c = collector({"gpu_device_majors": [1], "objects": ["syscalls"], "process_scan_interval_seconds": 3600})
+        list(c.collect())
+        tracked = lambda: {int.from_bytes(k, "little") for k, _ in c.source.read_map("syscalls", "tracked_tgids")}  # noqa: E731
+        assert child.pid not in tracked()
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "done"
+        assert child.pid in tracked()
+    finally:
+        child.stdin.close()
+        child.wait(10)
+    reg = scrape(c)
+    # The first ioctl counted as "other" (it is what found the process), the rest by name.
+    assert reg.get_sample_value("fabric_gpu_driver_ioctls_total", {"comm": "fabric-gpu-new"}) == n - 1
+
+
 def _holds_gpu(pid_dir: Path) -> bool:
     try:
         return any(os.readlink(fd).startswith("/dev/nvidia") for fd in (pid_dir / "fd").iterdir())

@@ -263,3 +263,35 @@ def test_closed_object_refuses_reads(bpf_objects):
     obj.close()   # idempotent
     with pytest.raises(ValueError, match="closed"):
         counter.items()
+
+
+# ---- malformed ELF files: a per-file, counted refusal ------------------------------------
+
+def _libc_bytes() -> bytes:
+    import ctypes.util
+    for candidate in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6",
+                      "/lib/aarch64-linux-gnu/libc.so.6", "/usr/lib/aarch64-linux-gnu/libc.so.6"):
+        if Path(candidate).is_file():
+            return Path(candidate).read_bytes()
+    pytest.fail("no system libc to corrupt")
+
+
+@pytest.mark.parametrize("corrupt", [
+    lambda b: b[:0x30],                                        # truncated inside the header
+    lambda b: b[:len(b) // 3],                                 # section headers cut off
+    lambda b: b[:0x28] + (2 ** 63).to_bytes(8, "little") + b[0x30:],   # e_shoff far outside
+    lambda b: b[:0x3A] + (1).to_bytes(2, "little") + b[0x3C:],         # section header size 1
+    lambda b: b"\x7fELF\x02\x01" + b"\0" * 10,                 # a header and nothing else
+    lambda b: b"\x7fELF\x01\x01" + b"\0" * 100,                # ELF32
+])
+def test_malformed_elf_is_an_elf_error_and_counted(tmp_path, corrupt):
+    from fabricscope.exporter.nccl import discovery
+
+    bad = tmp_path / "libnccl.so.2"
+    bad.write_bytes(corrupt(_libc_bytes()))
+    before = sum(elfsym.MALFORMED_FILES.values())
+    with pytest.raises(elfsym.ElfError):
+        discovery.exported_functions(str(bad))
+    with pytest.raises(elfsym.ElfError):
+        elfsym.symbol_file_offset(bad, "labs")
+    assert sum(elfsym.MALFORMED_FILES.values()) == before + 2

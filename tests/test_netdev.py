@@ -94,7 +94,7 @@ def test_config_section_include_and_bad_regex_is_a_clear_start_error():
     assert value(registry, "fabric_netdev_up", interface="lo") is None
     assert value(registry, "fabric_netdev_up", interface="eth0") == 1
 
-    with pytest.raises(ValueError, match=r"device-include '\(eth': "):
+    with pytest.raises(ValueError, match=r"netdev\.device_include: not a regular expression"):
         NetdevCollector(fixture_ctx(config={"netdev": {"device_include": "(eth"}}))
     # Through the framework it is a failed collector, not a dead exporter.
     registry = scrape(fixture_ctx(config={"netdev": {"device_include": "(eth"}}))

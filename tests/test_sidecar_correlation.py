@@ -24,12 +24,12 @@ pytestmark = pytest.mark.slow
 CLUSTER = "corr"
 BURST_NODE = "gpu-node-1"
 STRAGGLER_RANK = 3
-HEALTHY_SECONDS = 60            # the microburst baseline (rolling average) must fill first
+HEALTHY_SECONDS = 30            # the microburst baseline (40s average, 10s back) must have data first
 SCENARIO = {"seed": 5, "cluster": {"name": CLUSTER, "nodes": 3, "gpus_per_node": 2, "hcas_per_node": 1},
             "tick_seconds": 0.5,
             "faults": [{"kind": "microburst", "node": 1, "at": HEALTHY_SECONDS, "duration": 900},
                        # Rank 3 (gpu-node-1, GPU 1) enters every collective 80 ms late.
-                       {"kind": "straggler_rank", "at": 20, "duration": 900, "target": {"rank": STRAGGLER_RANK},
+                       {"kind": "straggler_rank", "at": 1, "duration": 900, "target": {"rank": STRAGGLER_RANK},
                         "params": {"lag_seconds": 0.08}}]}
 # The e2e test's shortened windows (every key exists in rules/mixin/config.libsonnet).
 RULE_OVERRIDES = {
