@@ -30,7 +30,7 @@ from fabricscope.queryapi.promql import quote
 from fabricscope.queryapi.query.registry import default_registry
 from fabricscope.stack.sidecar import start_sidecar
 from tests import procs
-from tests.sidecar_helpers import bearer, make_keys
+from tests.sidecar_helpers import bearer, make_keys, seed_span
 
 CLUSTER = "qtest"
 SCENARIO = {"seed": 5, "cluster": {"name": CLUSTER, "nodes": 2, "gpus_per_node": 2, "hcas_per_node": 2},
@@ -84,11 +84,12 @@ class Live:
 def live(tmp_path_factory):
     procs.require_binary("prometheus")
     work = tmp_path_factory.mktemp("query")
-    keys = make_keys(work / "keys.yaml", {"bulk": "read", "bulk-writer": "write"})
+    keys = make_keys(work / "keys.yaml", {"bulk": "read", "bulk-writer": "write", "limited": "read"})
     # The hostile-input sweep sends ~700 requests: a key with room for them.
     text = (work / "keys.yaml").read_text()
     for key_id in ("bulk", "bulk-writer"):
         text = text.replace(f"- id: {key_id}\n", f"- id: {key_id}\n  rate_limit: {{per_second: 5000, burst: 5000}}\n")
+    text = text.replace("- id: limited\n", "- id: limited\n  rate_limit: {per_second: 0.2, burst: 2}\n")
     (work / "keys.yaml").write_text(text)
     scenario = scenario_mod.load_scenario(SCENARIO)
     with cluster_mod.DemoCluster(scenario, work / "cluster") as cluster:
@@ -234,6 +235,28 @@ def test_row_cap_and_prometheus_evaluation_timeout(live):
         executor.run(state, registry, "nccl_hangs_by_node", {"window": "30d"})
 
 
+def test_slo_and_correlation_questions_read_the_sidecar_store(live):
+    # Wait for the hang's culprit (rank 1 on gpu-node-0): the correlator's anomaly there.
+    procs.wait_for(lambda: live.prom.get("/api/v1/query", query='fabric_nccl_hang_culprit{node="gpu-node-0"} > 0')
+                   ["data"]["result"], 90, "the hang culprit")
+    spans = [seed_span("q-trace-1", "s1", 4000, ["gpu-node-0", "leaf-x"], service="chat-api"),
+             seed_span("q-trace-2", "s2", 5000, ["gpu-node-0"], service="chat-api"),
+             seed_span("q-trace-3", "s3", 100, ["gpu-node-1"], service="chat-api"),
+             seed_span("q-trace-4", "s4", 3000, ["gpu-node-1"], service="search", operation="rank")]
+    stored = live.call("POST", "/tracing/spans", key="writer", json={"spans": spans})
+    assert stored.status_code == 200, stored.text
+    answer = live.call("POST", "/ai/query/conversation",
+                       json={"message": "which services violated their SLO in the last hour?"}).json()
+    assert answer["query_name"] == "slo_violations"
+    counts = {(r["labels"]["service"], r["labels"]["operation"]): r["value"] for r in answer["results"]}
+    assert counts == {("chat-api", "generate"): 2, ("search", "rank"): 1}
+    correlated = procs.wait_for(lambda: live.call("POST", "/api/v1/tools/network_correlations",
+                                                  json={"service": "chat-api"}).json()["results"], 30,
+                                "the correlator to match the slow chat-api spans")
+    assert correlated[0]["labels"]["device"] == "gpu-node-0" and "NcclHangCulprit" in correlated[0]["anomalies"]
+    assert correlated[0]["traces"] == 2
+
+
 def test_meshql_errors_are_422_with_position(live):
     response = live.call("POST", "/queries/meshql", json={"query": 'SHOW LINKS WHERE colour = "red"'})
     assert response.status_code == 422
@@ -353,6 +376,20 @@ def test_mcp_client_lists_and_calls_the_same_tools_as_http(live):
     tool_calls = [r for r in live.audit() if r.get("event") == "tool_call"]
     assert {("mcp", "fleet_summary"), ("http", "host_latency"), ("mcp", "host_latency")} <= \
         {(r["transport"], r["tool"]) for r in tool_calls}
+
+
+def test_one_rate_limit_for_both_transports(live):
+    """The limited key's burst of 2 is spent over HTTP; MCP is then refused the same way
+    (429 before the tool runs), and the audit log shows both."""
+    statuses = [live.call("POST", "/api/v1/tools/fleet_summary", key="limited", json={}).status_code
+                for _ in range(2)]
+    mcp = live.call("POST", "/mcp", key="limited", headers={"Accept": "application/json, text/event-stream"},
+                    json={"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                          "params": {"name": "fleet_summary", "arguments": {}}})
+    assert statuses == [200, 200] and mcp.status_code == 429 and mcp.headers["Retry-After"]
+    assert mcp.json()["error"]["code"] == "rate_limited"
+    audited = [(r["path"], r["status"]) for r in live.audit() if r["event"] == "request" and r["key_id"] == "limited"]
+    assert ("/mcp", 429) in audited and audited.count(("/api/v1/tools/fleet_summary", 200)) == 2
 
 
 def test_mcp_has_no_stream_to_get_or_session_to_delete(live):

@@ -181,6 +181,7 @@ def worker(rank: int, backend: str, library: str, control, progress, ready, go, 
         import torch.distributed as dist
 
         torch.cuda.set_device(rank)
+        torch.cuda.nccl.version()                  # libnccl is loaded (and probed) before init
         ready.set()
         go.wait()
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -454,13 +455,15 @@ def main() -> int:
     finally:
         control[0], control[1] = 0.0, 0.0
         control[2] = max(progress) + 20
+        deadline = time.time() + 45                    # the whole run stays within 8 minutes
         for proc in procs:
-            proc.join(timeout=60)
+            proc.join(timeout=max(0.1, deadline - time.time()))
             if proc.is_alive():
                 proc.kill()
         exporter.stop()
     results["summary"] = summarise(results)
     bench.log("SUMMARY " + json.dumps(results["summary"], indent=1))
+    bench.log(f"total {time.time() - bench.t_start:.0f} s")
     out = os.environ.get("OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from . import discovery
 from .commid import comm_label, fold_words, splitmix64, unique_id_hash
@@ -63,8 +64,9 @@ PROBES = [
 ]
 
 
-@dataclass(frozen=True)
-class NcclEvent:
+class NcclEvent(NamedTuple):
+    """One decoded record. A NamedTuple, not a dataclass: decoding runs once per NCCL call
+    entry and return, and building a frozen dataclass cost 4x the unpacking (docs/cost.md)."""
     ts_ns: int
     comm: int
     count: int

@@ -23,7 +23,7 @@ from ..errors import ApiError
 from .executor import Caller
 from .mcp_bridge import REQUEST_TIMEOUT as MCP_TIMEOUT, McpBridge
 from .service import QueryService
-from .tools import ToolError, ToolRegistry, build_tools, classify
+from .tools import ToolRegistry, build_tools, classify
 
 bp = APIBlueprint("query", __name__, tag="Query")
 EXTENSION = "fabricscope.query"
@@ -56,28 +56,21 @@ def setup(app, state) -> None:
     state.capabilities.update({"query_catalog", "meshql", "nl_query", "tools_endpoint", "mcp"})
 
 
-def _raise(exc: Exception):
-    error = classify(exc)
-    raise ApiError(error.status, error.message, code=error.code, detail=error.detail,
-                   headers=error.headers or None) from None
-
-
 def _caller() -> Caller:
     return Caller(current_key(), current_app._get_current_object())
 
 
 def _run(function, *args) -> Any:
+    """Call a query-layer operation; its failures leave as the same JSON errors the tool
+    endpoints return (classify). An unexpected exception stays one: the sidecar's 500."""
     try:
         return function(*args)
-    except ToolError as exc:
-        _raise(exc)
-    except ApiError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - mapped to the shared error shape
+    except Exception as exc:  # noqa: BLE001 - mapped below, or re-raised
         error = classify(exc)
-        if error.status >= 500 and error.code == "internal_error":
+        if error.code == "internal_error":
             raise
-        _raise(exc)
+        raise ApiError(error.status, error.message, code=error.code, detail=error.detail,
+                       headers=error.headers or None) from None
 
 
 @bp.get("/ai/query/catalog")

@@ -76,7 +76,7 @@ class Storage:
     def save_correlations(self, done_span_pks: list[int], correlations: list[Correlation]) -> None:
         raise NotImplementedError
     def release_claims(self, span_pks: list[int]) -> None: raise NotImplementedError
-    def count_pending_violations(self) -> int: raise NotImplementedError
+    def count_pending_violations(self, trace_id: str | None = None) -> int: raise NotImplementedError
     def correlations(self, trace_id: str | None = None, since_ms: int | None = None,
                      limit: int = 500) -> list[dict]: raise NotImplementedError
     # alerts -------------------------------------------------------------------------

@@ -161,9 +161,13 @@ class SqlStorage(Storage):
             cur.executemany(self._sql("UPDATE spans SET claim_until_ms = NULL WHERE pk = ?"),
                             [(pk,) for pk in span_pks])
 
-    def count_pending_violations(self):
+    def count_pending_violations(self, trace_id=None):
         with self._transaction(write=False) as cur:
-            self._execute(cur, "SELECT COUNT(*) FROM spans WHERE correlation_state = 'pending'")
+            if trace_id is None:
+                self._execute(cur, "SELECT COUNT(*) FROM spans WHERE correlation_state = 'pending'")
+            else:
+                self._execute(cur, "SELECT COUNT(*) FROM spans WHERE correlation_state = 'pending' AND trace_id = ?",
+                              (trace_id,))
             return int(cur.fetchone()[0])
 
     def correlations(self, trace_id=None, since_ms=None, limit=500):

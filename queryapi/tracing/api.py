@@ -192,7 +192,8 @@ class CorrelationOut(BaseModel):
 
 class CorrelationsOut(BaseModel):
     correlations: list[CorrelationOut]
-    pending: int = Field(description="violations not yet evaluated against Prometheus")
+    pending: int = Field(description="violations (of the trace, when trace_id is given) not yet evaluated "
+                                     "against Prometheus")
 
 
 @bp.get("/tracing/correlations")
@@ -204,7 +205,7 @@ def correlations(query_data: CorrelationsQuery):
     storage = sidecar().storage
     since = int((time.time() - query_data.window_seconds) * 1000) if query_data.window_seconds else None
     rows = storage.correlations(trace_id=query_data.trace_id, since_ms=since, limit=query_data.limit)
-    return {"correlations": rows, "pending": storage.count_pending_violations()}
+    return {"correlations": rows, "pending": storage.count_pending_violations(query_data.trace_id)}
 
 
 class SlosOut(BaseModel):
