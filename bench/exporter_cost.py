@@ -176,8 +176,8 @@ class Exporter:
 # ---- profile summary -----------------------------------------------------------------------------
 
 CATEGORIES = [   # (label, substring of a frame) - first match from the leaf up wins
-    ("NCCL process discovery (/proc scan)", ("discovery.py", "rescan")),
-    ("NCCL events in Python (decode + tracker)", ("uprobe.py", "tracker.py")),
+    ("NCCL process discovery (/proc reads)", ("discovery.py", "rescan", "_look_at_hinted", "_forget_exited")),
+    ("NCCL events (ring buffer, decode, tracker)", ("uprobe.py", "tracker.py", "RingBuffer")),
     ("ebpf tracked-process scan (/proc/*/fd)", ("processes.py",)),
     ("eBPF map reads", ("libbpf.py", "kernel_source.py", "counters.py", "histogram.py")),
     ("NVML sampling", ("sampler.py", "nvml/real.py")),
@@ -196,7 +196,7 @@ def summarise_profile(raw: Path) -> list[tuple[str, float]]:
         n = int(count)
         all_samples += n
         frames = stack.split(";")
-        label = "other (threads idle in Python, imports, logging)"
+        label = "other (thread start-up, logging, waits py-spy counts as running)"
         for frame in reversed(frames):
             hit = next((name for name, needles in CATEGORIES if any(k in frame for k in needles)), None)
             if hit:
@@ -256,7 +256,7 @@ def main() -> int:
                 py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
                 target = next(e for e in exporters if e.name == "all")
                 profiler = subprocess.Popen([py_spy, "record", "-p", str(target.proc.pid), "-d", str(int(args.seconds)),
-                                             "-r", "200", "-f", "raw", "--threads", "-o",
+                                             "-r", "100", "--nonblocking", "-f", "raw", "--threads", "-o",
                                              str(args.profile / "all.txt")],
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             start_cpu = {e.name: cpu_seconds(e.proc.pid) for e in exporters}

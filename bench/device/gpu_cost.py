@@ -211,18 +211,23 @@ def fake_rank_main(rank: int, port: int, stop, steps, step_seconds: float) -> No
         os.waitpid(pid, 0)
 
 
+class SyntheticSamples:
+    """A map-style data set of random samples. At module level: DataLoader workers are
+    spawned processes, which unpickle the data set by its qualified name."""
+
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def __getitem__(self, index: int):
+        import torch
+        return torch.randn(1024), torch.randn(1024)
+
+
 def rank_main(rank: int, port: int, stop, steps, step_seconds: float) -> None:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-    from torch.utils.data import DataLoader, Dataset
-
-    class Synthetic(Dataset):
-        def __len__(self) -> int:
-            return 1 << 30
-
-        def __getitem__(self, index: int):
-            return torch.randn(1024), torch.randn(1024)
+    from torch.utils.data import DataLoader
 
     torch.cuda.set_device(rank)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -231,7 +236,7 @@ def rank_main(rank: int, port: int, stop, steps, step_seconds: float) -> None:
     # Small buckets: several all-reduces per step, as a larger model's backward makes.
     ddp = DistributedDataParallel(model, device_ids=[rank], bucket_cap_mb=4)
     optimiser = torch.optim.SGD(ddp.parameters(), lr=1e-4)
-    loader = DataLoader(Synthetic(), batch_size=256, num_workers=8, persistent_workers=True, prefetch_factor=4)
+    loader = DataLoader(SyntheticSamples(), batch_size=256, num_workers=8, persistent_workers=True, prefetch_factor=4)
     for x, y in loader:
         if stop.is_set():
             break

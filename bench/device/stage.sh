@@ -19,15 +19,30 @@ done
 # by file from the venv: pure Python, or abi3 wheels that load in any CPython 3 on x86-64.
 rm -rf bench/device/vendor && mkdir -p bench/device/vendor
 .venv/bin/python - <<'PY'
-import re, shutil
+import shutil
+
+from packaging.requirements import Requirement
 from importlib import metadata
 from pathlib import Path
 
 out = Path("bench/device/vendor")
-for requirement in metadata.requires("fabricscope") or []:
-    if "extra ==" in requirement:
+
+
+def names(requirements):
+    """Distribution names of the requirements that hold on Linux without an extra."""
+    wanted = [Requirement(r) for r in requirements or []]
+    return [r.name for r in wanted if r.marker is None or r.marker.evaluate({"extra": ""})]
+
+
+# The core dependencies and theirs, transitively (cheroot needs jaraco.functools, say).
+pending, seen = names(metadata.requires("fabricscope")), set()
+while pending:
+    name = pending.pop()
+    if name.lower() in seen:
         continue
-    dist = metadata.distribution(re.split(r"[ <>=!~;\[]", requirement, maxsplit=1)[0])
+    seen.add(name.lower())
+    dist = metadata.distribution(name)
+    pending += names(dist.requires)
     for file in dist.files or []:
         if "__pycache__" in file.parts or file.parts[0].endswith((".dist-info", "..")) or str(file).startswith(".."):
             continue

@@ -25,7 +25,7 @@ local util = import 'util.libsonnet';
     },
   } + (if keepFiringFor == null then {} else { keep_firing_for: keepFiringFor }),
 
-  // ---- TCP microbursts (seed §14.2) --------------------------------------------------
+  // ---- TCP microbursts -------------------------------------------------------------
   local microburst(multiplier, severity) = alert(
     'FabricTcpMicroburst',
     severity,
@@ -46,7 +46,7 @@ local util = import 'util.libsonnet';
     keepFiringFor=cfg.keepFiringFor.microburst,
   ),
 
-  // ---- InfiniBand (seed 003) ---------------------------------------------------------
+  // ---- InfiniBand ---------------------------------------------------------------------
   local port = by([cfg.nodeLabel, 'device', 'port']),
 
   // A port that stopped working after it worked. Codes 4 (ACTIVE) and 5 (ACTIVE_DEFER)
