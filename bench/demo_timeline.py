@@ -30,16 +30,20 @@ from fabricscope.demo.scenario import default_scenario_path, load_scenario  # no
 
 LINE = re.compile(r"^\d\d:\d\d:\d\d \[(?P<receiver>[^\]]+)\] (?P<status>FIRING|RESOLVED) (?P<name>\S+) "
                   r"\((?P<severity>[^)]*)\) (?P<labels>.*?)(?: - (?P<summary>.*))?$")
-# Which labels of an alert point at the fault that caused it.
-FAULT_MATCH = {
-    "mlx5_fatal": lambda f, lab: lab.get("node") == f.node,
-    "symbol_error_storm": lambda f, lab: lab.get("node") == f.node and lab.get("device") == f.target.get("device"),
-    "link_flap": lambda f, lab: lab.get("node") == f.node and lab.get("device") == f.target.get("device"),
-    "link_down": lambda f, lab: lab.get("node") == f.node and lab.get("device") == f.target.get("device"),
-    "microburst": lambda f, lab: lab.get("node") == f.node and lab.get("device") is None,
-    "nccl_hang": lambda f, lab: "comm" in lab,
-    "straggler_rank": lambda f, lab: "comm" in lab,
-    "nvlink_down": lambda f, lab: lab.get("node") == f.node and "device" not in lab,
+# Which alerts can come from each kind of fault: alert names, then the labels that must
+# point at the fault's target.
+FAULT_ALERTS = {
+    "mlx5_fatal": (r"FabricKernelLog.*", lambda f, lab: lab.get("node") == f.node),
+    "symbol_error_storm": (r"FabricInfiniband.*",
+                           lambda f, lab: lab.get("node") == f.node and lab.get("device") == f.target.get("device")),
+    "link_flap": (r"FabricInfiniband.*|FabricKernelLogNonFatal", lambda f, lab: lab.get("node") == f.node and (
+        lab.get("device") == f.target.get("device") or "pattern" in lab)),
+    "link_down": (r"FabricInfiniband.*|FabricKernelLogNonFatal", lambda f, lab: lab.get("node") == f.node and (
+        lab.get("device") == f.target.get("device") or "pattern" in lab)),
+    "microburst": (r"FabricTcp.*", lambda f, lab: lab.get("node") == f.node),
+    "nccl_hang": (r"FabricNccl.*", lambda f, lab: True),
+    "straggler_rank": (r"FabricNccl.*", lambda f, lab: True),
+    "nvlink_down": (r"Fabric(Nvlink|GpuXid).*", lambda f, lab: lab.get("node") == f.node),
 }
 
 
@@ -71,18 +75,25 @@ def run_stack(duration: float, workdir: Path) -> tuple[list[dict], str]:
     return events, "".join(banner)
 
 
-def first_firing(events: list[dict]) -> list[dict]:
-    """The first FIRING line of each distinct alert (name + labels); later lines repeat it
-    in group updates."""
-    seen, out = set(), []
+def episodes(events: list[dict]) -> list[dict]:
+    """The first FIRING line of each alert episode (name + labels, until RESOLVED); later
+    FIRING lines of the same episode are the group's updates repeating it."""
+    open_, out = set(), []
     for event in events:
-        if event["status"] != "FIRING":
-            continue
         key = (event["name"], json.dumps(event["labels"], sort_keys=True))
-        if key not in seen:
-            seen.add(key)
+        if event["status"] == "RESOLVED":
+            open_.discard(key)
+        elif key not in open_:
+            open_.add(key)
             out.append(event)
     return out
+
+
+def cause(alert: dict, faults: list) -> object | None:
+    """The latest fault started before the alert that can explain it."""
+    candidates = [f for f in faults if f.start <= alert["t"] and re.fullmatch(FAULT_ALERTS[f.kind][0], alert["name"])
+                  and FAULT_ALERTS[f.kind][1](f, alert["labels"])]
+    return max(candidates, key=lambda f: f.start, default=None)
 
 
 def notifications(events: list[dict]) -> list[tuple[float, str]]:
@@ -100,29 +111,37 @@ def main() -> int:
         events, banner = run_stack(args.duration, Path(tmp))
     if args.out:
         args.out.write_text(json.dumps(events, indent=1) + "\n")
-    alerts = first_firing(events)
-    claimed: set[int] = set()
+    alerts = episodes(events)
+    faults = sorted(scenario.faults, key=lambda f: f.start)
+    by_fault: dict[int, list[dict]] = {}
+    unexplained = []
+    for alert in alerts:
+        fault = cause(alert, faults)
+        if fault is None:
+            unexplained.append(alert)
+        else:
+            by_fault.setdefault(id(fault), []).append(alert)
     print(f"fault timeline of {scenario.source}, {len(events)} notification lines, "
           f"{len(notifications(events))} notifications\n")
-    print("| scripted fault (window, s) | alerts, first notification (s after start; after fault start) |")
+    print("| scripted fault (window, s) | alerts notified (first notification: s after start, s after fault start) |")
     print("|---|---|")
-    for fault in sorted(scenario.faults, key=lambda f: f.start):
-        end = fault.end if fault.end is not None else fault.start + float(
-            fault.params.get("count", 1)) * float(fault.params.get("period_seconds", 0))
-        mine = [i for i, a in enumerate(alerts) if i not in claimed and fault.start <= a["t"] <= end + 300
-                and FAULT_MATCH[fault.kind](fault, a["labels"])]
-        claimed.update(mine)
-        cells = [f"`{alerts[i]['name']}` {alerts[i]['severity']} at {alerts[i]['t']:.0f} (+{alerts[i]['t'] - fault.start:.0f})"
-                 + (" after the fault ended" if alerts[i]["t"] > end else "") for i in mine]
-        where = fault.node or "cluster-wide"
-        print(f"| {fault.kind} {where} {fault.start:g}–{end:g} | {'; '.join(cells) or 'nothing'} |")
-    quiet = [a for i, a in enumerate(alerts) if i not in claimed]
-    print("\nfirst notifications of alerts matched to no fault:")
-    for alert in quiet or [{"t": 0, "name": "none", "severity": "", "labels": {}}]:
+    for fault in faults:
+        cells, seen = [], {}
+        for alert in by_fault.get(id(fault), []):
+            key = (alert["name"], alert["severity"], alert["t"])
+            seen[key] = seen.get(key, 0) + 1
+        for (name, severity, t), count in seen.items():
+            late = " (after the fault ended)" if fault.end is not None and t > fault.end else ""
+            times = f" ×{count}" if count > 1 else ""
+            cells.append(f"`{name}` {severity}{times} at {t:.0f} (+{t - fault.start:.0f}){late}")
+        end = f"{fault.end:g}" if fault.end is not None else "end"
+        print(f"| {fault.kind} {fault.node or 'cluster-wide'} {fault.start:g}–{end} | {'; '.join(cells) or 'nothing'} |")
+    print("\nalerts no scripted fault explains:")
+    for alert in unexplained or [{"t": 0, "name": "none", "severity": "", "labels": {}}]:
         print(f"  {alert['t']:7.1f}s {alert['name']} {alert['severity']} {alert['labels']}")
-    healthy_end = min(f.start for f in scenario.faults)
+    healthy_end = faults[0].start
     early = [e for e in events if e["t"] < healthy_end]
-    print(f"\nnotifications before the first fault ({healthy_end:g}s): {len(early)}")
+    print(f"\nnotification lines before the first fault ({healthy_end:g}s): {len(early)}")
     if not events:
         print(banner, file=sys.stderr)
         return 1
