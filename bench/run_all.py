@@ -21,6 +21,7 @@ RUNS = [
     ("rule evaluation on a 1,024-GPU cluster", ["rule_eval_cost.py", "--duration", "120"], False),
     ("NL query accuracy and latency without an LLM", ["query_accuracy.py"], False),
     ("chaos blast radius at 1k, 16k and 100k GPUs", ["chaos_blast_radius.py"], False),
+    ("sidecar: span ingest, correlation latency, mixed load", ["sidecar_load.py"], False),
 ]
 
 

@@ -19,7 +19,9 @@ impact_score = 0.4 * affected_devices / total_devices + 0.6 * affected_jobs / to
 """
 from __future__ import annotations
 
+import bisect
 import difflib
+import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -29,6 +31,7 @@ from .model import LINK_KINDS, SWITCH_KINDS, Topology
 
 FAILURE_TYPES = ("device_failure", "power_failure", "rack_failure", "switch_failure")
 DEVICE_WEIGHT, JOB_WEIGHT = 0.4, 0.6
+SUGGESTION_WINDOW = 200
 MAX_PATH = 10_000          # a whole-cluster failure lists the first 10k steps, says it cut the rest
 
 
@@ -49,8 +52,13 @@ def impact_score(affected_devices: int, total_devices: int, affected_jobs: int, 
 
 
 def _unknown_device(topology: Topology, device: str) -> ChaosInputError:
-    candidates = list(topology.devices()) + list(topology.racks)
-    close = difflib.get_close_matches(device, candidates, n=5, cutoff=0.6)
+    # Suggestions come from the names sorted next to the request (a typo past the first
+    # characters lands beside the intended name), so a bad name costs the same on 300k
+    # devices as on 30.
+    names = topology.sorted_names()
+    at = bisect.bisect_left(names, device)
+    neighbourhood = names[max(0, at - SUGGESTION_WINDOW):at + SUGGESTION_WINDOW]
+    close = difflib.get_close_matches(device, neighbourhood, n=5, cutoff=0.6)
     hint = f"; close matches: {', '.join(close)}" if close else ""
     return ChaosInputError("device", f"unknown device {device!r} (the topology has {len(topology)} devices"
                                      f"{hint})", close)
@@ -128,33 +136,31 @@ class BlastRadiusEngine:
         return self.compact.version
 
     def simulate(self, device: str, failure_type: str = "device_failure", include_jobs: bool = True) -> BlastResult:
-        import time
         began = time.perf_counter()
         first = initial_failures(self.topology, device, failure_type)
         c = self.compact
         outcome = c.simulate(np.array([c.index[d] for d in first], dtype=np.int32))
         names = c.names
+        removed, cut = outcome.removed.tolist(), outcome.cut_devices.tolist()
+        # Partition names once per distinct bitmask (a whole-cluster failure has few).
+        masks = outcome.cut_lost.tolist()
+        lost_of = {m: [p for k, p in enumerate(c.partitions) if m >> k & 1] for m in set(masks)}
+        disconnected = {names[d]: lost_of[m] for d, m in zip(cut, masks)}
+        # The path: removals in the order they went down, then the cut-off devices in BFS
+        # order, each with the device it hung from. Built only as far as it is returned.
         reason_of_first = {"rack_failure": "rack", "power_failure": "power_domain"}.get(failure_type, "failed")
         path: list[dict] = []
-        for dev, cause, reason in zip(outcome.removed.tolist(), outcome.removed_cause.tolist(), outcome.removed_reason):
+        for dev, cause, reason in zip(removed[:MAX_PATH], outcome.removed_cause.tolist(), outcome.removed_reason):
             path.append({"device": names[dev], "via": None if cause < 0 else names[cause],
                          "reason": reason_of_first if reason == "failed" else reason})
-        graph = self.topology.graph
-        disconnected = {}
-        lost_names: dict[int, list[str]] = {}      # partition bitmask -> names, once per mask
-        for dev, cause, kind, mask in zip(outcome.cut_devices.tolist(), outcome.cut_cause.tolist(),
-                                          outcome.cut_link_kind.tolist(), outcome.cut_lost.tolist()):
-            lost = lost_names.get(mask)
-            if lost is None:
-                lost = lost_names[mask] = [p for k, p in enumerate(c.partitions) if mask >> k & 1]
-            name = names[dev]
-            path.append({"device": name, "via": names[cause], "reason": f"lost {', '.join(lost)} ({LINK_KINDS[kind]} link)"})
-            disconnected[name] = lost
-        affected = sorted({names[d] for d in outcome.removed.tolist()} | set(disconnected))
-        by_kind: dict[str, int] = {}
-        for name in affected:
-            kind = graph.nodes[name]["kind"]
-            by_kind[kind] = by_kind.get(kind, 0) + 1
+        room = MAX_PATH - len(path)
+        for dev, cause, kind, mask in zip(cut[:room], outcome.cut_cause.tolist(), outcome.cut_link_kind.tolist(),
+                                          masks):
+            path.append({"device": names[dev], "via": names[cause],
+                         "reason": f"lost {', '.join(lost_of[mask])} ({LINK_KINDS[kind]} link)"})
+        affected_index = c.sorted_by_name(np.concatenate([outcome.removed, outcome.cut_devices]))
+        affected = [names[d] for d in affected_index.tolist()]
+        by_kind = c.count_kinds(affected_index)
         jobs = [c.job_names[j] for j in outcome.affected_jobs.tolist()]
         total_jobs = len(c.job_names)
         score = impact_score(len(affected), c.n, len(jobs), total_jobs)
@@ -162,6 +168,6 @@ class BlastRadiusEngine:
             device=device, failure_type=failure_type, topology_version=c.version, impact_score=score,
             affected_devices=affected, affected_device_count=len(affected), total_devices=c.n,
             affected_jobs=sorted(jobs) if include_jobs else None, affected_job_count=len(jobs),
-            total_active_jobs=total_jobs, removed_devices=[names[d] for d in outcome.removed.tolist()],
-            disconnected_devices=disconnected, path=path[:MAX_PATH], path_truncated=len(path) > MAX_PATH,
-            affected_by_kind=dict(sorted(by_kind.items())), elapsed_seconds=time.perf_counter() - began)
+            total_active_jobs=total_jobs, removed_devices=[names[d] for d in removed], disconnected_devices=disconnected,
+            path=path, path_truncated=len(removed) + len(cut) > MAX_PATH, affected_by_kind=by_kind,
+            elapsed_seconds=time.perf_counter() - began)

@@ -89,6 +89,13 @@ class CompactTopology:
         index = self.index
         nodes = graph.nodes
 
+        # Kinds and name order, so results count and sort with numpy, not per name.
+        self.kind_names = sorted({kind for _, kind in nodes(data="kind")})
+        kind_code = {kind: k for k, kind in enumerate(self.kind_names)}
+        self.kinds = np.array([kind_code[kind] for _, kind in nodes(data="kind")], dtype=np.int16)
+        self.name_rank = np.empty(n, dtype=INDEX)
+        self.name_rank[np.array(sorted(range(n), key=self.names.__getitem__), dtype=np.int64)] = np.arange(n)
+
         # Containment (server -> components) and power (pdu -> device).
         hosts = [(index[h], i) for i, h in enumerate(h for _, h in nodes(data="host")) if h is not None]
         rows, cols = (np.array(x, dtype=INDEX) for x in zip(*hosts)) if hosts else (np.empty(0, INDEX),) * 2
@@ -302,6 +309,15 @@ class CompactTopology:
             jobs = np.empty(0, dtype=np.int64)
         return Outcome(removed, removed_cause, reasons, cut_devices, self.state_device[via[first]],
                        link_kind[first], lost[cut_devices], jobs)
+
+    def sorted_by_name(self, devices: np.ndarray) -> np.ndarray:
+        """Distinct device indices, in the order of their names."""
+        devices = np.unique(devices)
+        return devices[np.argsort(self.name_rank[devices], kind="stable")]
+
+    def count_kinds(self, devices: np.ndarray) -> dict[str, int]:
+        counts = np.bincount(self.kinds[devices], minlength=len(self.kind_names))
+        return {kind: int(count) for kind, count in zip(self.kind_names, counts.tolist()) if count}
 
     def memory_bytes(self) -> int:
         arrays = [v for v in vars(self).values() if isinstance(v, np.ndarray)]

@@ -80,6 +80,7 @@ class Topology:
         self.racks: dict[str, set[str]] = {}
         self._digest = hashlib.blake2b(name.encode(), digest_size=8)
         self._version: str | None = None
+        self._sorted_names: tuple[str, list[str]] | None = None
 
     # ---- building -----------------------------------------------------------------------
     def _changed(self, *parts: object) -> None:
@@ -173,6 +174,12 @@ class Topology:
 
     def __len__(self) -> int:
         return self.graph.number_of_nodes()
+
+    def sorted_names(self) -> list[str]:
+        """Device and rack names in order (cached per version), for near-miss suggestions."""
+        if self._sorted_names is None or self._sorted_names[0] != self.version:
+            self._sorted_names = (self.version, sorted([*self.graph.nodes, *self.racks]))
+        return self._sorted_names[1]
 
     def kind(self, name: str) -> str:
         return self.graph.nodes[name]["kind"]

@@ -16,7 +16,7 @@ from typing import Callable
 from grafanalib import core as g
 from grafanalib._gen import DashboardEncoder
 
-from . import fleet, infiniband, node_network, nvlink_nccl
+from . import chaos, fleet, infiniband, node_network, nvlink_nccl, tracing
 
 JSON_DIR = Path(__file__).resolve().parent / "json"
 
@@ -26,6 +26,8 @@ DASHBOARDS: dict[str, Callable[[], g.Dashboard]] = {
     "node_network": node_network.dashboard,
     "infiniband": infiniband.dashboard,
     "nvlink_nccl": nvlink_nccl.dashboard,
+    "tracing": tracing.dashboard,
+    "chaos": chaos.dashboard,
 }
 
 

@@ -173,9 +173,9 @@ def timeseries(title: str, targets: Sequence, unit: str, description: str, size:
 
 def stat(title: str, targets: Sequence, unit: str, description: str, size: Size = Size(4, 4),
          thresholds: Sequence[tuple[float | None, str]] = (), links: Sequence[tuple[str, str]] = (),
-         mappings: Sequence[dict] = ()) -> g.Stat:
+         mappings: Sequence[dict] = (), datasource: dict = PROMETHEUS, fields: str = "") -> g.Stat:
     return g.Stat(
-        title=title, description=description, dataSource=PROMETHEUS, targets=_with_refs(targets),
+        title=title, description=description, dataSource=datasource, fields=fields, targets=_with_refs(targets),
         format=unit, gridPos=size, reduceCalc="lastNotNull", graphMode="area", colorMode="background",
         thresholds=_threshold_steps(list(thresholds) or DEFAULT_STEPS), mappings=list(mappings),
         extraJson=_data_links(links))
@@ -275,13 +275,14 @@ def layout(panels: Sequence[g.Panel]) -> list[g.Panel]:
 
 # ---------------------------------------------------------------------------- dashboard
 
-def alert_annotations(*scope: str) -> g.Annotations:
-    """Firing alerts of the selected scope, critical in red and warning in orange."""
-    where = matchers("cluster", *scope)
+def alert_annotations(scope: Sequence[str]) -> g.Annotations:
+    """Firing alerts of the selected scope (dashboard variables), critical in red and
+    warning in orange."""
     return g.Annotations(list=[{
         "datasource": PROMETHEUS, "enable": True, "hide": False, "iconColor": color,
         "name": f"{severity.capitalize()} alerts",
-        "expr": f'ALERTS{{alertstate="firing", severity="{severity}", {where}}}',
+        "expr": "ALERTS{" + ", ".join(['alertstate="firing"', f'severity="{severity}"', *(
+            [matchers(*scope)] if scope else [])]) + "}",
         "step": "30s", "titleFormat": "{{alertname}}", "textFormat": "{{node}} {{device}} {{gpu}} {{comm}} {{rank}}",
         "tagKeys": "severity,node", "useValueForTime": False,
     } for severity, color in (("critical", "red"), ("warning", "orange"))])
@@ -295,11 +296,11 @@ def dashboard_link(uid: str, title: str, **variables: str) -> tuple[str, str]:
 
 
 def dashboard(module_file: str, title: str, description: str, variables: Sequence[g.Template],
-              panels: Sequence[g.Panel], annotation_scope: Sequence[str] = ()) -> g.Dashboard:
+              panels: Sequence[g.Panel], annotation_scope: Sequence[str] = ("cluster",)) -> g.Dashboard:
     return g.Dashboard(
         title=title, uid=uid_for(module_file), description=description, tags=[TAG],
         timezone="utc", refresh="30s", time=g.Time("now-1h", "now"), editable=True,
-        templating=g.Templating(list=list(variables)), annotations=alert_annotations(*annotation_scope),
+        templating=g.Templating(list=list(variables)), annotations=alert_annotations(annotation_scope),
         links=[g.DashboardLink(title="fabricscope", type="dashboards", tags=[TAG], asDropdown=True,
                                includeVars=True, keepTime=True)],
         panels=layout(panels))

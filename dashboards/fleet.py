@@ -22,17 +22,18 @@ HEALTH = f"""max by (cluster, node) (
 )"""
 HEALTH_STATES = [(0, "healthy", "green"), (1, "degraded", "orange"), (2, "fatal", "red")]
 
-# Per-rank arrival lag over 5 minutes (recorded by rules/): how late each rank enters the
-# collectives of its communicator, relative to the first rank in.
-LAG = f'comm_rank:fabric_nccl_arrival_lag_seconds:mean5m{{{c.matchers("cluster")}}}'
+# How much later than the median rank each rank enters its collectives (recorded by
+# rules/, the statistic the straggler alert uses).
+DEVIATION = f'comm_rank:fabric_nccl_arrival_lag_seconds:deviation1m{{{c.matchers("cluster")}}}'
 
-# What stragglers cost: in every collective each rank waits for the last one in, i.e.
-# (max lag of its comm - its own lag); times the collectives per second, that is GPU-seconds
-# idle per second, i.e. GPUs idle on average; times the operator's $/GPU-hour.
+# What stragglers cost: step_share1m is the share of the job's time the other ranks of the
+# communicator wait for a rank (its lag past the median × collectives per second); times
+# those other ranks, it is the number of GPUs idle on average; times the operator's
+# $/GPU-hour, dollars per hour.
 IDLE_GPUS = f"""sum by (cluster, comm) (
-  (max by (cluster, comm) ({LAG}) - on (cluster, comm) group_right () ({LAG}))
-  * on (cluster, comm, rank) group_left
-  sum by (cluster, comm, rank) (rate(fabric_nccl_calls_total{{{SCOPE}}}[{c.RATE}]))
+  comm_rank:fabric_nccl_arrival_lag:step_share1m{{{c.matchers("cluster")}}}
+  * on (cluster, comm) group_left ()
+  (comm:fabric_nccl_arrival_lag_seconds:ranks1m{{{c.matchers("cluster")}}} - 1)
 )"""
 STRAGGLER_COST = f"sum({IDLE_GPUS}) * $gpu_hour_usd"
 
@@ -70,9 +71,9 @@ def dashboard() -> g.Dashboard:
                "Firing alerts with severity=warning (they open tickets).",
                thresholds=[(None, "green"), (1, "orange")]),
         c.stat("Straggler cost now", [c.prom(STRAGGLER_COST, instant=True)], "currencyUSD",
-               "Dollars per hour of GPU time spent waiting for late ranks: for every collective, each rank "
-               "waits for the last one in (max arrival lag of its communicator minus its own), times "
-               "collectives per second, times the $ per GPU-hour variable.",
+               "Dollars per hour of GPU time spent waiting for late ranks: the share of step time the other "
+               "ranks wait for each rank (lag past the median × collectives per second), times those ranks, "
+               "times the $ per GPU-hour variable.",
                thresholds=[(None, "green"), (10, "orange"), (100, "red")]),
         c.timeline("Node health", [c.prom(HEALTH, legend="{{node}}")],
                    "Per node: healthy, degraded (warning alert) or fatal (critical alert or exporter down). "
@@ -88,10 +89,10 @@ def dashboard() -> g.Dashboard:
             links=[c.dashboard_link(infiniband.UID, "InfiniBand view of ${__data.fields.node} ${__data.fields.device}",
                                     cluster="${cluster}", node="${__data.fields.node}",
                                     device="${__data.fields.device}")]),
-        c.table("Slowest ranks", [c.prom(f"topk(10, {LAG} > 0)", instant=True, table=True)], "s",
-                "The ten ranks entering their collectives latest, relative to the first rank of their "
-                "communicator (mean over 5 minutes). Click a row for that rank.",
-                size=c.Size(12, 8), renames={"Value": "arrival lag"},
+        c.table("Slowest ranks", [c.prom(f"topk(10, {DEVIATION} > 0)", instant=True, table=True)], "s",
+                "The ten ranks entering their collectives latest, relative to the median rank of their "
+                "communicator (mean over 1 minute). Click a row for that rank.",
+                size=c.Size(12, 8), renames={"Value": "late by"},
                 links=[c.dashboard_link(nvlink_nccl.UID, "NCCL view of comm ${__data.fields.comm} rank ${__data.fields.rank}",
                                         cluster="${cluster}", comm="${__data.fields.comm}",
                                         rank="${__data.fields.rank}")]),
@@ -99,13 +100,13 @@ def dashboard() -> g.Dashboard:
             c.prom(f"""topk(10, sum by (cluster, node, gpu, link) (
                          rate(fabric_nvlink_errors_total{{{SCOPE}}}[{c.RATE}])) > 0)""", instant=True, table=True),
             c.prom(f"sum by (cluster, node, gpu, link) (fabric_nvlink_state{{{SCOPE}}}) == 0",
-                   instant=True, table=True)], "eps",
+                   instant=True, table=True)], "none",
             "NVLink links counting errors (per second), and links that are down (state 0).",
             size=c.Size(12, 8), renames={"Value #A": "errors/s", "Value #B": "state (0 = down)"},
             links=[c.dashboard_link(nvlink_nccl.UID, "NVLink view of ${__data.fields.node} GPU ${__data.fields.gpu}",
                                     cluster="${cluster}", node="${__data.fields.node}", gpu="${__data.fields.gpu}")]),
         c.timeseries("Idle GPUs waiting for stragglers", [c.prom(IDLE_GPUS, legend="comm {{comm}}")], "none",
-                     "GPU-seconds per second spent waiting for the last rank of each communicator: "
+                     "GPU-seconds per second spent waiting for late ranks of each communicator: "
                      "the number of GPUs idle on average.", size=c.Size(12, 8)),
         c.row("Alerts and exporters"),
         c.timeseries("Firing alerts", [c.prom(

@@ -40,12 +40,12 @@ def dashboard() -> g.Dashboard:
         c.stat("Fatal ports", [c.prom(f"sum(fabric_infiniband_port_fatal{{{SEL}}}) or vector(0)", instant=True)],
                "none", "Ports the exporter calls fatal: state DOWN, physical state Disabled or a fatal counter breach.",
                thresholds=[(None, "green"), (1, "red")], size=c.Size(6, 4)),
-        c.stat("Breached counters", [c.prom(
+        c.stat("Counters over threshold", [c.prom(
             f"sum(fabric_infiniband_port_counter_breached{{{SEL}}}) or vector(0)", instant=True)], "none",
             "Counters over their fatal or non-fatal threshold (latched by the exporter until recovery).",
             thresholds=[(None, "green"), (1, "orange")], size=c.Size(6, 4)),
         c.stat(f"Link-down transitions ({flap_window})", [c.prom(
-            f"sum(increase(fabric_infiniband_port_down_transitions_total{{{SEL}}}[{flap_window}])) or vector(0)",
+            f"round(sum(increase(fabric_infiniband_port_down_transitions_total{{{SEL}}}[{flap_window}]))) or vector(0)",
             instant=True)], "none", f"ACTIVE → not ACTIVE transitions seen in the last {flap_window}.",
             thresholds=[(None, "green"), (1, "orange"), (flaps, "red")], size=c.Size(6, 4)),
         c.stat("Missing devices", [c.prom(f"sum(fabric_infiniband_device_missing{{{SEL}}}) or vector(0)",
@@ -109,4 +109,4 @@ def dashboard() -> g.Dashboard:
     ]
     return c.dashboard(__file__, TITLE, "InfiniBand/RoCE port state, errors, BER, traffic and flaps.",
                        c.fleet_variables(c.node_variable(), device_variable()), panels,
-                       annotation_scope=("node", "device"))
+                       annotation_scope=("cluster", "node", "device"))

@@ -167,3 +167,49 @@ def resolve_variables(dashboard: dict, label_values: Callable[[str, str | None],
 
 def referenced_variables(text: str) -> set[str]:
     return {match["braced"] or match["plain"] for match in VARIABLE.finditer(text)}
+
+
+# ------------------------------------------------------------------ Infinity (sidecar) panels
+
+@dataclass
+class InfinityRequest:
+    """The HTTP request the Infinity datasource sends for one target: relative URL joined
+    to the datasource's base URL, query parameters and JSON body with variables
+    substituted; the datasource adds its own authentication."""
+    method: str
+    url: str
+    params: list[tuple[str, str]]
+    body: str | None
+    root_selector: str
+    columns: list[dict]
+
+
+def infinity_targets(name: str, dashboard: dict) -> list[tuple[dict, dict]]:
+    return [(panel, target) for panel in panels(dashboard) for target in panel.get("targets", [])
+            if datasource_type(dashboard, target_datasource(panel, target)) == "yesoreyeram-infinity-datasource"]
+
+
+def infinity_request(target: dict, variables: Variables, base_url: str) -> InfinityRequest:
+    options = target.get("url_options") or {}
+    body = options.get("data") or None
+    return InfinityRequest(
+        method=options.get("method", "GET"),
+        url=base_url.rstrip("/") + variables.substitute(target["url"]),
+        params=[(p["key"], variables.substitute(p["value"])) for p in options.get("params", [])],
+        body=variables.substitute(body) if body else None,
+        root_selector=target.get("root_selector", ""),
+        columns=target.get("columns", []))
+
+
+def infinity_rows(document: Any, root_selector: str) -> list[dict]:
+    """The rows Infinity's backend parser makes of a JSON document: the value at the
+    dotted root selector, a list of objects (one row each) or one object (one row)."""
+    value = document
+    for part in filter(None, root_selector.split(".")):
+        if not isinstance(value, dict) or part not in value:
+            raise DashboardModelError(f"root selector {root_selector!r}: no {part!r} in the response")
+        value = value[part]
+    rows = value if isinstance(value, list) else [value]
+    if not all(isinstance(row, dict) for row in rows):
+        raise DashboardModelError(f"root selector {root_selector!r} does not lead to objects")
+    return rows

@@ -120,7 +120,7 @@ def dashboard() -> g.Dashboard:
     ]
     board = c.dashboard(__file__, TITLE, "eBPF TCP latency and loss, scheduler and system-call pressure, and "
                         "interfaces of the selected nodes.",
-                        c.fleet_variables(c.node_variable()), panels, annotation_scope=("node",))
+                        c.fleet_variables(c.node_variable()), panels, annotation_scope=("cluster", "node"))
     board.annotations.list.append({
         "datasource": c.PROMETHEUS, "enable": True, "hide": False, "iconColor": "blue", "name": "Microbursts",
         "expr": f'ALERTS{{alertname="FabricTcpMicroburst", alertstate="firing", {c.matchers("cluster", "node")}}}',

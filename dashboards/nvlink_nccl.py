@@ -17,13 +17,14 @@ NCCL_SEL = c.matchers("cluster", "job", "node", "comm", "rank")
 RANK = "comm, rank"
 RANK_LEGEND = "comm {{comm}} rank {{rank}}"
 
-LAG = f'comm_rank:fabric_nccl_arrival_lag_seconds:mean5m{{{c.matchers("cluster", "comm")}}}'
-# Median and median absolute deviation of the ranks' arrival lag within each communicator:
-# the same robust statistics the straggler alert applies.
-LAG_MEDIAN = f"quantile by (cluster, comm) (0.5, {LAG})"
-LAG_DEVIATION = f"({LAG} - on (cluster, comm) group_left () ({LAG_MEDIAN}))"
-LAG_MAD = f"quantile by (cluster, comm) (0.5, abs{LAG_DEVIATION})"
-MAD_SCORE = f"{LAG_DEVIATION} / on (cluster, comm) group_left () ({LAG_MAD} > 0)"
+# The straggler statistics are the recording rules the FabricNcclStragglerRank alert is
+# built on (rules/): one home for the judgement, the panels only show it.
+COMM_SEL = c.matchers("cluster", "comm")
+LAG = f"comm_rank:fabric_nccl_arrival_lag_seconds:mean1m{{{COMM_SEL}}}"
+DEVIATION = f"comm_rank:fabric_nccl_arrival_lag_seconds:deviation1m{{{COMM_SEL}}}"
+MAD = f"comm:fabric_nccl_arrival_lag_seconds:mad1m{{{COMM_SEL}}}"
+MAD_SCORE = f"{DEVIATION} / on (cluster, comm) group_left () ({MAD} > 0)"
+STEP_SHARE = f"comm_rank:fabric_nccl_arrival_lag:step_share1m{{{COMM_SEL}}}"
 
 
 def gpu_variable() -> g.Template:
@@ -45,10 +46,10 @@ def link_rate(metric: str) -> str:
 # The topology graph: GPUs and the NVSwitches (or peer GPUs) their links reach, per node.
 # Node ids are node/PCI address, so the same bus id on two hosts stays two graph nodes.
 TOPOLOGY_NODES = f"""
-  label_join(label_replace(max by (node, gpu, pci_bus_id) (fabric_gpu_info{{{GPU_SEL}}}),
-    "title", "GPU $1", "gpu", "(.*)"), "id", "/", "node", "pci_bus_id")
+  label_join(label_join(label_replace(max by (node, gpu, pci_bus_id) (fabric_gpu_info{{{GPU_SEL}}}),
+    "device", "GPU $1", "gpu", "(.*)"), "title", " ", "node", "device"), "id", "/", "node", "pci_bus_id")
   or label_join(label_join(count by (node, remote_pci_bus_id, remote_type) (fabric_nvlink_info{{{GPU_SEL}, remote_type!="gpu"}}),
-    "title", " ", "remote_type", "remote_pci_bus_id"), "id", "/", "node", "remote_pci_bus_id")"""
+    "title", " ", "node", "remote_type", "remote_pci_bus_id"), "id", "/", "node", "remote_pci_bus_id")"""
 TOPOLOGY_EDGES = f"""
   label_join(label_join(label_join(
     sum by (node, gpu, pci_bus_id, remote_pci_bus_id) (
@@ -99,10 +100,12 @@ def dashboard() -> g.Dashboard:
             f"""histogram_quantile(0.99, sum by ({RANK}, le) (
                   rate(fabric_nccl_enqueue_seconds_bucket{{{NCCL_SEL}}}[{c.RATE}])))""", legend=RANK_LEGEND)], "s",
             "Time inside the NCCL call (entry to return: enqueue, not completion; calls are asynchronous)."),
-        c.timeseries("Mean operation duration (5m)", [c.prom(
-            f"comm_rank:fabric_nccl_operation_duration_seconds:mean5m{{{c.matchers('cluster', 'node', 'comm', 'rank')}}}",
+        c.timeseries("Mean operation duration", [c.prom(
+            f"""sum by ({RANK}, op) (rate(fabric_nccl_operation_duration_seconds_sum{{{NCCL_SEL}}}[{c.RATE}]))
+                / (sum by ({RANK}, op) (rate(fabric_nccl_operation_duration_seconds_count{{{NCCL_SEL}}}[{c.RATE}])) > 0)""",
             legend=RANK_LEGEND + " {{op}}")], "s",
-            "Call-to-call duration of completed operations, averaged over 5 minutes (recording rule)."),
+            "Call-to-call duration of completed operations. Every rank of a synchronous job shows the same "
+            "period, a late one included: stragglers show in arrival lag, below."),
         c.row("Hangs"),
         c.timeseries(f"In flight against the hang line ({hang:g}× average)", [
             c.prom(f"max by ({RANK}, op) (fabric_nccl_inflight_elapsed_seconds{{{NCCL_SEL}}})",
@@ -111,28 +114,38 @@ def dashboard() -> g.Dashboard:
                    legend=RANK_LEGEND + " {{op}} hang line")], "s",
             f"How long the current operation has been in flight, and {hang:g}× the average of the last 20 "
             "completed ones: past that line (and 10 s) the operation hangs (FabricNcclHang)."),
-        c.table("Hanging operations", [c.prom(f"fabric_nccl_hanging{{{NCCL_SEL}}} == 1", instant=True, table=True)],
-                "none", "Operations in flight past the hang line, per rank.",
-                hidden=("Time", "__name__", "job", "instance", "Value")),
-        c.table("Hang culprits", [c.prom(f"fabric_nccl_hang_culprit{{{NCCL_SEL}}} == 1", instant=True, table=True)],
-                "none", "The rank a hang is waiting for: not_entered (it never called the collective its "
-                "peers are in) or stuck_in_call.",
-                hidden=("Time", "__name__", "job", "instance", "Value"), size=c.Size(24, 6)),
+        c.table("Hanging operations", [c.prom(
+            f"comm_rank:fabric_nccl_inflight_elapsed_seconds:hanging{{{c.matchers('cluster', 'node', 'comm', 'rank')}}}",
+            instant=True, table=True)], "s",
+            "Ranks whose current operation is in flight past the hang line, with how long (recording rule).",
+            hidden=("Time", "__name__", "job", "instance"), renames={"Value": "in flight"}),
+        c.table("Hang culprits", [c.prom(
+            f"comm_rank:fabric_nccl_hang_culprit{{{c.matchers('cluster', 'comm')}}}", instant=True, table=True)],
+            "none", "The ranks a hang is waiting for: not_entered (it never called the collective its peers are "
+            "in) or stuck_in_call (recording rule, across nodes).",
+            hidden=("Time", "__name__", "job", "instance", "Value"), size=c.Size(24, 6)),
         c.row("Stragglers"),
-        c.timeseries("Arrival lag per rank (5m mean)", [c.prom(LAG, legend=RANK_LEGEND)], "s",
-                     "How late each rank enters its collectives relative to the first rank in (recording rule). "
-                     "A straggler is late to every collective; the others wait for it."),
+        c.timeseries("Arrival lag per rank (1m mean)", [c.prom(LAG, legend=RANK_LEGEND)], "s",
+                     "How late each rank enters its collectives relative to the comm's first rank in. A straggler "
+                     "is late to every collective; the others wait for it."),
         c.timeseries(f"Straggler score (MADs from the median, alert at {mad:g})", [c.prom(MAD_SCORE, legend=RANK_LEGEND)],
                      "suffix: MAD",
                      "(lag − median lag of the communicator) / median absolute deviation of the lags.",
                      thresholds=[(None, "green"), (mad, "red")]),
+        c.timeseries("Step time lost waiting for each rank", [c.prom(STEP_SHARE, legend=RANK_LEGEND)], "percentunit",
+                     "Share of the job's time the other ranks spend waiting for this one: its lag past the median "
+                     "times collectives per second."),
         c.table("Straggler ranks", [c.prom(f"{MAD_SCORE} > {mad:g}", instant=True, table=True),
-                                    c.prom(f"{LAG} and on (cluster, comm, rank) ({MAD_SCORE} > {mad:g})",
+                                    c.prom(f"{DEVIATION} and on (cluster, comm, rank) ({MAD_SCORE} > {mad:g})",
+                                           instant=True, table=True),
+                                    c.prom(f"{STEP_SHARE} and on (cluster, comm, rank) ({MAD_SCORE} > {mad:g})",
                                            instant=True, table=True)], "none",
-                f"Ranks more than {mad:g} median absolute deviations late, with their mean arrival lag.",
+                f"Ranks more than {mad:g} median absolute deviations late, how much later than the median they "
+                "enter, and the share of step time the others lose to them.",
                 hidden=("Time", "__name__", "job", "instance"),
-                renames={"Value #A": "MAD score", "Value #B": "arrival lag (s)"}, size=c.Size(24, 6)),
+                renames={"Value #A": "MAD score", "Value #B": "late by (s)", "Value #C": "step time lost"},
+                size=c.Size(12, 8)),
     ]
     return c.dashboard(__file__, TITLE, "NVLink links and topology, NCCL collectives, hangs and straggler ranks.",
                        c.fleet_variables(c.node_variable(), gpu_variable(), comm_variable(), rank_variable()),
-                       panels, annotation_scope=("node",))
+                       panels, annotation_scope=("cluster", "node"))

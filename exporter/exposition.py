@@ -9,10 +9,13 @@ what generate_latest produces (tests/test_exposition.py holds it to that).
 """
 from __future__ import annotations
 
+import logging
 from typing import Iterable
 
 from prometheus_client.core import Metric
 from prometheus_client.utils import floatToGoString
+
+log = logging.getLogger("fabricscope.exporter.exposition")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -73,29 +76,36 @@ class Renderer:
         append = out.append
         head_of = self._head
         for metric in families:
-            name, mtype = metric.name, metric.type
-            if mtype == "counter":
-                name += "_total"
-            elif mtype == "info":
-                name += "_info"
-            mtype = _TYPE_RENAMES.get(mtype, mtype)
-            help_text = _escape_help(metric.documentation)
-            append(f"# HELP {name} {help_text}\n# TYPE {name} {mtype}\n")
-            deferred: dict[str, list[str]] = {}
-            base = metric.name
-            for sample in metric.samples:
-                line = head_of(sample.name, sample.labels) + _format_value(sample.value)
-                if sample.timestamp is not None:
-                    line += f" {int(float(sample.timestamp) * 1000):d}"
-                line += "\n"
-                suffix = sample.name[len(base):] if sample.name.startswith(base) else ""
-                if suffix in _OPENMETRICS_ONLY:
-                    deferred.setdefault(suffix, []).append(line)
-                else:
-                    append(line)
-            for suffix, lines in sorted(deferred.items()):
-                append(f"# HELP {base}{suffix} {help_text}\n# TYPE {base}{suffix} gauge\n")
-                out.extend(lines)
+            start = len(out)
+            try:
+                name, mtype = metric.name, metric.type
+                if mtype == "counter":
+                    name += "_total"
+                elif mtype == "info":
+                    name += "_info"
+                mtype = _TYPE_RENAMES.get(mtype, mtype)
+                help_text = _escape_help(metric.documentation)
+                append(f"# HELP {name} {help_text}\n# TYPE {name} {mtype}\n")
+                deferred: dict[str, list[str]] = {}
+                base = metric.name
+                for sample in metric.samples:
+                    line = head_of(sample.name, sample.labels) + _format_value(sample.value)
+                    if sample.timestamp is not None:
+                        line += f" {int(float(sample.timestamp) * 1000):d}"
+                    line += "\n"
+                    suffix = sample.name[len(base):] if sample.name.startswith(base) else ""
+                    if suffix in _OPENMETRICS_ONLY:
+                        deferred.setdefault(suffix, []).append(line)
+                    else:
+                        append(line)
+                for suffix, lines in sorted(deferred.items()):
+                    append(f"# HELP {base}{suffix} {help_text}\n# TYPE {base}{suffix} gauge\n")
+                    out.extend(lines)
+            except (OverflowError, ValueError, TypeError) as exc:
+                # A value no float can hold (or not a number at all) costs its family,
+                # never the rest of the scrape.
+                del out[start:]
+                log.error("family %s dropped from the exposition: %s", metric.name, exc)
         return "".join(out).encode("utf-8")
 
 

@@ -4,6 +4,11 @@ Each collector module in exporter/collectors/ subclasses Collector and decorates
 @register. The ScrapeCollector runs every enabled collector on each scrape, times it,
 and isolates failures: an exception in one collector becomes
 fabric_scrape_collector_success{collector="x"} 0 and a log line, never a lost scrape.
+
+Every collector runs on a worker thread of its own under a deadline. One that misses it
+(a read blocked in the kernel, a hung driver) is reported as failed and its families are
+left out; while it is still stuck, later scrapes do not start it again, so a stuck
+source costs one thread, not one more per scrape, and never the other collectors.
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import importlib
 import logging
 import pkgutil
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
 from typing import Any, Callable, ClassVar, Iterable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -74,12 +80,46 @@ def _with_node_label(metric: Metric, node: str) -> Metric:
     return metric
 
 
+DEFAULT_COLLECTOR_TIMEOUT = 5.0   # seconds; well inside Prometheus' default 10 s scrape timeout
+
+
+class _Runner:
+    """One collector's worker thread and the run it may still be in."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.collector = collector
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"collector-{collector.name}")
+        self.running: Future | None = None
+        self.started = 0.0
+
+    def start(self) -> Future | None:
+        """A new run, or None while the previous one has not returned."""
+        if self.running is not None and not self.running.done():
+            return None
+        self.started = time.perf_counter()
+        self.running = self.executor.submit(self._collect)
+        return self.running
+
+    def _collect(self) -> tuple[list[Metric], float]:
+        start = time.perf_counter()
+        # Materialise here so a failure part-way yields nothing partial.
+        families = list(self.collector.collect())
+        return families, time.perf_counter() - start
+
+
 class ScrapeCollector(_PromCollector):
     """The one prometheus_client collector: fans out to the enabled fabricscope collectors."""
 
-    def __init__(self, collectors: list[Collector], node: str = "") -> None:
+    def __init__(self, collectors: list[Collector], node: str = "",
+                 timeout: float = DEFAULT_COLLECTOR_TIMEOUT) -> None:
         self.collectors = collectors
         self.node = node
+        self.timeout = timeout
+        self._runners = [_Runner(collector) for collector in collectors]
+
+    def close(self) -> None:
+        for runner in self._runners:
+            runner.executor.shutdown(wait=False, cancel_futures=True)
 
     def describe(self) -> list:  # no describe-time collection: scrapes stay the only reads
         return []
@@ -101,23 +141,36 @@ class ScrapeCollector(_PromCollector):
         # ...). The text format allows one HELP/TYPE block per name, so same-named
         # families are merged into the first one, in order.
         merged: dict[str, Metric] = {}
-        for collector in self.collectors:
-            start = time.perf_counter()
-            try:
-                # Materialise inside the try so a failure part-way yields nothing partial.
-                families = list(collector.collect())
-                ok = 1.0
-            except Exception:  # one failing collector never hides the others
-                log.exception("collector %s failed", collector.name)
-                families, ok = [], 0.0
-            duration.add_metric([collector.name], time.perf_counter() - start)
-            success.add_metric([collector.name], ok)
+        # All collectors start together and share one deadline: a scrape takes as long as
+        # its slowest collector, bounded by the timeout.
+        runs = [(runner, runner.start()) for runner in self._runners]
+        deadline = time.monotonic() + self.timeout
+        for runner, run in runs:
+            name = runner.collector.name
+            families: list[Metric] = []
+            ok = 0.0
+            if run is None:
+                log.warning("collector %s is still running a scrape started %.0fs ago; skipped",
+                            name, time.perf_counter() - runner.started)
+                took = time.perf_counter() - runner.started
+            else:
+                try:
+                    families, took = run.result(timeout=max(0.0, deadline - time.monotonic()))
+                    ok = 1.0
+                except FutureTimeout:
+                    log.warning("collector %s missed its %gs deadline; reported as failed", name, self.timeout)
+                    took = time.perf_counter() - runner.started
+                except Exception:  # one failing collector never hides the others
+                    log.exception("collector %s failed", name)
+                    took = time.perf_counter() - runner.started
+            duration.add_metric([name], took)
+            success.add_metric([name], ok)
             for family in families:
                 first = merged.setdefault(family.name, family)
                 if first is not family:
                     if first.type != family.type:
                         log.error("collector %s exports %s as %s, already exported as %s; dropped",
-                                  collector.name, family.name, family.type, first.type)
+                                  name, family.name, family.type, first.type)
                         continue
                     first.samples.extend(family.samples)
         yield from merged.values()

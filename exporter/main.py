@@ -10,15 +10,17 @@ from dataclasses import dataclass
 from typing import Callable
 from pathlib import Path
 
-import yaml
 from prometheus_client.core import GaugeMetricFamily
 
 from . import __version__
 from .context import Context
 from .exposition import Renderer
-from .framework import COLLECTORS, Collector, ScrapeCollector, build_collectors, load_collector_modules
+from .framework import (COLLECTORS, DEFAULT_COLLECTOR_TIMEOUT, Collector, ScrapeCollector, build_collectors,
+                        load_collector_modules)
 from .web import serve
-from .webconfig import WebConfigError, load_web_config
+from .config import validate_config
+from .schema import ConfigError, load_yaml
+from .webconfig import load_web_config
 
 log = logging.getLogger("fabricscope.exporter")
 
@@ -38,14 +40,16 @@ class RunningExporter:
     server: object
     collectors: list[Collector]
     render_metrics: Callable[[], bytes]
+    scrape: ScrapeCollector | None = None
 
     @property
     def port(self) -> int:
-        return self.server.server_address[1]
+        return self.server.port
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.stop()
+        if self.scrape is not None:
+            self.scrape.close()
         _close_all(self.collectors)
 
 
@@ -58,11 +62,12 @@ def _close_all(collectors: list[Collector]) -> None:
 
 
 def start_exporter(ctx: Context, enabled: list[str], address: str = DEFAULT_LISTEN,
-                   web_config_file: str | None = None) -> RunningExporter:
+                   web_config_file: str | None = None,
+                   collector_timeout: float = DEFAULT_COLLECTOR_TIMEOUT) -> RunningExporter:
     web = load_web_config(web_config_file)   # before any probe is attached: fail fast
     load_collector_modules()
     collectors = build_collectors(ctx, enabled)
-    scrape = ScrapeCollector(collectors, node=ctx.node)
+    scrape = ScrapeCollector(collectors, node=ctx.node, timeout=collector_timeout)
     renderer = Renderer({"node": ctx.node} if ctx.node else {})
     info = build_info(__version__)   # constant: built once, not per scrape
 
@@ -75,9 +80,10 @@ def start_exporter(ctx: Context, enabled: list[str], address: str = DEFAULT_LIST
     try:
         server = serve(address, render_metrics, web, routes, ctx.node)
     except OSError:   # e.g. address in use: release probes and threads before failing
+        scrape.close()
         _close_all(collectors)
         raise
-    return RunningExporter(address, server, collectors, render_metrics)
+    return RunningExporter(address, server, collectors, render_metrics, scrape)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,6 +103,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="YAML file with per-collector sections (thresholds, allow-lists)")
     parser.add_argument("--node-name", dest="node", default=None,
                         help="value of the node label on every series (default: hostname; '' to omit)")
+    parser.add_argument("--scrape.collector-timeout", dest="collector_timeout", type=float,
+                        default=DEFAULT_COLLECTOR_TIMEOUT,
+                        help="seconds a collector may take on a scrape before it is reported as failed "
+                             f"(default {DEFAULT_COLLECTOR_TIMEOUT:g})")
     parser.add_argument("--log.level", dest="log_level", default="info",
                         choices=["debug", "info", "warning", "error"])
     for name, cls in sorted(COLLECTORS.items()):
@@ -119,16 +129,16 @@ def enabled_collectors(args: argparse.Namespace) -> list[str]:
 
 
 def context_from_args(args: argparse.Namespace) -> Context:
-    config = {}
+    config, source = {}, "config"
     if args.config_file:
+        source = args.config_file
         try:
-            config = yaml.safe_load(Path(args.config_file).read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise SystemExit(f"--config.file {args.config_file}: {exc}") from None
-        if not isinstance(config, dict):
-            raise SystemExit(f"--config.file {args.config_file}: top level must be a mapping")
+            config = validate_config(load_yaml(args.config_file), source)
+        except ConfigError as exc:
+            raise SystemExit(f"fabricscope exporter: --config.file {exc}") from None
     ctx = Context(sysfs=Path(args.sysfs), procfs=Path(args.procfs), rootfs=Path(args.rootfs),
-                  kmsg=Path(args.kmsg), state_dir=Path(args.state_dir), config=config, args=args)
+                  kmsg=Path(args.kmsg), state_dir=Path(args.state_dir), config=config, args=args,
+                  config_source=source)
     if args.node is not None:
         ctx.node = args.node
     return ctx
@@ -139,8 +149,8 @@ def run(args: argparse.Namespace) -> int:
     ctx = context_from_args(args)
     enabled = enabled_collectors(args)
     try:
-        exporter = start_exporter(ctx, enabled, args.listen, args.web_config)
-    except (WebConfigError, OSError) as exc:   # bad web config, address in use, ...
+        exporter = start_exporter(ctx, enabled, args.listen, args.web_config, args.collector_timeout)
+    except (ConfigError, OSError) as exc:   # bad web config, address in use, ...
         raise SystemExit(f"fabricscope exporter: {exc}") from None
     # Everything allocated so far (modules, caches, static device info) lives for the
     # whole process: move it out of the cyclic GC's reach. Otherwise each full collection

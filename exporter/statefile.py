@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -18,10 +19,35 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from fabricscope.atomicfile import remove_orphans, write_atomically
 
+from .parsers.files import ReadProblem, read_text
+
 log = logging.getLogger("fabricscope.exporter.state")
 
 # Why a load returned no stored state; every stateful collector exports all three, 0 or 1.
 LOAD_PROBLEMS = ("missing", "corrupt", "unreadable")
+
+
+# No value the exporter stores is beyond 64 bits or non-finite: a number that is (1e400,
+# NaN, a 400-digit integer) means the file was damaged or written by something else, and
+# restoring it would fail later, far from the cause.
+_LIMIT = 1 << 64
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number out of range: {text[:40]}")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > 21 or abs(value := int(text)) >= _LIMIT:
+        raise ValueError(f"integer out of range: {text[:40]}")
+    return value
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a valid state value")
 
 
 class StateFile:
@@ -34,30 +60,38 @@ class StateFile:
     def load(self) -> dict[str, Any]:
         for orphan in remove_orphans(self.path):
             log.info("removed %s, left by a write that was interrupted", orphan)
-        try:
-            text = self.path.read_text()
-        except FileNotFoundError:
-            self.load_problem = "missing"
+        # The exporter's own file, but read like any other: a FIFO or a device node put in
+        # its place must not block start-up.
+        text = read_text(self.path)
+        if isinstance(text, ReadProblem):
+            if text.reason == "absent":
+                self.load_problem = "missing"
+            elif text.reason in ("empty", "too_large"):
+                self.set_aside(text.reason)
+            else:
+                log.error("cannot read state file %s: %s; starting from empty state", self.path, text.reason)
+                self.load_problem = "unreadable"
             return {}
-        except OSError as exc:
-            log.error("cannot read state file %s: %s; starting from empty state", self.path, exc)
-            self.load_problem = "unreadable"
-            return {}
         try:
-            data = json.loads(text)
+            data = json.loads(text, parse_float=_finite_float, parse_int=_bounded_int, parse_constant=_no_constant)
             if not isinstance(data, dict):
                 raise ValueError("top level is not an object")
-        except ValueError as exc:
-            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
-            log.error("state file %s is corrupt (%s); moved to %s and starting from empty state", self.path, exc, aside)
-            try:
-                os.replace(self.path, aside)
-            except OSError:
-                pass
-            self.load_problem = "corrupt"
+        except (ValueError, RecursionError) as exc:
+            self.set_aside(str(exc))
             return {}
         self.load_problem = None
         return data
+
+    def set_aside(self, why: str) -> None:
+        """Keep an unusable file for forensics under another name and report it as corrupt;
+        the next save starts a fresh one. Callers use it for valid JSON of the wrong shape."""
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+        log.error("state file %s is corrupt (%s); moved to %s and starting from empty state", self.path, why, aside)
+        try:
+            os.replace(self.path, aside)
+        except OSError:
+            pass
+        self.load_problem = "corrupt"
 
     def save(self, data: dict[str, Any]) -> bool:
         try:

@@ -1,21 +1,34 @@
-"""The exporter's HTTP server: landing page, /metrics, and routes collectors contribute."""
+"""The exporter's HTTP server: landing page, /metrics, and routes collectors contribute.
+
+A WSGI application served by fabricscope.httpserver (cheroot): request framing, body and
+header limits, connection and thread caps and the TLS handshake off the accepting thread
+are the server's; this module decides what each request gets.
+"""
 from __future__ import annotations
 
 import html
 import logging
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
+from typing import Any, Callable
+from urllib.parse import parse_qs
 
-from typing import Callable
+from fabricscope.httpserver import HttpServer, read_body, respond
 
 from .exposition import CONTENT_TYPE
 from .framework import RouteHandler
-from .webconfig import WebConfig
+from .webconfig import Auth, WebConfig
 
 log = logging.getLogger("fabricscope.exporter.web")
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
+# Prometheus scrapes one target at a time; a few more threads serve the ingest API and
+# people. Connections beyond the workers wait (up to MAX_WAITING), then get a 503.
+WORKER_THREADS = 8
+MAX_WAITING = 64
+# A client that stops sending mid-request frees its worker after this long, and an idle
+# keep-alive connection is closed after it. Short: a worker held by a client that sends
+# half a request is a worker a scrape cannot have.
+CLIENT_TIMEOUT_SECONDS = 3
 
 LANDING_PAGE = """<!doctype html>
 <html><head><title>fabricscope exporter</title></head>
@@ -24,92 +37,60 @@ LANDING_PAGE = """<!doctype html>
 <ul><li><a href="/metrics">Metrics</a></li>{extra}</ul>
 </body></html>
 """
+TEXT = "text/plain; charset=utf-8"
 
 
-def make_handler(render_metrics: Callable[[], bytes], web: WebConfig, routes: dict[tuple[str, str], RouteHandler], node: str):
+def make_app(render_metrics: Callable[[], bytes], web: WebConfig, routes: dict[tuple[str, str], RouteHandler],
+             node: str):
     # Prometheus scrapes are synchronous; serialise them so two overlapping scrapes never
     # interleave reads of the same stateful collector (e.g. counter-delta tracking).
     scrape_lock = threading.Lock()
     extra_links = "".join(f'<li><a href="{path}">{path}</a></li>' for (method, path) in sorted(routes) if method == "GET")
     landing = LANDING_PAGE.format(node=html.escape(node), extra=extra_links).encode()
+    known_paths = {path for (_, path) in routes} | {"/", "/metrics"}
 
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "fabricscope"
-        protocol_version = "HTTP/1.1"
-        # A client that stops sending mid-request (or idles on keep-alive) frees its
-        # thread after this long instead of holding it forever.
-        timeout = 60
+    def app(environ: dict[str, Any], start_response) -> list[bytes]:
+        method = environ["REQUEST_METHOD"]
+        path = environ.get("PATH_INFO", "")
 
-        def log_message(self, fmt, *args):  # route access logs through logging, at debug
-            log.debug("%s " + fmt, self.address_string(), *args)
+        def send(status: int, content_type: str, body: bytes, extra: dict | None = None) -> list[bytes]:
+            sent = respond(start_response, status, body, content_type, {**web.headers, **(extra or {})})
+            return [] if method == "HEAD" else sent
 
-        def _send(self, status: int, content_type: str, body: bytes, extra: dict | None = None) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            for key, value in {**web.headers, **(extra or {})}.items():
-                self.send_header(key, value)
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
+        verdict = web.authenticate(environ.get("HTTP_AUTHORIZATION"))
+        if verdict is Auth.THROTTLED:
+            return send(429, TEXT, b"Too many failed logins; retry later\n", {"Retry-After": "1"})
+        if verdict is not Auth.OK:
+            return send(401, TEXT, b"Unauthorized\n", {"WWW-Authenticate": 'Basic realm="fabricscope"'})
+        if method in ("GET", "HEAD") and path == "/metrics":
+            with scrape_lock:
+                output = render_metrics()
+            return send(200, CONTENT_TYPE, output)
+        if method in ("GET", "HEAD") and path == "/":
+            return send(200, "text/html; charset=utf-8", landing)
+        handler = routes.get(("GET" if method == "HEAD" else method, path))
+        if handler is not None:
+            body = read_body(environ, MAX_BODY_BYTES)
+            if body is None:
+                return send(413, TEXT, f"body larger than {MAX_BODY_BYTES} bytes\n".encode(), {"Connection": "close"})
+            try:
+                status, content_type, payload = handler(body, parse_qs(environ.get("QUERY_STRING", "")))
+            except Exception:
+                log.exception("handler for %s %s failed", method, path)
+                status, content_type, payload = 500, "application/json", b'{"error":"internal error"}\n'
+            return send(status, content_type, payload)
+        if path in known_paths:
+            return send(405, TEXT, b"Method Not Allowed\n")
+        return send(404, TEXT, b"Not Found\n")
 
-        def _dispatch(self, method: str) -> None:
-            if not web.authorized(self.headers.get("Authorization")):
-                self._send(401, "text/plain; charset=utf-8", b"Unauthorized\n",
-                           {"WWW-Authenticate": 'Basic realm="fabricscope"'})
-                return
-            url = urlsplit(self.path)
-            raw_length = (self.headers.get("Content-Length") or "0").strip()
-            if not raw_length.isdigit():
-                # A negative or garbage length would make the read below wait for EOF.
-                self.close_connection = True
-                self._send(400, "text/plain; charset=utf-8", b"Content-Length must be a non-negative integer\n")
-                return
-            length = int(raw_length)
-            if length > MAX_BODY_BYTES:
-                self.close_connection = True
-                self._send(413, "text/plain; charset=utf-8", f"body larger than {MAX_BODY_BYTES} bytes\n".encode())
-                return
-            body = self.rfile.read(length) if length else b""
-            if method in ("GET", "HEAD") and url.path == "/metrics":
-                with scrape_lock:
-                    output = render_metrics()
-                self._send(200, CONTENT_TYPE, output)
-            elif method in ("GET", "HEAD") and url.path == "/":
-                self._send(200, "text/html; charset=utf-8", landing)
-            elif (handler := routes.get(("GET" if method == "HEAD" else method, url.path))) is not None:
-                try:
-                    status, content_type, payload = handler(body, parse_qs(url.query))
-                except Exception:
-                    log.exception("handler for %s %s failed", method, url.path)
-                    status, content_type, payload = 500, "application/json", b'{"error":"internal error"}\n'
-                self._send(status, content_type, payload)
-            elif any(path == url.path for (_, path) in routes) or url.path in ("/", "/metrics"):
-                self._send(405, "text/plain; charset=utf-8", b"Method Not Allowed\n")
-            else:
-                self._send(404, "text/plain; charset=utf-8", b"Not Found\n")
-
-        def do_GET(self):
-            self._dispatch("GET")
-
-        def do_HEAD(self):
-            self._dispatch("HEAD")
-
-        def do_POST(self):
-            self._dispatch("POST")
-
-    return Handler
+    return app
 
 
 def serve(address: str, render_metrics: Callable[[], bytes], web: WebConfig,
-          routes: dict[tuple[str, str], RouteHandler], node: str) -> ThreadingHTTPServer:
-    """Bind and start serving in a daemon thread; returns the server (call shutdown())."""
+          routes: dict[tuple[str, str], RouteHandler], node: str) -> HttpServer:
+    """Bind and start serving in a background thread; returns the server (call stop())."""
     host, _, port = address.rpartition(":")
     host = host.strip("[]") or "0.0.0.0"
-    server = ThreadingHTTPServer((host, int(port)), make_handler(render_metrics, web, routes, node))
-    server.daemon_threads = True
-    if web.ssl_context is not None:
-        server.socket = web.ssl_context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, name=f"http-{address}", daemon=True)
-    thread.start()
-    return server
+    return HttpServer(make_app(render_metrics, web, routes, node), host, int(port), name=f"http-{address}",
+                      threads=WORKER_THREADS, max_queued_connections=MAX_WAITING, timeout=CLIENT_TIMEOUT_SECONDS,
+                      max_body_bytes=MAX_BODY_BYTES, ssl_context=web.ssl_context).start()

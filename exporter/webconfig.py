@@ -5,24 +5,37 @@
       key_file: server.key
       client_auth_type: RequireAndVerifyClientCert   # optional
       client_ca_file: ca.crt                         # optional
-      min_version: TLS12                             # optional
+      min_version: TLS12                             # optional (TLS12 default)
+      max_version: TLS13                             # optional
     basic_auth_users:
       alice: $2y$10$...      # bcrypt hash, as htpasswd -B makes
     http_server_config:
       headers: {X-Frame-Options: deny}
 
 Relative paths are resolved against the config file's directory, as exporter-toolkit does.
+The file is validated against one schema at start-up: an unknown key (including
+exporter-toolkit keys this exporter does not implement), a wrong type, an unknown TLS
+version or a hash bcrypt cannot use stops the exporter with the key path.
 """
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
+import re
 import ssl
+import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
+from typing import Literal
 
 import bcrypt
-import yaml
+from pydantic import BaseModel, field_validator
+
+from .schema import STRICT, ConfigError, load_yaml, validate
 
 _TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,
@@ -37,10 +50,77 @@ _CLIENT_AUTH = {
     "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
+TlsVersion = Literal["TLS10", "TLS11", "TLS12", "TLS13"]
+ClientAuth = Literal["NoClientCert", "RequestClientCert", "RequireAnyClientCert", "VerifyClientCertIfGiven",
+                     "RequireAndVerifyClientCert"]
+# RFC 9110 token characters: a header name outside them, or a value with CR/LF, would let
+# the config file split a response.
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*\Z")
+_BCRYPT_MAX_PASSWORD = 72   # bytes bcrypt looks at; longer is refused, never silently cut
 
 
-class WebConfigError(ValueError):
+class WebConfigError(ConfigError):
     pass
+
+
+class TlsServerConfig(BaseModel):
+    model_config = STRICT
+    cert_file: str
+    key_file: str
+    client_auth_type: ClientAuth = "NoClientCert"
+    client_ca_file: str | None = None
+    min_version: TlsVersion = "TLS12"
+    max_version: TlsVersion | None = None
+
+
+class HttpServerConfig(BaseModel):
+    model_config = STRICT
+    headers: dict[str, str] = {}
+
+    @field_validator("headers")
+    @classmethod
+    def _safe_headers(cls, headers: dict[str, str]) -> dict[str, str]:
+        for name, value in headers.items():
+            if not _HEADER_NAME.match(name):
+                raise ValueError(f"header name {name[:40]!r} is not an HTTP token")
+            if not _HEADER_VALUE.match(value):
+                raise ValueError(f"header {name!r} has a control character (CR/LF) in its value")
+        return headers
+
+
+class WebConfigFile(BaseModel):
+    model_config = STRICT
+    tls_server_config: TlsServerConfig | None = None
+    basic_auth_users: dict[str, str] = {}
+    http_server_config: HttpServerConfig = HttpServerConfig()
+
+
+class Auth(Enum):
+    OK = "ok"
+    DENIED = "denied"           # 401
+    THROTTLED = "throttled"     # 429: too many password checks right now
+
+
+class _FailureRate:
+    """Token bucket for bcrypt checks of credentials not seen before: a flood of wrong
+    passwords costs at most `per_second` hash computations, not a CPU per request."""
+
+    def __init__(self, per_second: float, burst: int) -> None:
+        self.per_second, self.burst = per_second, burst
+        self.tokens = float(burst)
+        self.updated = time.monotonic()
+        self.lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self.lock:
+            now = time.monotonic()
+            self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.per_second)
+            self.updated = now
+            if self.tokens < 1:
+                return False
+            self.tokens -= 1
+            return True
 
 
 @dataclass
@@ -48,81 +128,117 @@ class WebConfig:
     ssl_context: ssl.SSLContext | None = None
     users: dict[str, bytes] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
-    # Cache of verified (user, password) pairs: bcrypt is deliberately slow (~50-200 ms)
-    # and Prometheus sends the same credentials on every scrape.
-    _verified: set[tuple[str, bytes, bytes]] = field(default_factory=set)
+    # Verified and refused (user, SHA-256 of password) pairs, most recent last: bcrypt is
+    # deliberately slow (~50-200 ms) and Prometheus sends the same credentials on every
+    # scrape; an attacker repeating a wrong pair gets the cached answer. Never the
+    # plain password.
+    cache_size: int = 1024
+    _verified: OrderedDict = field(default_factory=OrderedDict)
+    _refused: OrderedDict = field(default_factory=OrderedDict)
+    _rate: _FailureRate = field(default_factory=lambda: _FailureRate(per_second=5.0, burst=10))
+    # Hash checked for unknown users, at the configured cost, so an unknown user costs
+    # the same as a wrong password and usernames cannot be found by timing.
+    _decoy: bytes = b""
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def authorized(self, header: str | None) -> bool:
+        return self.authenticate(header) is Auth.OK
+
+    def authenticate(self, header: str | None) -> Auth:
         if not self.users:
-            return True
-        if not header or not header.startswith("Basic "):
-            return False
+            return Auth.OK
+        if not header or not header.startswith("Basic ") or len(header) > 1024:
+            return Auth.DENIED
         try:
-            user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
-        except Exception:
-            return False
-        hashed = self.users.get(user)
-        if hashed is None:
-            return False
+            user, sep, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            return Auth.DENIED
         password_bytes = password.encode()
-        # Remember a verified pair by its SHA-256, never the plain password.
-        key = (user, hashed, hashlib.sha256(password_bytes).digest())
-        if key in self._verified:
-            return True
-        if bcrypt.checkpw(password_bytes, hashed):
-            self._verified.add(key)
-            return True
-        return False
+        if not sep or len(password_bytes) > _BCRYPT_MAX_PASSWORD:
+            return Auth.DENIED
+        key = (user, hashlib.sha256(password_bytes).digest())
+        with self._lock:
+            if key in self._verified:
+                self._verified.move_to_end(key)
+                return Auth.OK
+            if key in self._refused:
+                return Auth.DENIED
+        if not self._rate.take():
+            return Auth.THROTTLED
+        hashed = self.users.get(user)
+        try:
+            ok = bcrypt.checkpw(password_bytes, hashed if hashed is not None else self._decoy) and hashed is not None
+        except ValueError:      # cannot happen for validated hashes; refuse rather than fail
+            ok = False
+        with self._lock:
+            table = self._verified if ok else self._refused
+            table[key] = True
+            if len(table) > self.cache_size:
+                table.popitem(last=False)
+        return Auth.OK if ok else Auth.DENIED
 
 
 def load_web_config(path: str | Path | None) -> WebConfig:
     if not path:
         return WebConfig()
     path = Path(path)
+    raw = load_yaml(path)
+    if raw is not None and not isinstance(raw, dict):
+        raise WebConfigError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise WebConfigError(f"cannot read web config {path}: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise WebConfigError(f"web config {path}: top level must be a mapping")
-    unknown = set(raw) - {"tls_server_config", "basic_auth_users", "http_server_config"}
-    if unknown:
-        raise WebConfigError(f"web config {path}: unknown keys {sorted(unknown)}")
-    base = path.parent
-    config = WebConfig()
-    tls = raw.get("tls_server_config")
-    if tls:
-        config.ssl_context = _ssl_context(tls, base, path)
-    for user, hashed in (raw.get("basic_auth_users") or {}).items():
-        hashed = str(hashed).encode()
-        if not hashed.startswith((b"$2a$", b"$2b$", b"$2y$")):
-            raise WebConfigError(f"web config {path}: password for {user!r} is not a bcrypt hash")
-        config.users[str(user)] = hashed.replace(b"$2y$", b"$2b$", 1)
-    config.headers = {str(k): str(v) for k, v in ((raw.get("http_server_config") or {}).get("headers") or {}).items()}
+        parsed = validate(WebConfigFile, raw, str(path))
+    except ConfigError as exc:
+        raise WebConfigError(str(exc)) from None
+    config = WebConfig(headers=dict(parsed.http_server_config.headers))
+    if parsed.tls_server_config is not None:
+        config.ssl_context = _ssl_context(parsed.tls_server_config, path.parent, path)
+    costs = []
+    for user, hashed in parsed.basic_auth_users.items():
+        config.users[user] = _usable_hash(hashed, user, path)
+        costs.append(int(config.users[user][4:6]))
+    if costs:
+        config._decoy = bcrypt.hashpw(b"decoy", bcrypt.gensalt(rounds=max(costs)))
     return config
 
 
-def _ssl_context(tls: dict, base: Path, path: Path) -> ssl.SSLContext:
-    def resolve(name: str) -> str | None:
-        value = tls.get(name)
-        return str(base / value) if value else None
+def _usable_hash(hashed: str, user: str, path: Path) -> bytes:
+    where = f"{path}: basic_auth_users.{user}"
+    raw = hashed.encode()
+    if not raw.startswith((b"$2a$", b"$2b$", b"$2y$")):
+        raise WebConfigError(f"{where}: not a bcrypt hash (expected $2y$..., as htpasswd -B writes)")
+    raw = raw.replace(b"$2y$", b"$2b$", 1)
+    # A hash with the right prefix can still be one bcrypt refuses (bad cost, truncated
+    # salt): find out now, not on the first login.
+    try:
+        bcrypt.checkpw(b"", raw)
+    except ValueError as exc:
+        raise WebConfigError(f"{where}: not a valid bcrypt hash ({exc})") from None
+    if not 4 <= int(raw[4:6]) <= 31:
+        raise WebConfigError(f"{where}: bcrypt cost {raw[4:6].decode()} is out of range")
+    return raw
 
-    cert, key = resolve("cert_file"), resolve("key_file")
-    if not cert or not key:
-        raise WebConfigError(f"web config {path}: tls_server_config needs cert_file and key_file")
+
+def _ssl_context(tls: TlsServerConfig, base: Path, path: Path) -> ssl.SSLContext:
+    def resolve(name: str | None) -> str | None:
+        return str(base / name) if name else None
+
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
-        context.load_cert_chain(cert, key)
+        context.load_cert_chain(resolve(tls.cert_file), resolve(tls.key_file))
     except (OSError, ssl.SSLError) as exc:
-        raise WebConfigError(f"web config {path}: cannot load certificate: {exc}") from exc
-    context.minimum_version = _TLS_VERSIONS.get(str(tls.get("min_version", "TLS12")), ssl.TLSVersion.TLSv1_2)
-    auth_type = str(tls.get("client_auth_type", "NoClientCert"))
-    if auth_type not in _CLIENT_AUTH:
-        raise WebConfigError(f"web config {path}: unknown client_auth_type {auth_type!r}")
-    context.verify_mode = _CLIENT_AUTH[auth_type]
-    ca = resolve("client_ca_file")
-    if ca:
-        context.load_verify_locations(ca)
-    elif auth_type in ("RequireAndVerifyClientCert", "VerifyClientCertIfGiven"):
-        raise WebConfigError(f"web config {path}: {auth_type} needs client_ca_file")
+        raise WebConfigError(f"{path}: tls_server_config: cannot load certificate: {exc}") from None
+    context.minimum_version = _TLS_VERSIONS[tls.min_version]
+    if tls.max_version is not None:
+        if _TLS_VERSIONS[tls.max_version] < context.minimum_version:
+            raise WebConfigError(f"{path}: tls_server_config.max_version {tls.max_version} is below "
+                                 f"min_version {tls.min_version}")
+        context.maximum_version = _TLS_VERSIONS[tls.max_version]
+    context.verify_mode = _CLIENT_AUTH[tls.client_auth_type]
+    if tls.client_ca_file:
+        try:
+            context.load_verify_locations(resolve(tls.client_ca_file))
+        except (OSError, ssl.SSLError) as exc:
+            raise WebConfigError(f"{path}: tls_server_config.client_ca_file: cannot load: {exc}") from None
+    elif tls.client_auth_type in ("RequireAndVerifyClientCert", "VerifyClientCertIfGiven"):
+        raise WebConfigError(f"{path}: tls_server_config.client_ca_file: required by {tls.client_auth_type}")
     return context

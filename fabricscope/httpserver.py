@@ -1,21 +1,31 @@
 """One small HTTP server for every fabricscope process that serves HTTP.
 
-It runs a WSGI application on cheroot (CherryPy's pure-Python server): request framing
-(chunked bodies, conflicting Content-Length, the unread body of a refused request) is
-handled by a parser many deployments rely on, worker threads are capped, and idle
-keep-alive connections wait in a selector instead of holding a thread each.
+It runs a WSGI application on cheroot (CherryPy's pure-Python server): chunked bodies,
+body and header limits and HTTP/1.1 keep-alive come from a parser many deployments rely
+on, worker threads are capped, connections waiting for one are capped (beyond that a 503),
+and idle keep-alive connections wait in a selector instead of holding a thread each.
+
+On top of cheroot, request framing is made unambiguous, because a proxy in front that
+reads a request's end differently from us is how requests are smuggled: a repeated
+Content-Length or Host, both Content-Length and Transfer-Encoding, or whitespace before a
+header's colon is a 400, and a connection whose chunked body the application did not read
+to its end is closed after the response instead of being parsed for another request.
 
 TLS: the handshake runs on the worker thread that serves the connection, under the
-connection timeout, never on the thread that accepts connections - one client that
-connects and sends nothing cannot stop the others from being served.
+connection timeout, never on the thread that accepts connections, and a connection
+reaches a worker only once it has sent something - clients that connect and send nothing
+cannot stop the others from being served.
 """
 from __future__ import annotations
 
 import logging
+import socket
 import ssl
 import threading
 from typing import Any, Callable
 
+from cheroot import errors as cheroot_errors
+from cheroot import server as cheroot_server
 from cheroot import wsgi
 from cheroot.ssl.builtin import BuiltinSSLAdapter
 
@@ -41,7 +51,86 @@ class _HandshakeInWorker(BuiltinSSLAdapter):
         return {"wsgi.url_scheme": "https", "HTTPS": "on"}
 
 
+class _OnceHeaders(dict):
+    """Header dict that refuses a second value for the headers that frame a request."""
+
+    ONCE = frozenset({b"Content-Length", b"Host"})
+
+    def __setitem__(self, key, value):
+        if key in self.ONCE and key in self:
+            raise ValueError(f"duplicate {key.decode()} header")
+        super().__setitem__(key, value)
+
+
+class _StrictHeaderReader(cheroot_server.HeaderReader):
+    def __call__(self, rfile, hdict=None):
+        headers = super().__call__(rfile, _OnceHeaders())
+        if b"Content-Length" in headers and b"Transfer-Encoding" in headers:
+            raise ValueError("both Content-Length and Transfer-Encoding")
+        length = headers.get(b"Content-Length")
+        if length is not None and not (length.isdigit() and len(length) <= 18):
+            # int() would take "-5" or " +5"; a negative length makes the body read wait.
+            raise ValueError("Content-Length must be a non-negative integer")
+        if hdict is None:
+            return dict(headers)
+        hdict.update(headers)
+        return hdict
+
+    def _transform_key(self, key_name):
+        if key_name != key_name.strip() or not key_name:
+            raise ValueError("whitespace in a header name")
+        return super()._transform_key(key_name)
+
+    def _allow_header(self, key_name):
+        # As cheroot's WSGI server does: X_Forwarded and X-Forwarded would both become
+        # HTTP_X_FORWARDED in the environ, so the underscore spelling is dropped.
+        return b"_" not in key_name
+
+
+class _Request(cheroot_server.HTTPRequest):
+    header_reader = _StrictHeaderReader()
+
+    def read_request_headers(self):
+        try:
+            return super().read_request_headers()
+        except cheroot_errors.MaxSizeExceeded:
+            # cheroot answers 413 here; 431 says which part was too large (RFC 6585).
+            self.close_connection = True
+            self.simple_response("431 Request Header Fields Too Large",
+                                 "The headers sent with the request exceed the maximum allowed bytes.")
+            return False
+
+    def send_headers(self):
+        if self.chunked_read and not getattr(self.rfile, "closed", False):
+            # Whatever is left of the body would be read as the next request.
+            self.close_connection = True
+        super().send_headers()
+
+
+class _Connection(cheroot_server.HTTPConnection):
+    RequestHandlerClass = _Request
+
+
 class _Server(wsgi.Server):
+    ConnectionClass = _Connection
+    # Connections that have not sent anything yet, parked without a thread; beyond this
+    # many a new connection is closed at once. Each is closed after `timeout` idle.
+    max_idle_connections = 512
+
+    def process_conn(self, conn):
+        # cheroot hands a new connection straight to a worker, which then waits for the
+        # request (or the TLS ClientHello) for up to `timeout`: a handful of silent
+        # connections would hold every worker. A new connection is parked in cheroot's
+        # selector instead, and reaches a worker once it has something to read.
+        if getattr(conn, "fabric_seen", False):
+            super().process_conn(conn)
+            return
+        conn.fabric_seen = True
+        if self._connections._num_connections >= self.max_idle_connections:
+            conn.close()
+            return
+        self._connections.put(conn)
+
     def error_log(self, msg="", level=logging.INFO, traceback=False):
         # cheroot reports client misbehaviour (resets, plain HTTP on a TLS port) here;
         # it is the client's problem, so it goes to debug, tracebacks included.
@@ -84,6 +173,14 @@ class HttpServer:
 
     def start(self) -> "HttpServer":
         """Bind (an OSError here means the port is taken) and serve in a daemon thread."""
+        host, port = self.server.bind_addr[:2]
+        if port:
+            # cheroot reports a failed bind as a message without its errno; bind once
+            # here so the caller gets the OSError itself ("Address already in use").
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind((host, port))
         self.server.prepare()
         self._thread = threading.Thread(target=self.server.serve, name=self.name, daemon=True)
         self._thread.start()
@@ -110,3 +207,19 @@ def respond(start_response: Callable[..., Any], status: int, body: bytes, conten
                    [("Content-Type", content_type), ("Content-Length", str(len(body))),
                     *(headers or {}).items()])
     return [body]
+
+
+def read_body(environ: dict[str, Any], limit: int) -> bytes | None:
+    """The whole request body, or None when it is larger than `limit` (answer 413 and the
+    server closes the connection). Chunked bodies are de-chunked by the server and
+    refused as soon as a chunk would cross its body limit."""
+    try:
+        body = environ["wsgi.input"].read(limit + 1)
+    except cheroot_errors.MaxSizeExceeded:
+        return None
+    except OSError as exc:
+        # cheroot's chunked reader says "too large" with a bare IOError.
+        if "Too Large" in str(exc):
+            return None
+        raise
+    return body if len(body) <= limit else None

@@ -36,6 +36,7 @@ BLUEPRINTS = [
     "fabricscope.queryapi.tracing.api:bp",
     "fabricscope.queryapi.cluster.api:bp",
     "fabricscope.queryapi.seedviews:bp",
+    "fabricscope.queryapi.alerts:bp",
     "fabricscope.queryapi.query.api:bp",
     "fabricscope.queryapi.chaos_api:bp",
 ]

@@ -190,3 +190,45 @@ def test_critical_alerts_get_the_blast_radius_of_their_device(env):
                                     headers=bearer(keys["reader"]))
         assert got.status_code == 200 and got.get_json()["status"] == status
 
+
+
+def test_real_sidecar_process_simulates_and_keeps_results_across_a_restart(tmp_path):
+    """`fabricscope sidecar` under gunicorn (TLS, forked worker): the pool and the refresh
+    worker run after the fork, and a result outlives the process."""
+    import requests
+
+    from fabricscope.stack.sidecar import start_sidecar
+
+    inventory = tmp_path / "cluster.yaml"
+    inventory.write_text(INVENTORY)
+    keys = make_keys(tmp_path / "keys.yaml")
+    unreachable = f"http://127.0.0.1:{free_port()}"
+
+    def start():
+        return start_sidecar(tmp_path, "127.0.0.1", free_port(), unreachable, tmp_path / "keys.yaml",
+                             extra_args=["--chaos-topology", str(inventory), "--chaos-refresh-seconds", "1",
+                                         "--prometheus-timeout", "1"])
+
+    def call(process, method, path, key, **kwargs):
+        return requests.request(method, process.url + path, headers=bearer(keys[key]), timeout=15,
+                                verify=str(process.certs.ca), **kwargs)
+
+    process = start()
+    try:
+        sim_id = call(process, "POST", "/graph/chaos-simulate", "writer",
+                      json={"device": "leaf-su0-r5", "failure_type": "switch_failure"}).json()["simulation_id"]
+        done = wait_for(lambda: (r := call(process, "GET", f"/graph/chaos-results/{sim_id}", "reader")).status_code
+                        == 200 and r.json(), 30, "the simulation in the real sidecar")
+        assert done["affected_jobs"] == ["job-0", "job-1"]
+        # Prometheus is unreachable: the refresh worker says so and simulations go on.
+        status = wait_for(lambda: call(process, "GET", "/graph/chaos-topology", "reader").json()["live_error"],
+                          30, "the live refresh to report the unreachable Prometheus")
+        assert "unreachable" in status or "Connection" in status or "prometheus" in status.lower()
+    finally:
+        process.stop()
+    process = start()
+    try:
+        again = call(process, "GET", f"/graph/chaos-results/{sim_id}", "reader")
+        assert again.status_code == 200 and again.json() == done
+    finally:
+        process.stop()

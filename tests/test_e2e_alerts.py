@@ -66,7 +66,7 @@ DETECTION_DEADLINE = 90
 # rules/mixin/config.libsonnet (the renderer refuses unknown keys).
 RULE_OVERRIDES = {
     "intervals": {group: "1s" for group in ("tcp", "nccl", "infiniband", "nvlink", "kernel", "pipeline")},
-    "windows": {"tcpRate": "10s", "tcpBaseline": "40s", "ncclRate": "15s", "ibFlap": "2m"},
+    "windows": {"tcpRate": "10s", "tcpBaseline": "40s", "ncclLag": "15s", "ncclNodeOffset": "30s", "ibFlap": "2m"},
     "for": {"ncclHang": "5s", "straggler": "10s", "ibPortDown": "5s", "ibFatalCounter": "20s",
             "exporterDown": "10s", "collectorFailing": "10s"},
 }
@@ -107,9 +107,8 @@ def expectations(comm: str) -> list[Expected]:
         Expected(MICROBURST, "FabricTcpMicroburst", {"node": "gpu-node-2", "cluster": CLUSTER}),
         Expected(STRAGGLER, "FabricNcclStragglerRank",
                  {"rank": "7", "node": "gpu-node-3", "comm": comm, "cluster": CLUSTER}),
-        # Every rank but the hung one blocks inside its next call: the hang is seen on
-        # the ranks still waiting, on every node.
-        Expected(HANG, "FabricNcclHang", {"comm": comm, "cluster": CLUSTER}, present=("rank", "node")),
+        # One alert for the communicator, however many ranks wait.
+        Expected(HANG, "FabricNcclHang", {"comm": comm, "cluster": CLUSTER}),
     ]
 
 
@@ -269,18 +268,19 @@ def test_fault_reaches_the_webhook_with_its_labels(run, kind):
     assert alert["labels"]["severity"] in {"critical", "warning"}
 
 
-def test_hang_is_reported_across_the_whole_communicator(run):
-    """A hang of one rank stalls the job: the hung rank's last operation never completes
-    (call-to-call accounting, see exporter/nccl/tracker.py) and every other rank blocks
-    inside its next call, so every node reports the hang on the job's communicator."""
-    hangs = [alert["labels"] for _, alert in run.receiver.alerts()
+def test_hang_pages_once_for_the_communicator_and_names_the_stopped_rank(run):
+    """A hang of one rank stalls the job: the stopped rank never enters the next collective
+    while every other rank enters it and waits. One alert for the communicator, whose
+    culprit is the rank that stopped (its sequence number is behind its peers')."""
+    hangs = [alert for _, alert in run.receiver.alerts()
              if alert["labels"].get("alertname") == "FabricNcclHang" and alert["status"] == "firing"]
     if not hangs:
         pytest.fail("no FabricNcclHang notification (see test_fault_reaches_the_webhook_with_its_labels)")
-    assert {labels["comm"] for labels in hangs} == {run.comm}
-    assert {labels["node"] for labels in hangs} == {f"gpu-node-{i}" for i in range(NODES)}
-    assert {int(labels["rank"]) for labels in hangs} <= set(range(NODES * GPUS_PER_NODE))
-    assert str(HANG["target"]["rank"]) in {labels["rank"] for labels in hangs}
+    assert {(a["labels"]["cluster"], a["labels"]["comm"]) for a in hangs} == {(CLUSTER, run.comm)}
+    assert all("rank" not in a["labels"] and "node" not in a["labels"] for a in hangs)
+    rank = HANG["target"]["rank"]
+    node = f"gpu-node-{rank // GPUS_PER_NODE}"
+    assert {a["annotations"]["culprit"] for a in hangs} == {f"rank {rank} on {node} (not_entered)"}
 
 
 def test_port_down_inhibits_the_counter_alerts_of_that_port(run):

@@ -212,22 +212,18 @@ def test_parse_char_majors_reads_only_character_devices():
     assert processes.parse_char_majors("garbage\n:::\n") == []
 
 
-def test_scan_finds_gpu_holders_and_allow_listed_processes(tmp_path):
-    def proc(pid, comm, fds):
+def test_scan_finds_allow_listed_processes_only(tmp_path):
+    def proc(pid, comm):
         d = tmp_path / str(pid)
-        (d / "fd").mkdir(parents=True)
+        d.mkdir(parents=True)
         (d / "comm").write_text(comm + "\n")
-        for i, target in enumerate(fds):
-            os.symlink(target, d / "fd" / str(i))
-    proc(10, "python", ["/dev/null", "/dev/nvidia0"])
-    proc(11, "bash", ["/dev/pts/0"])
-    proc(12, "tritonserver", ["socket:[1234]"])
-    proc(13, "nvidia-smi", ["/dev/nvidiactl"])
+    proc(10, "python")
+    proc(12, "tritonserver")
     (tmp_path / "14").mkdir()                       # vanished mid-scan: no comm
     (tmp_path / "self").mkdir()
-    assert processes.scan_tracked_processes(tmp_path, "/dev/nvidia", frozenset({"tritonserver"})) == \
-        {10: "python", 12: "tritonserver", 13: "nvidia-smi"}
-    assert processes.scan_tracked_processes(tmp_path / "absent") == {}
+    assert processes.scan_named_processes(tmp_path, frozenset({"tritonserver"})) == {12: "tritonserver"}
+    assert processes.scan_named_processes(tmp_path, frozenset()) == {}
+    assert processes.scan_named_processes(tmp_path / "absent", frozenset({"python"})) == {}
 
 
 # ---- the collector on the simulated maps (the demo path) ---------------------------

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from fabricscope.exporter.context import Context
 from fabricscope.exporter.ebpf import objects
 from fabricscope.exporter.framework import COLLECTORS, load_collector_modules
+from tests.conftest import could_not_run, require_tool
 
 load_collector_modules()
 
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not Path("/sys/kernel/btf/v
 def built():
     ok, output = objects.build()
     if not ok:
-        pytest.skip(f"BPF objects could not be built: {output}")
+        could_not_run(f"BPF objects could not be built: {output}")
 
 
 # This CI host has no GPU, so the collector would leave the syscall program out by default.
@@ -128,8 +129,8 @@ def test_loopback_tcp_gives_rtt_and_connect_latency_samples(collector):
     assert reg.get_sample_value("fabric_tcp_rtt_seconds_sum") > 0
 
 
-@pytest.mark.skipif(shutil.which("nft") is None, reason="needs nft (nftables)")
 def test_dropped_segments_count_as_retransmits_to_the_named_peer(collector):
+    require_tool("nft", "nftables")
     c = collector({"peers": {"127.0.0.1": "loopback-peer"}})
     before = value(c, "fabric_tcp_retransmits_total", {"peer": "loopback-peer"})
     server = EchoServer()
@@ -235,6 +236,29 @@ def test_syscalls_ioctls_and_mmaps_of_a_tracked_process(collector):
     comms = {s.labels["comm"] for fam in reg.collect() if fam.name == "fabric_process_syscalls" for s in fam.samples}
     assert comms <= {"fabric-gpu-test", "other"} | {p.read_text().strip() for p in Path("/proc").glob("[0-9]*/comm")
                                                     if _holds_gpu(p.parent)}
+
+
+def test_a_process_is_counted_by_name_from_its_first_gpu_ioctl_without_any_scan(collector):
+    n = 40
+    child = subprocess.Popen([sys.executable, "-c", CHILD.format(n=n).replace("fabric-gpu-test", "fabric-gpu-new")],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        # No allow-list: only the kernel can find it, at its first ioctl on the "GPU" major.
+        c = collector({"gpu_device_majors": [1], "objects": ["syscalls"], "process_scan_interval_seconds": 3600})
+        list(c.collect())
+        tracked = lambda: {int.from_bytes(k, "little") for k, _ in c.source.read_map("syscalls", "tracked_tgids")}  # noqa: E731
+        assert child.pid not in tracked()
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "done"
+        assert child.pid in tracked()
+    finally:
+        child.stdin.close()
+        child.wait(10)
+    reg = scrape(c)
+    # The first ioctl counted as "other" (it is what found the process), the rest by name.
+    assert reg.get_sample_value("fabric_gpu_driver_ioctls_total", {"comm": "fabric-gpu-new"}) == n - 1
 
 
 def _holds_gpu(pid_dir: Path) -> bool:

@@ -114,8 +114,8 @@ def test_web_config_tls_and_basic_auth(port, tmp_path):
 
 @pytest.mark.parametrize("text, message", [
     ("basic_auth_users:\n  bob: plaintext\n", "not a bcrypt hash"),
-    ("tls_server_config:\n  cert_file: x.pem\n", "needs cert_file and key_file"),
-    ("listen: 1\n", "unknown keys"),
+    ("tls_server_config:\n  cert_file: x.pem\n", "tls_server_config.key_file: required key is missing"),
+    ("listen: 1\n", "listen: unknown key"),
     ("- a\n", "must be a mapping"),
 ])
 def test_web_config_errors_are_specific(tmp_path, text, message):

@@ -24,7 +24,7 @@ def record(**overrides):
 
 @pytest.fixture
 def exporter(port, tmp_path):
-    ctx = Context(state_dir=tmp_path, node="n1", config={"nccl": {"uprobes": False, "min_completed": 3}})
+    ctx = Context(state_dir=tmp_path, node="n1", config={"nccl": {"uprobes": False, "min_completed": 3, "ingest": True}})
     running = start_exporter(ctx, ["nccl"], f"127.0.0.1:{port}")
     yield f"http://127.0.0.1:{port}"
     running.stop()
@@ -150,3 +150,80 @@ def test_wrong_method_is_405(exporter):
 def test_parser_rejects_non_utf8():
     with pytest.raises(IngestError, match="not UTF-8"):
         parse_operations(b'{"op": "\xff"}')
+
+
+# ---- who may post, and what ingested records may displace -------------------------------------
+
+def test_ingest_is_off_unless_configured(port, tmp_path):
+    ctx = Context(state_dir=tmp_path, node="n1", config={"nccl": {"uprobes": False}})
+    running = start_exporter(ctx, ["nccl"], f"127.0.0.1:{port}")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        response = post(base, record())
+        assert response.status_code == 403 and "ingest: true" in response.json()["error"]
+        assert metric(base, "fabric_nccl_comm_info", comm="job-42", rank="0", nranks="2") is None
+        assert metric(base, "fabric_nccl_ingest_requests_total", result="disabled") == 1
+        assert requests.get(base + "/nccl/operations/active", timeout=5).status_code == 200
+    finally:
+        running.stop()
+
+
+def test_a_non_boolean_ingest_setting_is_refused(tmp_path):
+    from fabricscope.exporter.collectors.nccl import NcclCollector
+
+    with pytest.raises(ValueError, match=r"nccl\.ingest: input should be a valid boolean, got 'yes'"):
+        NcclCollector(Context(state_dir=tmp_path, node="n1", config={"nccl": {"uprobes": False, "ingest": "yes"}}))
+
+
+def test_a_communicator_has_one_size_so_its_ranks_are_bounded_by_it(exporter):
+    assert post(exporter, record(rank=1, nranks=4)).status_code == 202
+    response = post(exporter, record(rank=5, nranks=100_000))
+    assert response.status_code == 400 and response.json()["field"] == "nranks"
+    assert "disagrees with nranks 4 already stored for comm job-42" in response.json()["error"]
+    # 10,000 invented ranks of a huge comm: series stay within max_series (4096), counted.
+    flood = [record(comm="flood", rank=r, nranks=100_000) for r in range(10_000)]
+    assert post(exporter, flood).status_code == 202
+    text = requests.get(exporter + "/metrics", timeout=10).text
+    assert text.count('fabric_nccl_calls_total{comm="flood"') <= 4096
+    assert metric(exporter, "fabric_nccl_calls_dropped_total") >= 10_000 - 4096
+
+
+def test_ingested_records_never_evict_a_communicator_seen_through_the_uprobes():
+    from fabricscope.exporter.nccl.events import NcclCall
+    from fabricscope.exporter.nccl.tracker import CapacityError, NcclTracker
+
+    tracker = NcclTracker(max_comms=2)
+    tracker.register_comm("real", 0, 2)                  # a process on this node
+    tracker.call_entered(NcclCall("AllReduce", "real", 0, 2, 8, NOW - 100), token=(1, 1))
+
+    def ingest(comm):
+        tracker.record_batch([NcclCall("AllReduce", comm, 0, 2, 8, NOW - 5, end=NOW - 4)])
+
+    ingest("invented-1")
+    ingest("invented-2")                                 # evicts invented-1, the only ingested one
+    assert {c for c, _, _ in tracker.snapshot().comms} == {"real", "invented-2"}
+    with pytest.raises(CapacityError, match="only 1 ingested one"):
+        tracker.record_batch([NcclCall("AllReduce", c, 0, 2, 8, NOW - 5) for c in ("x", "y")])
+    assert {c for c, _, _ in tracker.snapshot().comms} == {"real", "invented-2"}
+    # The series limit does not make room with a probed comm either.
+    tracker = NcclTracker(max_series=2, max_comms=10)
+    tracker.register_comm("real", 0, 8)
+    tracker.call_entered(NcclCall("AllReduce", "real", 0, 8, 8, NOW - 100), token=(1, 1))
+    tracker.call_entered(NcclCall("AllGather", "real", 0, 8, 8, NOW - 99), token=(1, 1))
+    tracker.record_batch([NcclCall("AllReduce", "invented", r, 8, 8, NOW - 5) for r in range(3)])
+    snap = tracker.snapshot()
+    assert {o.comm for o in snap.ops} == {"real"} and snap.dropped_calls == 3
+
+
+def test_a_full_exporter_answers_503_and_keeps_its_communicators(port, tmp_path):
+    ctx = Context(state_dir=tmp_path, node="n1", config={"nccl": {"uprobes": False, "ingest": True, "max_comms": 1}})
+    running = start_exporter(ctx, ["nccl"], f"127.0.0.1:{port}")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        [collector] = running.collectors
+        collector.tracker.register_comm("real", 0, 2)
+        response = post(base, record(comm="invented"))
+        assert response.status_code == 503 and "max_comms 1" in response.json()["error"]
+        assert metric(base, "fabric_nccl_comm_info", comm="real", rank="0", nranks="2") == 1
+    finally:
+        running.stop()

@@ -169,3 +169,75 @@ def test_invalid_parameters_are_refused():
         NcclTracker(hang_multiplier=1.0)
     with pytest.raises(ValueError, match="min_completed"):
         NcclTracker(min_completed=30, window=20)
+
+
+# ---- arrival lag, sequence numbers, the hang's culprit ---------------------------------------------
+
+def steps(tracker, ranks, n, late=None, delay=0.0, start=T0, period=0.1, skip=None):
+    """n synchronous steps: every rank enters op k at start + k*period (the late one +delay)."""
+    for k in range(n):
+        for rank in ranks:
+            if skip and skip(rank, k):
+                continue
+            at = start + k * period + (delay if rank == late else 0.0)
+            token = ("t", rank)
+            tracker.call_entered(call(at, rank=rank, nranks=len(ranks)), token=token)
+            tracker.call_returned(token, 1e-5)
+
+
+def test_arrival_lag_is_entry_minus_the_earliest_local_rank():
+    clock = Clock(T0 + 100)
+    tracker = NcclTracker(clock=clock, boundary_ops=4)
+    steps(tracker, range(3), 10, late=1, delay=0.04)
+    seqs = {s.rank: s for s in tracker.snapshot().sequences}
+    assert seqs[1].lag_count == 10 and seqs[1].lag_sum == pytest.approx(0.4)
+    assert seqs[0].lag_sum == 0 and seqs[2].lag_sum == 0
+    assert all(s.sequence == 10 and s.boundary == 8 for s in seqs.values())
+    assert seqs[1].boundary_start - seqs[0].boundary_start == pytest.approx(0.04)
+
+
+def test_one_local_rank_has_no_lag_but_still_a_sequence():
+    tracker = NcclTracker(clock=Clock(T0 + 100))
+    steps(tracker, [5], 3)
+    [seq] = tracker.snapshot().sequences
+    assert seq.lag_count == 0 and seq.sequence == 3
+
+
+def test_a_rank_that_goes_away_no_longer_holds_up_its_peers_lag():
+    tracker = NcclTracker(clock=Clock(T0 + 100))
+    steps(tracker, range(3), 5, skip=lambda rank, k: rank == 2 and k >= 3)
+    tracker.drop_inflight("c1", 2)                        # its process exited
+    seqs = {s.rank: s for s in tracker.snapshot().sequences}
+    assert set(seqs) == {0, 1} and seqs[0].lag_count == 5
+
+
+def test_a_rank_stuck_inside_its_call_while_peers_returned_is_the_culprit():
+    clock = Clock(T0)
+    tracker = NcclTracker(clock=clock)
+    steps(tracker, range(3), 10)
+    for rank in range(3):
+        tracker.call_entered(call(T0 + 1.0, rank=rank, nranks=3), token=("t", rank))
+        if rank != 1:
+            tracker.call_returned(("t", rank), 1e-5)
+    clock.now = T0 + 10
+    [culprit] = tracker.snapshot().culprits
+    assert (culprit.rank, culprit.reason, culprit.sequence, culprit.waiting) == (1, "stuck_in_call", 11, (0, 2))
+    assert culprit.message() == ("rank 1 is stuck inside AllReduce #11 (the call has not returned) while "
+                                 "ranks 0 and 2 are waiting")
+
+
+def test_no_culprit_without_a_hang_or_when_every_rank_is_inside():
+    clock = Clock(T0)
+    tracker = NcclTracker(clock=clock)
+    steps(tracker, range(2), 10, skip=lambda rank, k: rank == 1 and k == 9)
+    clock.now = T0 + 0.95                                 # rank 1 is behind, but nothing hangs yet
+    assert tracker.snapshot().culprits == []
+    clock.now = T0 + 10
+    assert [(c.rank, c.reason) for c in tracker.snapshot().culprits] == [(1, "not_entered")]
+    tracker = NcclTracker(clock=clock)
+    for rank in range(2):                                 # both inside, none returned: no one to blame
+        tracker.call_entered(call(T0 - 5, rank=rank), token=("t", rank))
+    steps(tracker, range(2), 6, start=T0 - 3)
+    for rank in range(2):
+        tracker.call_entered(call(T0 - 2, rank=rank), token=("u", rank))
+    assert tracker.snapshot().culprits == []

@@ -3,6 +3,7 @@ against a fake libnccl.so.2 built here with NCCL's exact signatures."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import subprocess
 import time
@@ -18,8 +19,17 @@ from fabricscope.exporter.nccl.tracker import NcclTracker
 from tests.nccl_fake.build import build_fake_nccl, build_step_driver
 from fabricscope.exporter.nccl.uprobe import (EV_COLL_ENTER, EV_COLL_RETURN, EV_COMM_END, EV_COMM_INIT, EVENT, INIT_ALL,
                                   INIT_RANK, INIT_SPLIT, EventHandler, decode_event)
+from tests.conftest import could_not_run, require_tool
 
 FAKE_UNIQUE_ID = bytes((i * 37 + 11) & 0xFF for i in range(128))    # ncclGetUniqueId in fake_nccl.c
+
+
+def salted_unique_id(salt: int) -> bytes:
+    """The fake library's id under FAKE_NCCL_ID_SALT: each test's job gets a comm of its
+    own, so fake-NCCL processes of other runs on the same machine (traced too) never join it."""
+    unique_id = bytearray(FAKE_UNIQUE_ID)
+    unique_id[100] ^= salt
+    return bytes(unique_id)
 
 
 # ---- pure parts ----------------------------------------------------------------------------
@@ -34,8 +44,8 @@ def test_splitmix64_reference_value_and_full_id_fold():
 
 
 def event(kind, op=0, comm=0x1000, count=0, aux=0, pid=10, tid=11, dtype=7, peer=-1, rank=0, nranks=0,
-          uid=b"\0" * 128, ts=5_000_000_000):
-    return EVENT.pack(ts, comm, count, aux, pid, tid, kind, op, dtype, peer, rank, nranks, 0, uid)
+          uid=b"\0" * 128, ts=5_000_000_000, seq=0):
+    return EVENT.pack(ts, comm, count, aux, pid, tid, kind, op, dtype, peer, rank, nranks, seq, uid)
 
 
 def handler_with_comm():
@@ -57,6 +67,22 @@ def test_decoding_pairs_entry_and_return_and_sizes_bytes():
     assert decode_event(event(EV_COLL_ENTER, count=7)).count == 7
     with pytest.raises(ValueError):
         decode_event(b"\0" * 10)
+
+
+def test_a_lost_event_does_not_shift_the_sequence_the_ranks_are_joined_on():
+    tracker = NcclTracker(clock=lambda: 1e9 + 100)
+    handler = EventHandler(tracker, monotonic_to_wall=1e9)
+    for rank, pid in ((0, 10), (1, 20)):
+        handler.handle_raw(event(EV_COMM_INIT, op=INIT_RANK, rank=rank, nranks=2, uid=FAKE_UNIQUE_ID, pid=pid))
+    ms = 1_000_000
+    for k in range(1, 6):
+        handler.handle_raw(event(EV_COLL_ENTER, pid=10, tid=10, seq=k, ts=6_000 * ms + k * 100 * ms, count=1))
+        if k != 2:      # rank 1's entry into op 2 was dropped by a full ring buffer
+            handler.handle_raw(event(EV_COLL_ENTER, pid=20, tid=20, seq=k, ts=6_000 * ms + k * 100 * ms + 7 * ms,
+                                     count=1))
+    lag = {s.rank: (s.lag_sum, s.lag_count, s.sequence) for s in tracker.snapshot().sequences}
+    assert lag[1][1] == 4 and lag[1][0] == pytest.approx(4 * 0.007) and lag[1][2] == 5
+    assert lag[0][0] == 0 and lag[0][2] == 5
 
 
 def test_bad_events_are_counted_not_fatal():
@@ -110,8 +136,7 @@ def test_maps_parsing_and_static_fallback():
 
 @pytest.fixture(scope="module")
 def fake_nccl(tmp_path_factory):
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is not installed")
+    require_tool("gcc")
     return build_fake_nccl(tmp_path_factory.mktemp("nccl_fake"))
 
 
@@ -131,7 +156,7 @@ def bpf_object() -> Path:
     if not path.is_file():
         ok, output = objects.build()
         if not ok or not path.is_file():
-            pytest.skip(f"cannot build nccl.bpf.o: {output[-300:]}")
+            could_not_run(f"cannot build nccl.bpf.o: {output[-300:]}")
     return path
 
 
@@ -152,7 +177,7 @@ def uprobe_exporter(port, tmp_path):
     [collector] = running.collectors
     if collector.uprobes is None or collector.uprobes.reason != "ok":
         running.stop()
-        pytest.skip(f"NCCL uprobes could not load: {getattr(collector.uprobes, 'reason', 'none')}")
+        could_not_run(f"NCCL uprobes could not load: {getattr(collector.uprobes, 'reason', 'none')}")
     yield f"http://127.0.0.1:{port}", collector
     running.stop()
 
@@ -180,6 +205,11 @@ def wait_for(predicate, what, deadline=30.0):
     raise AssertionError(f"gave up waiting for {what}")
 
 
+def traced(collector, pids) -> bool:
+    """Every pid is traced (other processes mapping a fake libnccl may be traced too)."""
+    return pids <= collector.uprobes._pids
+
+
 class Rank:
     """One driver process: a rank of the fake communicator."""
 
@@ -205,15 +235,17 @@ def test_uprobes_count_every_call_of_processes_started_after_the_exporter(uprobe
     base, collector = uprobe_exporter
     library, driver = fake_nccl
     n, m, k, l = 40, 1000, 7, 333
-    ranks = [Rank(driver, 2, rank, n, m, k, l) for rank in (0, 1)]
-    wait_for(lambda: scrape(base).get(series("fabric_nccl_processes_traced")) == 2, "both ranks traced")
+    salt = random.randrange(1, 256)
+    ranks = [Rank(driver, 2, rank, n, m, k, l, env={"FAKE_NCCL_ID_SALT": str(salt)}) for rank in (0, 1)]
+    pids = {r.proc.pid for r in ranks}
+    wait_for(lambda: traced(collector, pids), "both ranks traced")
     # Traced means probed: the library's probes are in place before the ranks start.
     assert scrape(base)[series("fabric_nccl_probe_attached", library=str(library))] == 1
     for r in ranks:
         r.tell()
     for r in ranks:
         r.expect("done")
-    comm = comm_label(unique_id_hash(FAKE_UNIQUE_ID))
+    comm = comm_label(unique_id_hash(salted_unique_id(salt)))
     wait_for(lambda: scrape(base).get(series("fabric_nccl_calls_total", comm=comm, rank="1", op="Recv")) == 1,
              "the last call of rank 1")
     samples = scrape(base)
@@ -232,7 +264,7 @@ def test_uprobes_count_every_call_of_processes_started_after_the_exporter(uprobe
         assert s("fabric_nccl_operation_duration_seconds_count", "AllReduce") == n
         assert s("fabric_nccl_inflight_elapsed_seconds", "Recv") is not None
     # ncclCommSplit(comm, color 7, key rank): its own comm id, the key as rank, size unknown.
-    split = comm_label(splitmix64(unique_id_hash(FAKE_UNIQUE_ID) ^ splitmix64(7)))
+    split = comm_label(splitmix64(unique_id_hash(salted_unique_id(salt)) ^ splitmix64(7)))
     for rank in ("0", "1"):
         assert samples[series("fabric_nccl_comm_info", comm=split, rank=rank, nranks="0")] == 1
         assert samples[series("fabric_nccl_bytes_total", comm=split, rank=rank, op="AllReduce")] == 12
@@ -243,9 +275,9 @@ def test_uprobes_count_every_call_of_processes_started_after_the_exporter(uprobe
     wait_for(lambda: series("fabric_nccl_probe_attached", library=str(library)) not in scrape(base),
              "detach after the processes exited")
     samples = scrape(base)
-    assert samples[series("fabric_nccl_processes_traced")] == 0
-    assert samples[series("fabric_nccl_processes_exited_total")] == 2
-    assert not any(key.startswith("fabric_nccl_inflight_elapsed_seconds") for key in samples)
+    assert not pids & collector.uprobes._pids
+    assert samples[series("fabric_nccl_processes_exited_total")] >= 2
+    assert not any(key.startswith("fabric_nccl_inflight_elapsed_seconds") and comm in key for key in samples)
 
 
 def test_a_call_blocked_inside_nccl_is_in_flight_and_hanging_then_completes(uprobe_exporter, fake_nccl, tmp_path):
@@ -254,21 +286,22 @@ def test_a_call_blocked_inside_nccl_is_in_flight_and_hanging_then_completes(upro
     fifo = tmp_path / "release"
     os.mkfifo(fifo)
     n = 8                                         # the 8th AllReduce blocks; 7 complete before it
-    rank = Rank(driver, 4, 2, n, 256, 1, 16, env={"FAKE_NCCL_BLOCK_FIFO": str(fifo),
+    salt = random.randrange(1, 256)
+    rank = Rank(driver, 4, 2, n, 256, 1, 16, env={"FAKE_NCCL_ID_SALT": str(salt), "FAKE_NCCL_BLOCK_FIFO": str(fifo),
                                                   "FAKE_NCCL_BLOCK_CALL": str(n)})
-    wait_for(lambda: scrape(base).get(series("fabric_nccl_processes_traced")) == 1, "rank traced")
+    wait_for(lambda: traced(collector, {rank.proc.pid}), "rank traced")
     rank.tell()
+    comm = comm_label(unique_id_hash(salted_unique_id(salt)))
 
     def blocked():
         active = requests.get(base + "/nccl/operations/active", timeout=10).json()["operations"]
-        return [op for op in active if op["op"] == "AllReduce" and not op["api_returned"]]
+        return [op for op in active if op["op"] == "AllReduce" and not op["api_returned"] and op["comm"] == comm]
 
     [first] = wait_for(blocked, "the blocked AllReduce")
     assert first["rank"] == 2 and first["nranks"] == 4 and first["bytes"] == 256 * 4
     [second] = wait_for(lambda: [op for op in blocked() if op["elapsed_seconds"] > first["elapsed_seconds"]],
                         "elapsed time to grow")
     assert second["completed_count"] == n - 1 and second["hanging"] is True
-    comm = comm_label(unique_id_hash(FAKE_UNIQUE_ID))
     samples = scrape(base)
     assert samples[series("fabric_nccl_hanging", comm=comm, rank="2", op="AllReduce")] == 1
     assert samples[series("fabric_nccl_calls_total", comm=comm, rank="2", op="AllReduce")] == n
@@ -309,16 +342,22 @@ def step_driver(fake_nccl):
 
 
 class Job:
-    """NRANKS step-driver processes on one communicator, sharing one barrier file."""
+    """NRANKS step-driver processes on one communicator, sharing one barrier file. The
+    comm id is the job's own (salted), so fake-NCCL processes of other runs on the same
+    machine, traced too, never join it."""
 
     def __init__(self, driver, tmp_path, nranks, nsteps, delays=None, stop=None):
         barrier = tmp_path / "barrier"
         barrier.write_bytes(b"\0" * 64)
         delays, stop = delays or {}, stop or {}
+        salt = random.randrange(1, 256)
+        self.comm = comm_label(unique_id_hash(salted_unique_id(salt)))
         self.procs = [subprocess.Popen([str(driver), str(nranks), str(rank), str(nsteps), str(delays.get(rank, 0)),
                                         str(stop.get(rank, 0)), str(barrier)],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                       env={**os.environ, "FAKE_NCCL_ID_SALT": str(salt)})
                       for rank in range(nranks)]
+        self.pids = {proc.pid for proc in self.procs}
         for proc in self.procs:
             assert proc.stdout.readline().strip() == "ready"
 
@@ -342,15 +381,15 @@ class Job:
                 proc.wait()
 
 
-def run_job(base, driver, tmp_path, nranks, nsteps, delays=None):
+def run_job(base, collector, driver, tmp_path, nranks, nsteps, delays=None):
     job = Job(driver, tmp_path, nranks, nsteps, delays)
     try:
-        wait_for(lambda: scrape(base).get(series("fabric_nccl_processes_traced")) == nranks, "all ranks traced")
+        wait_for(lambda: traced(collector, job.pids), "all ranks traced")
         for rank in range(nranks):
             job.tell(rank)
         for rank in range(nranks):
             job.expect(rank, "done")
-        comm = comm_label(unique_id_hash(FAKE_UNIQUE_ID))
+        comm = job.comm
         count = lambda r: scrape(base).get(series("fabric_nccl_arrival_lag_seconds_count", comm=comm, rank=str(r)))
         wait_for(lambda: all(count(r) == nsteps for r in range(nranks)), "every step's lag of every rank")
         samples = scrape(base)
@@ -363,9 +402,10 @@ def run_job(base, driver, tmp_path, nranks, nsteps, delays=None):
 
 
 def test_a_late_rank_shows_its_delay_as_arrival_lag_and_no_other_does(uprobe_exporter, step_driver, tmp_path):
-    base, _ = uprobe_exporter
+    base, collector = uprobe_exporter
     delay = 0.05
-    samples, comm, mean = run_job(base, step_driver, tmp_path, nranks=4, nsteps=30, delays={2: int(delay * 1e6)})
+    samples, comm, mean = run_job(base, collector, step_driver, tmp_path, nranks=4, nsteps=30,
+                                  delays={2: int(delay * 1e6)})
     assert mean[2] == pytest.approx(delay, rel=0.10), mean
     assert all(mean[r] < 0.1 * delay for r in (0, 1, 3)), mean
     # Every rank keeps the same period: call-to-call durations cannot tell the late rank.
@@ -383,23 +423,24 @@ def test_a_late_rank_shows_its_delay_as_arrival_lag_and_no_other_does(uprobe_exp
 
 
 def test_without_delay_no_rank_lags(uprobe_exporter, step_driver, tmp_path):
-    base, _ = uprobe_exporter
-    _, _, mean = run_job(base, step_driver, tmp_path, nranks=4, nsteps=30)
+    base, collector = uprobe_exporter
+    _, _, mean = run_job(base, collector, step_driver, tmp_path, nranks=4, nsteps=30)
     assert all(m < 0.005 for m in mean.values()), mean
 
 
 def test_a_stopped_rank_is_named_the_culprit_while_its_peers_wait(uprobe_exporter, step_driver, tmp_path):
-    base, _ = uprobe_exporter
+    base, collector = uprobe_exporter
     job = Job(step_driver, tmp_path, nranks=3, nsteps=40, stop={1: 20})
-    comm = comm_label(unique_id_hash(FAKE_UNIQUE_ID))
+    comm = job.comm
     try:
-        wait_for(lambda: scrape(base).get(series("fabric_nccl_processes_traced")) == 3, "all ranks traced")
+        wait_for(lambda: traced(collector, job.pids), "all ranks traced")
         for rank in range(3):
             job.tell(rank)
         job.expect(1, "stopped")
 
         def culprits():
-            return requests.get(base + "/nccl/operations/active", timeout=10).json()["culprits"]
+            return [c for c in requests.get(base + "/nccl/operations/active", timeout=10).json()["culprits"]
+                    if c["comm"] == comm]
 
         [culprit] = wait_for(culprits, "the hang's culprit")
         assert culprit == {"comm": comm, "rank": 1, "reason": "not_entered", "sequence": 20, "op": "AllReduce",
@@ -407,9 +448,11 @@ def test_a_stopped_rank_is_named_the_culprit_while_its_peers_wait(uprobe_exporte
                            "message": "rank 1 never entered AllReduce #20, which ranks 0 and 2 are waiting in"}
         samples = scrape(base)
         assert samples[series("fabric_nccl_hang_culprit", comm=comm, rank="1", reason="not_entered")] == 1
-        assert [k for k in samples if k.startswith("fabric_nccl_hang_culprit")] == \
+        assert [k for k in samples if k.startswith("fabric_nccl_hang_culprit") and comm in k] == \
             [series("fabric_nccl_hang_culprit", comm=comm, rank="1", reason="not_entered")]
-        assert samples[series("fabric_nccl_hanging", comm=comm, rank="0", op="AllReduce")] == 1
+        # The peers wait in the op the culprit never entered: hanging once 3x their average.
+        wait_for(lambda: scrape(base).get(series("fabric_nccl_hanging", comm=comm, rank="0", op="AllReduce")) == 1,
+                 "the waiting peer to hang")
         # The rank resumes: the hang and its culprit clear.
         job.tell(1)
         for rank in range(3):

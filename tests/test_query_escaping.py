@@ -109,4 +109,5 @@ def _benign(type_name: str):
     return {"host": "gpu-node-1", "device": "mlx5_0", "gpu": 1, "rank": 3, "port": 1, "limit": 5,
             "comm": "0123456789abcdef", "duration": "5m", "quantile": 0.99, "severity": "critical",
             "event_severity": "fatal", "port_state": "down", "failure_type": "device_failure",
-            "device_field": "role", "name": "chat-api", "text": "compute", "ip": "10.0.0.1"}[type_name]
+            "device_field": "role", "name": "chat-api", "text": "compute", "ip": "10.0.0.1",
+            "threshold": 3.0}[type_name]

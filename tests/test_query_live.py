@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import ssl
 import time
 
@@ -27,9 +28,9 @@ from fabricscope.demo.main import write_targets_file
 from fabricscope.demo.sources.nccl import job_comm
 from fabricscope.queryapi.promql import quote
 from fabricscope.queryapi.query.registry import default_registry
-from fabricscope.sidecar_process import start_sidecar
+from fabricscope.stack.sidecar import start_sidecar
 from tests import procs
-from tests.sidecar_helpers import bearer, make_keys
+from tests.sidecar_helpers import bearer, make_keys, seed_span
 
 CLUSTER = "qtest"
 SCENARIO = {"seed": 5, "cluster": {"name": CLUSTER, "nodes": 2, "gpus_per_node": 2, "hcas_per_node": 2},
@@ -39,6 +40,30 @@ SCENARIO = {"seed": 5, "cluster": {"name": CLUSTER, "nodes": 2, "gpus_per_node":
                         "params": {"precursor_seconds": 0}},
                        # rank 1 (gpu-node-0) stops entering the job's collectives
                        {"kind": "nccl_hang", "at": 8, "target": {"rank": 1}}]}
+
+
+# A communicator of four ranks recorded by a rule of this test (cluster "synthetic", so it
+# never mixes with the demo's series): rank 3 arrives 80 ms after the others, every rank
+# runs 10 collectives a second (the recording rules' names, CONTRACTS.md and rules/). The outlier and cost tools must find exactly that.
+SYNTHETIC_COMM = "5e5e5e5e5e5e5e5e"
+SYNTHETIC_LAGS = {0: 0.001, 1: 0.0012, 2: 0.0009, 3: 0.08}
+
+
+def _series(expr: str, **labels: str) -> str:
+    for name, value in labels.items():
+        expr = f'label_replace({expr}, "{name}", "{value}", "", "")'
+    return expr
+
+
+def synthetic_rules() -> dict:
+    common = {"cluster": "synthetic", "comm": SYNTHETIC_COMM}
+    lags = " or ".join(_series(f"vector({lag})", rank=str(rank), node=f"syn-{rank // 2}", **common)
+                       for rank, lag in SYNTHETIC_LAGS.items())
+    rates = " or ".join(_series("vector(10)", rank=str(rank), node=f"syn-{rank // 2}", **common)
+                        for rank in SYNTHETIC_LAGS)
+    return {"groups": [{"name": "query-test-synthetic", "interval": "1s", "rules": [
+        {"record": "comm_rank:fabric_nccl_arrival_lag_seconds:mean5m", "expr": lags},
+        {"record": "comm_rank:fabric_nccl_collectives:rate1m", "expr": rates}]}]}
 
 
 class Live:
@@ -59,16 +84,18 @@ class Live:
 def live(tmp_path_factory):
     procs.require_binary("prometheus")
     work = tmp_path_factory.mktemp("query")
-    keys = make_keys(work / "keys.yaml", {"bulk": "read", "bulk-writer": "write"})
+    keys = make_keys(work / "keys.yaml", {"bulk": "read", "bulk-writer": "write", "limited": "read"})
     # The hostile-input sweep sends ~700 requests: a key with room for them.
     text = (work / "keys.yaml").read_text()
     for key_id in ("bulk", "bulk-writer"):
         text = text.replace(f"- id: {key_id}\n", f"- id: {key_id}\n  rate_limit: {{per_second: 5000, burst: 5000}}\n")
+    text = text.replace("- id: limited\n", "- id: limited\n  rate_limit: {per_second: 0.2, burst: 2}\n")
     (work / "keys.yaml").write_text(text)
     scenario = scenario_mod.load_scenario(SCENARIO)
     with cluster_mod.DemoCluster(scenario, work / "cluster") as cluster:
         targets = write_targets_file(work / "targets.json", cluster.targets, CLUSTER)
-        config = stack.prometheus_config(CLUSTER, targets, "127.0.0.1:1", stack.rule_files(),
+        synthetic = stack.write_yaml(work / "synthetic-rules.yml", synthetic_rules())
+        config = stack.prometheus_config(CLUSTER, targets, "127.0.0.1:1", [*stack.rule_files(), synthetic],
                                          scrape_interval="1s", evaluation_interval="1s")
         with procs.prometheus(config, work / "prom") as prom:
             for fault in ('fabric_infiniband_port_state{state="DOWN"}', "fabric_nvlink_state == 0"):
@@ -127,6 +154,8 @@ def test_live_answers_name_the_faults(live):
     summary = {r["labels"]["item"]: r["value"] for r in
                live.call("POST", "/queries/meshql", json={"query": "SHOW SUMMARY"}).json()["results"]}
     assert summary["nodes_up"] == 2 and summary["gpus"] == 4 and summary["ib_ports_not_active"] >= 1
+    history = live.call("POST", "/api/v1/tools/event_history", json={"host": "gpu-node-1", "window": "1h"})
+    assert history.status_code == 200 and isinstance(history.json()["results"], list)
     nvlinks = live.call("POST", "/api/v1/tools/nvlink_links_down", json={}).json()["results"]
     assert [(r["labels"]["node"], r["labels"]["gpu"], r["labels"]["link"]) for r in nvlinks] == [("gpu-node-0", "1", "0")]
 
@@ -158,8 +187,74 @@ def test_topology_tools_use_the_chaos_engine(live):
         live.call("GET", f"/graph/chaos-results/{submitted['simulation_id']}")), 30, "the chaos simulation")
     assert impact["summary"]["impact_score"] == simulated["impact_score"] > 0
     assert sorted(r["labels"]["device"] for r in impact["results"]) == sorted(simulated["affected_devices"])
+    # NL knows the topology's names (here one that no name-shaped pattern would catch)
+    pdu = live.call("GET", "/graph/chaos-devices", params={"kind": "pdu"}).json()["devices"][0]["name"]
+    preview = live.call("GET", "/ai/query/parameters", params={"message": f"blast radius of a power failure at {pdu}"})
+    assert (preview.json()["query_name"], preview.json()["params"]) == \
+        ("blast_radius_device", {"device": pdu, "failure_type": "power_failure"})
     unknown = live.call("POST", "/api/v1/tools/device_neighbors", json={"device": "no-such-switch"})
     assert unknown.status_code == 422 and unknown.json()["error"]["detail"]["param"] == "device"
+
+
+def test_straggler_outliers_and_cost(live):
+    outliers = procs.wait_for(lambda: live.call("POST", "/api/v1/tools/straggler_outliers",
+                                                json={"comm": SYNTHETIC_COMM}).json()["results"], 30, "outliers")
+    assert [(r["labels"]["rank"], r["labels"]["node"]) for r in outliers] == [("3", "syn-1")]
+    assert outliers[0]["value"] == 0.08 and outliers[0]["median_lag_seconds"] == pytest.approx(0.0011)
+    # The same answer as the sidecar's own endpoint for the cluster question.
+    direct = live.call("GET", "/api/v1/cluster/outlier-ranks", params={"comm": SYNTHETIC_COMM}).json()
+    assert [o["rank"] for o in direct["outliers"]] == ["3"]
+    cost = live.call("POST", "/queries/meshql", json={
+        "query": f'SHOW COST OF STRAGGLERS IN JOB "{SYNTHETIC_COMM}"'}).json()
+    (row,) = cost["results"]
+    excess = SYNTHETIC_LAGS[3] - 0.0011
+    idle = (len(SYNTHETIC_LAGS) - 1) * min(1.0, excess * 10)       # the others wait, 10 collectives/s
+    assert row["labels"]["rank"] == "3" and row["idle_gpus"] == pytest.approx(idle, rel=1e-3)
+    assert row["value"] == pytest.approx(idle * 2.0, rel=1e-3)               # default $2/GPU-hour
+    assert cost["summary"]["dollars_in_window"] == pytest.approx(idle * 2.0, rel=1e-3)   # window 1h
+    stricter = live.call("POST", "/api/v1/tools/straggler_outliers",
+                         json={"comm": SYNTHETIC_COMM, "threshold": 50}).json()["results"]
+    assert [r["labels"]["rank"] for r in stricter] == ["3"]       # 532 robust z-scores off
+
+
+def test_row_cap_and_prometheus_evaluation_timeout(live):
+    from types import SimpleNamespace
+
+    from fabricscope.queryapi.prom import PrometheusClient, PrometheusError
+    from fabricscope.queryapi.query import executor
+    registry = default_registry()
+    state = SimpleNamespace(prom=PrometheusClient(live.prom.url, timeout=10),
+                            config=SimpleNamespace(prometheus_timeout_seconds=10))
+    whole = executor.run(state, registry, "gpu_inventory", {})
+    capped = executor.run(state, registry, "gpu_inventory", {}, max_rows=2)
+    assert len(whole["results"]) == 4 and not whole["truncated"]
+    assert capped["results"] == whole["results"][:2] and capped["truncated"]
+    # Prometheus itself stops a query at the sidecar's timeout (its `timeout` parameter).
+    state.config.prometheus_timeout_seconds = 0.001
+    with pytest.raises(PrometheusError, match="timed out|timeout"):
+        executor.run(state, registry, "nccl_hangs_by_node", {"window": "30d"})
+
+
+def test_slo_and_correlation_questions_read_the_sidecar_store(live):
+    # Wait for the hang's culprit (rank 1 on gpu-node-0): the correlator's anomaly there.
+    procs.wait_for(lambda: live.prom.get("/api/v1/query", query='fabric_nccl_hang_culprit{node="gpu-node-0"} > 0')
+                   ["data"]["result"], 90, "the hang culprit")
+    spans = [seed_span("q-trace-1", "s1", 4000, ["gpu-node-0", "leaf-x"], service="chat-api"),
+             seed_span("q-trace-2", "s2", 5000, ["gpu-node-0"], service="chat-api"),
+             seed_span("q-trace-3", "s3", 100, ["gpu-node-1"], service="chat-api"),
+             seed_span("q-trace-4", "s4", 3000, ["gpu-node-1"], service="search", operation="rank")]
+    stored = live.call("POST", "/tracing/spans", key="writer", json={"spans": spans})
+    assert stored.status_code == 200, stored.text
+    answer = live.call("POST", "/ai/query/conversation",
+                       json={"message": "which services violated their SLO in the last hour?"}).json()
+    assert answer["query_name"] == "slo_violations"
+    counts = {(r["labels"]["service"], r["labels"]["operation"]): r["value"] for r in answer["results"]}
+    assert counts == {("chat-api", "generate"): 2, ("search", "rank"): 1}
+    correlated = procs.wait_for(lambda: live.call("POST", "/api/v1/tools/network_correlations",
+                                                  json={"service": "chat-api"}).json()["results"], 30,
+                                "the correlator to match the slow chat-api spans")
+    assert correlated[0]["labels"]["device"] == "gpu-node-0" and "NcclHangCulprit" in correlated[0]["anomalies"]
+    assert correlated[0]["traces"] == 2
 
 
 def test_meshql_errors_are_422_with_position(live):
@@ -283,6 +378,27 @@ def test_mcp_client_lists_and_calls_the_same_tools_as_http(live):
         {(r["transport"], r["tool"]) for r in tool_calls}
 
 
+def test_one_rate_limit_for_both_transports(live):
+    """The limited key's burst of 2 is spent over HTTP; MCP is then refused the same way
+    (429 before the tool runs), and the audit log shows both."""
+    statuses = [live.call("POST", "/api/v1/tools/fleet_summary", key="limited", json={}).status_code
+                for _ in range(2)]
+    mcp = live.call("POST", "/mcp", key="limited", headers={"Accept": "application/json, text/event-stream"},
+                    json={"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                          "params": {"name": "fleet_summary", "arguments": {}}})
+    assert statuses == [200, 200] and mcp.status_code == 429 and mcp.headers["Retry-After"]
+    assert mcp.json()["error"]["code"] == "rate_limited"
+    audited = [(r["path"], r["status"]) for r in live.audit() if r["event"] == "request" and r["key_id"] == "limited"]
+    assert ("/mcp", 429) in audited and audited.count(("/api/v1/tools/fleet_summary", 200)) == 2
+
+
+def test_mcp_has_no_stream_to_get_or_session_to_delete(live):
+    for method in ("GET", "DELETE"):
+        started = time.monotonic()
+        response = live.call(method, "/mcp", headers={"Accept": "text/event-stream"})
+        assert response.status_code == 405 and time.monotonic() - started < 5
+
+
 def test_mcp_without_a_valid_key_is_refused(live):
     response = live.call("POST", "/mcp", key=None, headers={"Authorization": "Bearer nope"},
                          json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
@@ -310,5 +426,9 @@ def test_cli_against_the_sidecar_and_directly_against_prometheus(live):
     assert "mlx5_1" in direct.stdout
     bad = _cli('SHOW LINKS WHERE colour = "x"', env=env)
     assert bad.returncode == 2 and "at position 17" in bad.stderr and "STATE" in bad.stderr
+    session = re.search(r"^session: (\S+)", via_sidecar.stdout, re.M).group(1)
+    follow_up = _cli("and on gpu-node-0?", "--session", session, env=env)
+    assert "query: links_by_state(host=gpu-node-0, state=DOWN)" in follow_up.stdout, follow_up.stdout
+    assert "(no results)" in follow_up.stdout
     no_key = _cli("which links are down?", env={**env, "FABRICSCOPE_API_KEY": ""})
     assert no_key.returncode == 2 and "API key" in no_key.stderr

@@ -193,3 +193,35 @@ def test_ollama_over_urllib(fake):
     result = _interpreter(config).interpret("which nvlinks are down", VOCAB)
     assert fake.requests[0][0] == "/api/chat" and fake.requests[0][1]["format"] == "json"
     assert result.llm["used"] is False and result.match.query_name == "nvlink_links_down"
+
+
+def test_sidecar_chat_status_and_preview_use_the_configured_provider(fake, tmp_path, monkeypatch):
+    """The sidecar detects the provider from its environment at start; /chat/status shows it
+    (never the key) and the parameter preview goes through it."""
+    from fabricscope.queryapi.app import create_app
+    from tests.sidecar_helpers import bearer, make_keys
+
+    monkeypatch.setenv("LLM_PROVIDER", "vllm")
+    monkeypatch.setenv("LLM_BASE_URL", fake.url + "/v1")
+    monkeypatch.setenv("LLM_API_KEY", "sk-secret-value")
+    monkeypatch.setenv("LLM_MODEL", "qwen-local")
+    keys = make_keys(tmp_path / "keys.yaml")
+    app = create_app({"insecure_no_tls": True, "database": str(tmp_path / "db"),
+                      "keys_file": str(tmp_path / "keys.yaml"), "prometheus_url": "http://127.0.0.1:9",
+                      "audit_log": str(tmp_path / "audit.log")})
+    client = app.test_client()
+    status = client.get("/chat/status")
+    assert status.status_code == 200
+    assert status.json == {"active": True, "provider": "openai_compatible", "model": "qwen-local",
+                           "base_url": fake.url + "/v1", "timeout_seconds": 8.0, "cooling_down": False}
+    assert "sk-secret-value" not in status.get_data(as_text=True)
+    fake.answers.append(("text", '{"query_name": "ber_offenders", "params": {"window": "6h"}}'))
+    preview = client.get("/ai/query/parameters", query_string={"message": "is the optics on mlx5_3 dying?"},
+                         headers=bearer(keys["reader"])).json
+    assert preview["llm"]["used"] is True and (preview["query_name"], preview["params"]) == \
+        ("ber_offenders", {"window": "6h"})
+    fake.answers.append(("text", '{"query_name": "drop_everything", "params": {}}'))
+    refused = client.get("/ai/query/parameters", query_string={"message": "which links flapped today?"},
+                         headers=bearer(keys["reader"])).json
+    assert "unregistered query" in refused["llm"]["refused"] and refused["query_name"] == "link_flaps"
+    app.extensions["fabricscope"].close()

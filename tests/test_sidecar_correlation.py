@@ -15,7 +15,7 @@ import requests
 
 from fabricscope import stack
 from fabricscope.demo.main import write_targets_file
-from fabricscope.sidecar_process import start_sidecar
+from fabricscope.stack.sidecar import start_sidecar
 from tests import procs
 from tests.sidecar_helpers import bearer, make_keys, seed_span
 
@@ -23,14 +23,18 @@ pytestmark = pytest.mark.slow
 
 CLUSTER = "corr"
 BURST_NODE = "gpu-node-1"
-HEALTHY_SECONDS = 60            # the microburst baseline (rolling average) must fill first
+STRAGGLER_RANK = 3
+HEALTHY_SECONDS = 30            # the microburst baseline (40s average, 10s back) must have data first
 SCENARIO = {"seed": 5, "cluster": {"name": CLUSTER, "nodes": 3, "gpus_per_node": 2, "hcas_per_node": 1},
             "tick_seconds": 0.5,
-            "faults": [{"kind": "microburst", "node": 1, "at": HEALTHY_SECONDS, "duration": 900}]}
+            "faults": [{"kind": "microburst", "node": 1, "at": HEALTHY_SECONDS, "duration": 900},
+                       # Rank 3 (gpu-node-1, GPU 1) enters every collective 80 ms late.
+                       {"kind": "straggler_rank", "at": 1, "duration": 900, "target": {"rank": STRAGGLER_RANK},
+                        "params": {"lag_seconds": 0.08}}]}
 # The e2e test's shortened windows (every key exists in rules/mixin/config.libsonnet).
 RULE_OVERRIDES = {
     "intervals": {group: "1s" for group in ("tcp", "nccl", "infiniband", "nvlink", "kernel", "pipeline")},
-    "windows": {"tcpRate": "10s", "tcpBaseline": "40s", "ncclRate": "15s", "ibFlap": "2m"},
+    "windows": {"tcpRate": "10s", "tcpBaseline": "40s"},
 }
 BACKENDS = ["prometheus", "victoriametrics"]
 
@@ -215,3 +219,17 @@ def test_seed_read_api_views_the_same_cluster(sidecars):
     assert {p["device"] for p in topology["infiniband_ports"]} == set(metrics)
     active = sidecar.get("/nccl/operations/active")
     assert active["culprits"] == [] and all(not o["hanging"] for o in active["operations"])
+
+
+def test_the_demo_straggler_is_the_outlier_rank_through_the_nccl_rules(sidecars):
+    sidecar = sidecars["prometheus"]
+    answer = procs.wait_for(lambda: (lambda a: a if a["outliers"] else None)(
+        sidecar.get("/api/v1/cluster/outlier-ranks")), 60, "an outlier rank from the demo's arrival lag")
+    slowest = answer["outliers"][0]
+    assert (slowest["rank"], slowest["node"], slowest["cluster"]) == (str(STRAGGLER_RANK), BURST_NODE, CLUSTER)
+    assert [o["rank"] for o in answer["outliers"]] == [str(STRAGGLER_RANK)]
+    assert slowest["excess_seconds"] > 0.02
+    cost = sidecar.get("/api/v1/cluster/cost", window_seconds=60)
+    (rank,) = cost["ranks"]
+    assert rank["rank"] == str(STRAGGLER_RANK) and rank["collectives_per_second"] > 0
+    assert cost["dollars_per_hour"] > 0

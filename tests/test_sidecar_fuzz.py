@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fabricscope import stack
-from fabricscope.sidecar_process import start_sidecar
+from fabricscope.stack.sidecar import start_sidecar
 from tests import procs
 from tests.sidecar_helpers import make_keys
 

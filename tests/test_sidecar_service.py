@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from fabricscope.sidecar_process import sidecar_argv, start_sidecar
+from fabricscope.stack.sidecar import sidecar_argv, start_sidecar
 from fabricscope.stack import free_port
 from fabricscope.queryapi.keys import add_key
 from tests.procs import wait_for
@@ -250,3 +250,38 @@ def test_otlp_protobuf_is_decoded_and_garbage_is_400(server):
     response = server.request("POST", "/v1/traces", "writer", data=b"\xff\xfe garbage",
                               headers={"Content-Type": "application/x-protobuf"})
     assert response.status_code == 400 and response.json()["error"]["code"] == "bad_otlp"
+
+
+def test_prometheus_down_is_a_clear_503_not_a_crash(server):
+    for path in ("/api/v1/cluster/outlier-ranks", "/ebpf/metrics", "/nccl/operations/active"):
+        response = server.request("GET", path, "reader")
+        assert response.status_code == 503, path
+        error = response.json()["error"]
+        assert error["code"] == "prometheus_unreachable" and "is unreachable" in error["message"]
+    # Ingest does not depend on Prometheus: violations wait for it, counted as pending.
+    trace = "waits-for-prometheus"
+    assert server.request("POST", "/tracing/spans", "writer",
+                          json={"spans": [seed_span(trace, "s", 5000, ["gpu-node-0"])]}).status_code == 200
+    answer = server.request("GET", "/tracing/correlations", "reader", params={"trace_id": trace}).json()
+    assert answer["correlations"] == [] and answer["pending"] >= 1
+
+
+def test_otlp_json_with_hex_ids_and_gzip_is_accepted(server):
+    now = time.time_ns()
+    export = {"resourceSpans": [{
+        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "svc-json"}}]},
+        "scopeSpans": [{"spans": [{
+            "traceId": "5b8efff798038103d269b633813fc60c", "spanId": "eee19b7ec3c1b174", "name": "generate",
+            "startTimeUnixNano": str(now - 2_500_000_000), "endTimeUnixNano": str(now),
+            "attributes": [{"key": "network_path", "value": {"stringValue": "gpu-node-0, ib-sw-01"}},
+                           {"key": "tokens", "value": {"intValue": "42"}}]}]}]}]}
+    response = server.request("POST", "/v1/traces", "writer", data=gzip.compress(json.dumps(export).encode()),
+                              headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    assert response.status_code == 200 and response.json() == {}
+    (stored,) = server.request("GET", "/tracing/slo-violations", "reader",
+                               params={"service": "svc-json"}).json()["violations"]
+    assert stored["trace_id"] == "5b8efff798038103d269b633813fc60c"
+    assert stored["network_path"] == ["gpu-node-0", "ib-sw-01"] and stored["attributes"]["tokens"] == 42
+    bad_ids = {"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "not-hex", "spanId": "00"}]}]}]}
+    response = server.request("POST", "/v1/traces", "writer", json=bad_ids)
+    assert response.status_code == 400 and "is not hex" in response.json()["error"]["message"]

@@ -1,5 +1,6 @@
 """`fabricscope stack`: config rendering, the local webhook receiver, clear failures, and
-the whole stack started as a user would and stopped with SIGTERM."""
+the whole stack (demo cluster, Prometheus, Alertmanager, sidecar) started as a user would
+and stopped with SIGTERM."""
 from __future__ import annotations
 
 import datetime as dt
@@ -20,6 +21,8 @@ import requests
 import yaml
 
 from fabricscope.demo.main import write_targets_file
+from fabricscope.demo.scenario import load_scenario
+from fabricscope.demo.topology import demo_job_name
 from fabricscope import cli, stack
 from tests import procs
 
@@ -139,7 +142,8 @@ def test_webhook_receiver_records_alerts_and_rejects_bad_posts():
 # ----------------------------------------------------------------- failures
 
 def run_stack(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([*FABRICSCOPE, "stack", *args], capture_output=True, text=True,
+    # A free sidecar port: the default 19500 may be taken by a sidecar already running here.
+    return subprocess.run([*FABRICSCOPE, "stack", *args, "--sidecar-port", "0"], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO)
 
 
@@ -232,13 +236,51 @@ def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path
         assert am["cluster"]["status"] == "disabled"
         ams = requests.get(f"{prometheus_url}/api/v1/alertmanagers", timeout=5).json()["data"]["activeAlertmanagers"]
         assert [a["url"] for a in ams] == [f"{alertmanager_url}/api/v2/alerts"]
-        # The report command the banner prints draws this very stack's fleet dashboard.
+        # The report command the banner prints draws this very stack's fleet and tracing
+        # dashboards (the latter partly from the sidecar).
         report_command = shlex.split(re.search(r"^\s+(fabricscope report .*)$", text, re.M).group(1))
         assert report_command[report_command.index("--prometheus-url") + 1] == prometheus_url
-        assert cli.main([*report_command[1:], "--dashboard", "fleet"]) == 0
+        assert cli.main([*report_command[1:], "--dashboard", "fleet", "--dashboard", "tracing"]) == 0
         assert (tmp_path / "work" / "report" / "index.html").exists()
 
-        # Alertmanager -> the stack's own receiver -> one printed line per alert.
+        # The sidecar: TLS with the demo CA; the printed curl example works as written.
+        curl = shlex.split(re.search(r"^\s+try:\s+(curl .*)$", text, re.M).group(1))
+        answer = subprocess.run(curl, capture_output=True, text=True, timeout=30)
+        assert answer.returncode == 0 and "correlations" in json.loads(answer.stdout), answer.stdout + answer.stderr
+        sidecar_url = re.search(r"^Sidecar:\s+(https://\S+)", text, re.M).group(1)
+        ca = curl[curl.index("--cacert") + 1]
+        # The two example questions answer from the live demo data, as printed.
+        asks = [shlex.split(command) for command in re.findall(r"^\s+(curl .*/(?:ai/query/conversation|"
+                                                                r"queries/meshql))$", text, re.M)]
+        assert len(asks) == 2, text
+
+        def answered(command):
+            result = subprocess.run(command, capture_output=True, text=True, timeout=30)
+            body = json.loads(result.stdout) if result.returncode == 0 else {}
+            return body if [r for r in body.get("results", []) if r.get("value") is not None] else None
+        latency = procs.wait_for(lambda: answered(asks[0]), 60, "the p99 latency example to answer")
+        assert latency["query_name"] == "host_latency" and latency["params"]["host"] == "gpu-node-1"
+        summary = {r["labels"]["item"]: r["value"] for r in answered(asks[1])["results"]}
+        assert summary["nodes_up"] == 2 and summary["gpus"] == 4
+        # The chaos example as printed: a demo leaf switch's failure names the demo job it cuts.
+        job = demo_job_name(load_scenario(scenario))
+        submit, result_command = re.findall(r"^\s+(curl .*/graph/chaos-(?:simulate|results/SIMULATION_ID))$", text, re.M)
+        submitted = subprocess.run(shlex.split(submit), capture_output=True, text=True, timeout=30)
+        simulation_id = json.loads(submitted.stdout)["simulation_id"]
+        result_command = shlex.split(result_command.replace("SIMULATION_ID", simulation_id))
+
+        def simulated():
+            body = json.loads(subprocess.run(result_command, capture_output=True, text=True, timeout=30).stdout)
+            return body if body.get("status") == "complete" else None
+        blast = procs.wait_for(simulated, 30, "the printed chaos simulation to complete")
+        assert blast["device"] == "leaf-su0-r1" and blast["affected_jobs"] == [job]
+        assert blast["disconnected_devices"]["gpu-node-0/gpu1"] == ["compute"]
+        # The stack feeds it synthetic spans.
+        procs.wait_for(lambda: "fabric_sidecar_spans_received_total{format=\"seed\"}" in
+                       requests.get(f"{sidecar_url}/metrics", verify=ca, timeout=5).text, 30,
+                       "synthetic spans at the sidecar")
+
+        # Alertmanager -> the sidecar's webhook (TLS, API key) -> one printed line per alert.
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=lambda: [lines.put(line) for line in child.stdout], daemon=True).start()
         now = dt.datetime.now(dt.timezone.utc)
@@ -252,6 +294,16 @@ def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path
         assert re.search(r"\[fabricscope-sidecar\] FIRING FabricStackSmoke \(critical\) cluster=stacktest node=gpu-node-1 "
                          r"- posted by the test$", printed.rstrip()), printed
         assert "FabricStackSmoke" in (tmp_path / "work" / "notifications.log").read_text()
+        # The critical alert names gpu-node-1: the sidecar attaches that host's blast radius.
+        key = curl[curl.index("-H") + 1].split()[-1]
+
+        def enriched():
+            found = requests.get(f"{sidecar_url}/graph/chaos-alerts", verify=ca, timeout=5,
+                                 headers={"Authorization": f"Bearer {key}"}).json()["alerts"]
+            return next((a["blast_radius"] for a in found if a["alertname"] == "FabricStackSmoke"
+                         and a["blast_radius"]), None)
+        radius = procs.wait_for(enriched, 30, "the alert's blast radius")
+        assert radius["device"] == "gpu-node-1" and radius["affected_jobs"] == [job]
 
         child.send_signal(signal.SIGTERM)
         assert child.wait(30) == 0, child.stderr.read()
@@ -259,13 +311,16 @@ def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path
         for url in (prometheus_url, alertmanager_url):
             with pytest.raises(requests.ConnectionError):
                 requests.get(f"{url}/-/ready", timeout=2)
+        with pytest.raises(requests.ConnectionError):
+            requests.get(f"{sidecar_url}/api/versions", verify=ca, timeout=2)
     finally:
         stop_child(child)
 
 
 def start_stack_child(*args: str) -> subprocess.Popen:
     """`fabricscope stack` as a user runs it, on ports chosen free at start."""
-    return subprocess.Popen([*FABRICSCOPE, "stack", *args, "--prometheus-port", "0", "--alertmanager-port", "0"],
+    return subprocess.Popen([*FABRICSCOPE, "stack", *args, "--prometheus-port", "0", "--alertmanager-port", "0",
+                             "--sidecar-port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
 
 

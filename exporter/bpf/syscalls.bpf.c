@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
 /* Process signals for AI workloads (no instrumentation): syscall density, GPU-driver
  * ioctl rate, mmap/munmap/mremap churn. One raw_tp/sys_enter program (no tracefs, no
- * kprobes). Labels stay bounded: only processes user space put in `tracked_tgids`
- * (those holding a GPU device open, plus an allow-list) are counted under their own
- * name, in hash maps keyed by that name; every other process is counted in per-CPU
+ * kprobes). Labels stay bounded: only processes in `tracked_tgids` (those that made a
+ * GPU-driver ioctl, added here at the first one, plus an allow-list user space adds) are
+ * counted under their own name, in hash maps keyed by that name; every other process is counted in per-CPU
  * arrays (*_other), the cheapest possible path for the bulk of the system's syscalls.
  * Metrics it feeds: see syscalls.yaml.
  */
@@ -48,13 +48,26 @@ struct mmap_key {
 	__u32 op;
 };
 
-/* tgid -> 1 for processes counted under their own name; maintained by user space. */
+/* tgid -> TRACKED_BY_* for processes counted under their own name. A process is added here
+ * at its first GPU-driver ioctl, so user space never has to walk every process's fds to
+ * find GPU processes; user space adds the allow-list and removes processes that exited. */
+#define TRACKED_BY_USER 1
+#define TRACKED_BY_KERNEL 2
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
 	__type(key, __u32);
 	__type(value, __u32);
 } tracked_tgids SEC(".maps");
+
+/* GPU processes that found tracked_tgids full: user space reports them
+ * (fabric_ebpf_untracked_processes) and moves them in when room frees up. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, __u32);
+} untracked_gpu_tgids SEC(".maps");
 
 /* Character-device majors of the GPU driver (from /proc/devices); 0 = unused slot. */
 struct {
@@ -152,6 +165,14 @@ static __always_inline bool gpu_ioctl(struct pt_regs *regs)
 	return first && *first && fd_is_gpu_device((unsigned int)PT_REGS_PARM1_CORE(regs));
 }
 
+static __always_inline void track_gpu_process(__u32 tgid)
+{
+	__u32 by = TRACKED_BY_KERNEL;
+
+	if (bpf_map_update_elem(&tracked_tgids, &tgid, &by, BPF_NOEXIST))
+		bpf_map_update_elem(&untracked_gpu_tgids, &tgid, &by, BPF_ANY);
+}
+
 static __always_inline __u32 mmap_op(long id)
 {
 	return id == NR_mmap ? OP_MMAP : id == NR_munmap ? OP_MUNMAP : OP_MREMAP;
@@ -167,6 +188,7 @@ int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 		counter_add(&fabric_process_syscalls_other, 1);
 		if (id == NR_ioctl && gpu_ioctl(regs)) {
 			counter_add(&fabric_gpu_driver_ioctls_other, 1);
+			track_gpu_process(tgid);      /* by name from its next syscall on */
 		} else if (is_mmap) {
 			counter_add_at(&fabric_process_mmap_calls_other, mmap_op(id), 1);
 		}

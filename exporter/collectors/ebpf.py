@@ -8,7 +8,8 @@ collector stays cheap: fabric_ebpf_available{reason} 0 and nothing else, logged 
 Config section `ebpf` (all optional):
   peers: {10.0.0.12: gpu-node-3, ...}   peer IP -> host label of fabric_tcp_retransmits_total
   processes: [python, tritonserver]     process names always counted under their own name
-  gpu_device_prefix: /dev/nvidia        a process holding such an fd is counted by name
+  gpu_device_prefix: /dev/nvidia        no longer used: a process is counted by name from its
+                                        first ioctl on a GPU device (gpu_device_majors)
   gpu_device_majors: [195, 508]         GPU char-device majors (default: nvidia* in /proc/devices)
   process_scan_interval_seconds: 15
   enable_stats: false                   account program run count/time (BPF_ENABLE_STATS); costs
@@ -19,7 +20,6 @@ Config section `ebpf` (all optional):
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
 import threading
 from pathlib import Path
@@ -80,14 +80,8 @@ class EbpfCollector(Collector):
     def _selected(decls, wanted, default=None):
         if wanted is None:
             return decls if default is None else [d for d in decls if d.object in default]
-        if not isinstance(wanted, list):
-            log.error("config ebpf.objects must be a list of %s; loading all",
-                      ", ".join(d.object for d in decls))
-            return decls
-        known = {d.object for d in decls}
-        for name in set(map(str, wanted)) - known:
-            log.error("config ebpf.objects: no BPF object %r (known: %s); ignored", name, ", ".join(sorted(known)))
-        return [d for d in decls if d.object in set(map(str, wanted))]
+        # The config schema holds `objects` to a list of the objects that exist.
+        return [d for d in decls if d.object in set(wanted)]
 
     def _kernel_source(self, config: dict):
         from ..ebpf.kernel_source import KernelMapSource
@@ -97,7 +91,6 @@ class EbpfCollector(Collector):
         majors = config.get("gpu_device_majors")
         tracker = ProcessTracker(
             procfs=self.ctx.procfs,
-            device_prefix=str(config.get("gpu_device_prefix", "/dev/nvidia")),
             allow_comms=frozenset(map(str, config.get("processes") or ())),
             explicit_majors=[int(m) for m in majors] if majors is not None else None,
             interval_seconds=float(config.get("process_scan_interval_seconds", 15)),
@@ -106,21 +99,8 @@ class EbpfCollector(Collector):
                                self.ctx.procfs, tracker, enable_stats=bool(config.get("enable_stats", False)))
 
     def _peers(self, config: dict) -> dict[str, str]:
-        """Source-known peers plus ebpf.peers; an entry that is not an IP is logged and skipped."""
-        peers = dict(self._source.peers())
-        configured = config.get("peers") or {}
-        if not isinstance(configured, dict):
-            log.error("config ebpf.peers must be a mapping of IP -> host name, got %s; ignored",
-                      type(configured).__name__)
-            configured = {}
-        for ip, host in configured.items():
-            try:
-                ipaddress.ip_address(str(ip).strip())
-            except ValueError:
-                log.error("config ebpf.peers: %r is not an IP address; entry ignored", ip)
-                continue
-            peers[str(ip).strip()] = str(host)
-        return peers
+        """Source-known peers plus ebpf.peers (IP -> host name, validated by the schema)."""
+        return {**self._source.peers(), **(config.get("peers") or {})}
 
     @property
     def source(self):

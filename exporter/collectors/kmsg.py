@@ -184,9 +184,9 @@ class KmsgCollector(Collector):
         self.load_problem = self.state_file.load_problem
         try:
             self.state = KmsgState.from_dict(stored)
-        except ValueError as exc:
-            log.error("state file %s has an invalid layout (%s); starting over", self.state_file.path, exc)
-            self.load_problem, self.state = "corrupt", KmsgState()
+        except (ValueError, TypeError, OverflowError) as exc:
+            self.state_file.set_aside(f"invalid layout: {exc!r}")
+            self.load_problem, self.state = self.state_file.load_problem, KmsgState()
         self.dirty = self.load_problem is not None   # rewrite a missing/corrupt file promptly
         self.classifier = Classifier()
         self.read_errors: dict[str, int] = {}

@@ -4,8 +4,10 @@ The tracker (exporter/nccl/tracker.py) does the accounting; this module wires it
 sources and maps its snapshot to metric families. Config section `nccl`:
   hang_multiplier (3.0), min_completed (5), window (20), max_comms (128),
   max_series (4096), idle_evict_seconds (3600), boundary_ops (64): see NcclTracker;
+  ingest (false): accept POST /nccl/operations (put it behind basic_auth_users);
   uprobes (true): attach to libnccl in running processes;
-  rescan_seconds (2.0): how often to look for new processes;
+  rescan_seconds: how often every process's maps are read: 300 s as a safety net when the
+    exec/dlopen hints (exporter/bpf/procwatch.bpf.c) run, 2 s when they cannot;
   bpf_object: path of nccl.bpf.o (default: exporter/bpf/nccl.bpf.o).
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from ..ebpf import elfsym
 from ..framework import Collector, register
 from ..nccl.ingest import IngestRoutes
 from ..nccl.tracker import NcclTracker
@@ -25,7 +28,10 @@ log = logging.getLogger("fabricscope.exporter.nccl")
 
 DEFAULT_OBJECT = Path(__file__).resolve().parent.parent / "bpf" / "nccl.bpf.o"
 LABELS = ["comm", "rank", "op"]
-CONFIG_KEYS = NcclTracker.CONFIG_KEYS | {"uprobes", "rescan_seconds", "bpf_object"}
+
+
+def _optional_seconds(value) -> float | None:
+    return None if value is None else float(value)
 
 
 @register
@@ -35,14 +41,12 @@ class NcclCollector(Collector):
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
-        section = ctx.section("nccl")
-        unknown = sorted(set(section) - CONFIG_KEYS)
-        if unknown:                                   # a typo would silently keep a default
-            log.warning("nccl config: ignoring unknown keys %s (known: %s)", unknown, sorted(CONFIG_KEYS))
+        section = ctx.section("nccl")   # validated: exporter/config.py NcclSection
         self.source = ctx.sources.get("nccl")
         clock = getattr(self.source, "clock", time.time)
         self.tracker = NcclTracker.from_config(section, clock=clock)
-        self.ingest = IngestRoutes(self.tracker)
+        ingest = section.get("ingest", False)
+        self.ingest = IngestRoutes(self.tracker, enabled=ingest)
         self.uprobes = None
         if self.source is not None:
             self.source.attach(self.tracker)          # the demo: simulated calls
@@ -50,7 +54,7 @@ class NcclCollector(Collector):
             from ..nccl.uprobe import UprobeSource
 
             self.uprobes = UprobeSource(ctx.procfs, ctx.sysfs, Path(section.get("bpf_object", DEFAULT_OBJECT)),
-                                        rescan_seconds=float(section.get("rescan_seconds", 2.0)))
+                                        rescan_seconds=_optional_seconds(section.get("rescan_seconds")))
             self.uprobes.attach(self.tracker)
 
     def routes(self):
@@ -140,7 +144,8 @@ class NcclCollector(Collector):
             evicted.add_metric([reason], count)
         dropped = CounterMetricFamily("fabric_nccl_calls_dropped", "Calls not tracked because max_series was "
                                       "reached by a single communicator.", value=snap.dropped_calls)
-        requests = CounterMetricFamily("fabric_nccl_ingest_requests", "POST /nccl/operations requests.",
+        requests = CounterMetricFamily("fabric_nccl_ingest_requests", "POST /nccl/operations requests "
+                                       "(disabled: refused because the nccl.ingest setting is off).",
                                        labels=["result"])
         for result, count in sorted(self.ingest.requests.items()):
             requests.add_metric([result], count)
@@ -165,4 +170,9 @@ class NcclCollector(Collector):
                                       labels=["reason"])
         for reason, count in sorted(status.invalid.items()):
             invalid.add_metric([reason], count)
-        yield from (available, attached, traced, exited, lost, invalid)
+        skipped = CounterMetricFamily("fabric_nccl_library_files_skipped", "Mapped library files whose ELF "
+                                      "symbols could not be read (truncated, not ELF64, malformed).",
+                                      labels=["reason"])
+        for reason, count in sorted(elfsym.MALFORMED_FILES.items()):
+            skipped.add_metric([reason], count)
+        yield from (available, attached, traced, exited, lost, invalid, skipped)

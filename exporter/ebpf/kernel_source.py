@@ -135,7 +135,8 @@ class KernelMapSource:
         if syscalls is None or self.tracker is None:
             return
         try:
-            self.tracker.sync(syscalls.map("tracked_tgids"), syscalls.map("gpu_majors"))
+            self.tracker.sync(syscalls.map("tracked_tgids"), syscalls.map("gpu_majors"),
+                              syscalls.map("untracked_gpu_tgids"))
         except Exception:   # tracking is best effort; the counters keep counting as "other"
             log.exception("syncing tracked processes failed")
 

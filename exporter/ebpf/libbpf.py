@@ -11,6 +11,7 @@ can turn it into fabric_ebpf_available{reason} instead of crashing.
 from __future__ import annotations
 
 import ctypes
+import errno as _errno
 import ctypes.util
 import logging
 import os
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from . import elfsym
-from .reasons import (ATTACH_FAILED, LOAD_FAILED, MAP_FULL, NO_LIBBPF, OBJECT_MISSING,
+from .reasons import (ATTACH_FAILED, BAD_OBJECT, LOAD_FAILED, MAP_FULL, NO_LIBBPF, OBJECT_MISSING,
                       BpfUnavailable, reason_for_errno)
 
 __all__ = ["BpfUnavailable", "BpfObject", "BpfMap", "Link", "RingBuffer", "enable_bpf_stats",
@@ -85,6 +86,7 @@ class _Lib:
         self._declare("bpf_map__key_size", u32, [vp])
         self._declare("bpf_map__value_size", u32, [vp])
         self._declare("bpf_map__max_entries", u32, [vp])
+        self._declare("bpf_map__set_max_entries", c_int, [vp, u32])
         self._declare("bpf_map__type", c_int, [vp])
         self._declare("bpf_map_get_next_key", c_int, [c_int, vp, vp])
         self._declare("bpf_map_lookup_elem", c_int, [c_int, vp, vp])
@@ -96,6 +98,7 @@ class _Lib:
         self._declare("libbpf_set_print", vp, [_PRINT_FN])
         self._declare("ring_buffer__new", vp, [c_int, _SAMPLE_FN, vp, vp])
         self._declare("ring_buffer__poll", c_int, [vp, c_int])
+        self._declare("ring_buffer__consume", c_int, [vp])
         self._declare("ring_buffer__free", None, [vp])
         self.libc.vsnprintf.restype = c_int
         self.libc.vsnprintf.argtypes = [c_char_p, ctypes.c_size_t, c_char_p, vp]
@@ -294,6 +297,14 @@ class RingBuffer:
                 return 0
             return self._lib.so.ring_buffer__poll(self._ptr, int(timeout_ms))
 
+    def consume(self) -> int:
+        """Deliver every record already in the ring, without waiting (records submitted with
+        BPF_RB_NO_WAKEUP never wake poll); returns how many (or -errno)."""
+        with self._lock:
+            if self._ptr is None:
+                return 0
+            return self._lib.so.ring_buffer__consume(self._ptr)
+
     def close(self) -> None:
         with self._lock:
             if self._ptr is not None:
@@ -312,8 +323,10 @@ class BpfObject:
         self._maps: dict[str, BpfMap] = {}
 
     @classmethod
-    def load(cls, path: str | Path, skip_programs: tuple[str, ...] = ()) -> "BpfObject":
-        """Open and load `path`; programs named in skip_programs are not loaded."""
+    def load(cls, path: str | Path, skip_programs: tuple[str, ...] = (),
+             map_sizes: dict[str, int] | None = None) -> "BpfObject":
+        """Open and load `path`; programs named in skip_programs are not loaded; map_sizes
+        (map name -> max_entries, bytes for a ring buffer) resizes maps before the load."""
         lib = library()
         path = Path(path)
         if not path.is_file():
@@ -331,6 +344,13 @@ class BpfObject:
                     prog = lib.so.bpf_object__find_program_by_name(ptr, name.encode())
                     if prog:
                         lib.so.bpf_program__set_autoload(prog, False)
+                for name, entries in (map_sizes or {}).items():
+                    found = lib.so.bpf_object__find_map_by_name(ptr, name.encode())
+                    rc = lib.so.bpf_map__set_max_entries(found, entries) if found else -_errno.ENOENT
+                    if rc < 0:
+                        lib.so.bpf_object__close(ptr)
+                        raise BpfUnavailable(BAD_OBJECT, f"{path.name}: cannot size map {name} to {entries}: "
+                                             f"{os.strerror(-rc)}")
                 rc = lib.so.bpf_object__load(ptr)
                 if rc < 0:
                     err = _errno_of(rc)

@@ -1,9 +1,16 @@
 """Which processes the syscalls program counts under their own name.
 
-Bounded by construction: processes that hold a GPU device open (a /dev/nvidia* fd, found
-by scanning <procfs>/*/fd) plus a configured allow-list of process names. Everything
-else is counted as "other". The GPU driver's character-device majors come from
-<procfs>/devices, so the kernel program can recognise a GPU ioctl by its fd.
+Bounded by construction: processes that made a GPU-driver ioctl (syscalls.bpf.c adds a
+process to `tracked_tgids` at its first ioctl on a GPU character device, recognised by
+the majors user space writes into `gpu_majors` from <procfs>/devices) plus a configured
+allow-list of process names. Everything else is counted as "other".
+
+User space never walks every process's open files: finding GPU processes that way read
+one symlink per open fd of every process, ~9 µs each, every scan (a busy GPU node has tens
+of thousands of fds). It only adds the allow-list (one `comm` read per process, and only
+when there is an allow-list), removes processes that exited (one stat per tracked
+process), and moves GPU processes that found the map full (`untracked_gpu_tgids`) in when
+room frees up.
 """
 from __future__ import annotations
 
@@ -36,24 +43,11 @@ def parse_char_majors(text: str, name_prefixes: tuple[str, ...] = ("nvidia",)) -
     return sorted(set(majors))
 
 
-def _holds_device(fd_dir: Path, device_prefix: str) -> bool:
-    try:
-        fds = os.listdir(fd_dir)
-    except OSError:   # process gone, or not ours to look at
-        return False
-    for fd in fds:
-        try:
-            if os.readlink(fd_dir / fd).startswith(device_prefix):
-                return True
-        except OSError:
-            continue
-    return False
-
-
-def scan_tracked_processes(procfs: Path, device_prefix: str = "/dev/nvidia",
-                           allow_comms: frozenset[str] = frozenset()) -> dict[int, str]:
-    """tgid -> comm of every process holding a `device_prefix`* fd or named in allow_comms."""
+def scan_named_processes(procfs: Path, allow_comms: frozenset[str]) -> dict[int, str]:
+    """tgid -> comm of every process whose name is in allow_comms."""
     found: dict[int, str] = {}
+    if not allow_comms:
+        return found
     try:
         entries = os.listdir(procfs)
     except OSError as exc:
@@ -62,12 +56,11 @@ def scan_tracked_processes(procfs: Path, device_prefix: str = "/dev/nvidia",
     for entry in entries:
         if not entry.isdigit():
             continue
-        pid_dir = procfs / entry
         try:
-            comm = (pid_dir / "comm").read_text().rstrip("\n")
+            comm = (procfs / entry / "comm").read_text().rstrip("\n")
         except OSError:
             continue
-        if comm in allow_comms or (device_prefix and _holds_device(pid_dir / "fd", device_prefix)):
+        if comm in allow_comms:
             found[int(entry)] = comm
     return found
 
@@ -75,14 +68,12 @@ def scan_tracked_processes(procfs: Path, device_prefix: str = "/dev/nvidia",
 class ProcessTracker:
     """Keeps the kernel's tracked_tgids and gpu_majors maps in step with the host."""
 
-    def __init__(self, procfs: Path, device_prefix: str, allow_comms: frozenset[str],
-                 explicit_majors: list[int] | None, interval_seconds: float) -> None:
+    def __init__(self, procfs: Path, allow_comms: frozenset[str], explicit_majors: list[int] | None,
+                 interval_seconds: float) -> None:
         self.procfs = procfs
-        self.device_prefix = device_prefix
         self.allow_comms = allow_comms
         self.explicit_majors = explicit_majors
         self.interval = interval_seconds
-        self._tracked: set[int] = set()
         self._last_sync = float("-inf")
         # Processes that should be counted by name but found no room in the kernel's
         # tracked_tgids map on the last sync (they count under "other" instead).
@@ -97,10 +88,13 @@ class ProcessTracker:
             return []
 
     def request_rescan(self) -> None:
-        """Make the next sync() scan procfs whatever the interval says."""
+        """Make the next sync() run whatever the interval says."""
         self._last_sync = float("-inf")
 
-    def sync(self, tracked_map, majors_map) -> None:
+    def _alive(self, tgid: int) -> bool:
+        return (self.procfs / str(tgid)).exists()
+
+    def sync(self, tracked_map, majors_map, untracked_map=None) -> None:
         now = time.monotonic()
         if now - self._last_sync < self.interval:
             return
@@ -109,21 +103,33 @@ class ProcessTracker:
         for slot in range(GPU_MAJOR_SLOTS):
             value = majors[slot] if slot < len(majors) else 0
             majors_map.update(struct.pack("<I", slot), struct.pack("<I", value))
-        wanted = set(scan_tracked_processes(self.procfs, self.device_prefix, self.allow_comms))
-        for tgid in self._tracked - wanted:
-            tracked_map.delete(struct.pack("<I", tgid))
-        kept = self._tracked & wanted
-        room = max(0, tracked_map.max_entries - len(kept))
-        added = set()
-        for tgid in sorted(wanted - self._tracked)[:room]:
+        tracked = set()
+        for key in list(tracked_map.keys()):
+            tgid = struct.unpack("<I", key)[0]
+            if self._alive(tgid):
+                tracked.add(tgid)
+            else:
+                tracked_map.delete(key)
+        waiting = set(scan_named_processes(self.procfs, self.allow_comms))
+        if untracked_map is not None:           # GPU processes the kernel had no room for
+            for key in list(untracked_map.keys()):
+                tgid = struct.unpack("<I", key)[0]
+                if self._alive(tgid) and tgid not in tracked:
+                    waiting.add(tgid)
+                else:
+                    untracked_map.delete(key)
+        waiting -= tracked
+        room = max(0, tracked_map.max_entries - len(tracked))
+        for tgid in sorted(waiting)[:room]:
             try:
                 tracked_map.update(struct.pack("<I", tgid), struct.pack("<I", 1))
-            except Exception as exc:   # map full or closed: count it, keep the rest
+            except Exception as exc:   # map full (the kernel added one meanwhile) or closed
                 log.warning("cannot track process %d: %s", tgid, exc)
                 continue
-            added.add(tgid)
-        self._tracked = kept | added
-        untracked = len(wanted - self._tracked)
+            waiting.discard(tgid)
+            if untracked_map is not None:
+                untracked_map.delete(struct.pack("<I", tgid))
+        untracked = len(waiting)
         if untracked and untracked != self.untracked:
             log.warning("%d processes of interest do not fit the tracked-process map (%d entries); "
                         "their syscalls count under comm=\"other\"", untracked, tracked_map.max_entries)

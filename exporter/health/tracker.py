@@ -68,9 +68,10 @@ class HealthTracker:
         self.load_problem = state_file.load_problem
         try:
             self._restore(data)
-        except (TypeError, ValueError, AttributeError):
-            # Valid JSON of the wrong shape is as useless as torn JSON: start clean, rewrite.
-            self.load_problem = "corrupt"
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+            # Valid JSON of the wrong shape is as useless as torn JSON: set it aside, start clean.
+            state_file.set_aside(f"wrong shape: {exc!r}")
+            self.load_problem = state_file.load_problem
             self._restore({})
         self._dirty = self.load_problem is not None
 

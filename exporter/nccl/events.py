@@ -17,3 +17,6 @@ class NcclCall:
     start: float         # wall-clock seconds (time.time() base) when the call was entered
     enqueue_seconds: float | None = None   # entry -> return of the API call (uprobes)
     end: float | None = None               # completion, when the source knows it (ingest API)
+    # The collective's sequence number on the comm where the source counts them (the
+    # uprobes count in the kernel, so a lost event shifts nothing); else the tracker counts.
+    sequence: int | None = None

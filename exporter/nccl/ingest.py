@@ -1,4 +1,5 @@
-"""POST /nccl/operations and GET /nccl/operations/active (seed 000 §14.3).
+"""POST /nccl/operations and GET /nccl/operations/active: NCCL operations reported by a
+job over HTTP, and the operations in flight with any hang's culprits.
 
 Parsing and validation are pure (parse_operations); the handlers only map results and
 errors to HTTP. A batch is all or nothing: one invalid record rejects the whole body and
@@ -11,8 +12,9 @@ import math
 import re
 from typing import Any
 
+from ..schema import shown
 from .events import OPS, NcclCall
-from .tracker import NcclTracker, RecordError
+from .tracker import CapacityError, NcclTracker, RecordError
 
 MAX_RECORDS = 10_000
 _COMM_PATTERN = re.compile(r"^[0-9A-Za-z_.:-]{1,64}$")
@@ -36,6 +38,8 @@ def parse_operations(body: bytes) -> list[NcclCall]:
         raise IngestError(f"body is not UTF-8: {exc.reason} at byte {exc.start}") from None
     except json.JSONDecodeError as exc:
         raise IngestError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except RecursionError:
+        raise IngestError("JSON nested too deeply") from None
     records = data if isinstance(data, list) else [data]
     if not isinstance(data, (list, dict)):
         raise IngestError(f"expected a JSON object or a list of objects, got {type(data).__name__}")
@@ -51,17 +55,17 @@ def _parse_record(record: Any, index: int) -> NcclCall:
         raise IngestError(f"record {index}: expected an object, got {type(record).__name__}", index)
     unknown = sorted(set(record) - _FIELDS)
     if unknown:
-        raise IngestError(f"record {index}: unknown field {unknown[0]!r} (allowed: {', '.join(sorted(_FIELDS))})",
-                          index, unknown[0])
+        raise IngestError(f"record {index}: unknown field {shown(unknown[0])} (allowed: {', '.join(sorted(_FIELDS))})",
+                          index, unknown[0][:64])
     for name in _REQUIRED:
         if name not in record:
             raise IngestError(f"record {index}: missing field {name!r}", index, name)
     op = record["op"]
     if op not in OPS:
-        raise IngestError(f"record {index}: op {op!r} is not one of {', '.join(OPS)}", index, "op")
+        raise IngestError(f"record {index}: op {shown(op)} is not one of {', '.join(OPS)}", index, "op")
     comm = record["comm"]
     if not isinstance(comm, str) or not _COMM_PATTERN.match(comm):
-        raise IngestError(f"record {index}: comm must be 1-64 characters of [0-9A-Za-z_.:-], got {comm!r}",
+        raise IngestError(f"record {index}: comm must be 1-64 characters of [0-9A-Za-z_.:-], got {shown(comm)}",
                           index, "comm")
     nranks = _integer(record, "nranks", index, minimum=1)
     rank = _integer(record, "rank", index, minimum=0)
@@ -78,7 +82,7 @@ def _parse_record(record: Any, index: int) -> NcclCall:
 def _integer(record: dict, name: str, index: int, minimum: int) -> int:
     value = record[name]
     if isinstance(value, bool) or not isinstance(value, int):
-        raise IngestError(f"record {index}: {name} must be an integer, got {value!r}", index, name)
+        raise IngestError(f"record {index}: {name} must be an integer, got {shown(value)}", index, name)
     if value < minimum:
         raise IngestError(f"record {index}: {name} must be >= {minimum}, got {value}", index, name)
     if value >= 2 ** 63:
@@ -89,7 +93,7 @@ def _integer(record: dict, name: str, index: int, minimum: int) -> int:
 def _timestamp(record: dict, name: str, index: int) -> float:
     value = record[name]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise IngestError(f"record {index}: {name} must be a number of UNIX seconds, got {value!r}", index, name)
+        raise IngestError(f"record {index}: {name} must be a number of UNIX seconds, got {shown(value)}", index, name)
     if value > _MAX_TIMESTAMP:
         raise IngestError(f"record {index}: {name} {value} looks like milliseconds; send UNIX seconds",
                           index, name)
@@ -103,28 +107,37 @@ def _json(status: int, payload: Any) -> tuple[int, str, bytes]:
 
 
 class IngestRoutes:
-    """The two HTTP handlers over one tracker; counts accepted and rejected requests."""
+    """The two HTTP handlers over one tracker; counts accepted and rejected requests.
 
-    def __init__(self, tracker: NcclTracker) -> None:
+    POST is off unless the `nccl.ingest` setting turns it on: whoever can reach the port
+    could otherwise invent communicators. Turn it on behind --web.config.file
+    basic_auth_users (every route then needs credentials)."""
+
+    def __init__(self, tracker: NcclTracker, enabled: bool = False) -> None:
         self.tracker = tracker
-        self.requests = {"accepted": 0, "rejected": 0}
+        self.enabled = enabled
+        self.requests = {"accepted": 0, "rejected": 0, "disabled": 0}
 
     def routes(self) -> dict:
         return {("POST", "/nccl/operations"): self.post_operations,
                 ("GET", "/nccl/operations/active"): self.get_active}
 
     def post_operations(self, body: bytes, query: dict) -> tuple[int, str, bytes]:
+        if not self.enabled:
+            self.requests["disabled"] += 1
+            return _json(403, {"error": "POST /nccl/operations is off on this exporter: set `ingest: true` in the "
+                                        "nccl section of --config.file (with basic_auth_users in --web.config.file)"})
         try:
             calls = parse_operations(body)
             self.tracker.record_batch(calls)
-        except RecordError as exc:            # invalid input, or a conflict with stored records
+        except RecordError as exc:            # invalid input, a conflict, or no room left
             self.requests["rejected"] += 1
             payload = {"error": str(exc)}
             if exc.index is not None:
                 payload["index"] = exc.index
             if exc.field is not None:
                 payload["field"] = exc.field
-            return _json(400, payload)
+            return _json(503 if isinstance(exc, CapacityError) else 400, payload)
         self.requests["accepted"] += 1
         return _json(202, {"accepted": len(calls)})
 

@@ -69,7 +69,11 @@ class RecordError(ValueError):
 
 
 class ConflictError(RecordError):
-    """A record disagrees with what is already stored (e.g. another nranks for a rank)."""
+    """A record disagrees with what is already stored (e.g. another nranks for the comm)."""
+
+
+class CapacityError(RecordError):
+    """Ingested records would need room that only communicators seen through the uprobes hold."""
 
 
 class Histogram:
@@ -127,6 +131,9 @@ class _Comm:
     stats: dict[tuple[int, str], _OpStats] = field(default_factory=dict)
     inflight: dict[int, _InFlight] = field(default_factory=dict)    # rank -> its open operation
     last_activity: float = 0.0
+    # Seen through the uprobes (a real process on this node): never evicted to make room
+    # for ingested records, which anyone allowed to POST can invent.
+    probed: bool = False
     ranks: dict[int, _RankSequence] = field(default_factory=dict)   # the local ranks that take part
     arrivals: dict[int, dict[int, float]] = field(default_factory=dict)   # sequence -> rank -> entry
 
@@ -262,7 +269,7 @@ class NcclTracker:
     def register_comm(self, comm: str, rank: int, nranks: int) -> None:
         """A communicator was initialised (uprobe on ncclCommInit*): comm_info before any call."""
         with self._lock:
-            state = self._comm(comm)
+            state = self._comm(comm, probed=True)
             state.nranks[rank] = nranks
             if rank >= 0:
                 state.ranks.setdefault(rank, _RankSequence())
@@ -272,7 +279,7 @@ class NcclTracker:
         """The rank entered a collective. With a token, the call stays 'blocked' until
         call_returned(token) says the API returned."""
         with self._lock:
-            if self._open(call, api_returned=token is None) and token is not None:
+            if self._open(call, api_returned=token is None, probed=True) and token is not None:
                 self._pending[token] = (call.comm, call.rank, call.op, call.start)
 
     def call_returned(self, token: Hashable, enqueue_seconds: float) -> None:
@@ -307,10 +314,11 @@ class NcclTracker:
         calls = list(calls)
         with self._lock:
             self._check_conflicts(calls)
+            self._check_capacity(calls)
             for call in calls:
                 if call.end is not None and self._completes_open(call):
                     continue
-                if not self._open(call, api_returned=True):
+                if not self._open(call, api_returned=True, probed=False):
                     continue
                 if call.enqueue_seconds is not None:
                     self._comms[call.comm].stats[(call.rank, call.op)].enqueue.observe(call.enqueue_seconds)
@@ -408,22 +416,23 @@ class NcclTracker:
                 out += [Culprit(comm, rank, "stuck_in_call", front, op, returned) for rank in inside]
         return out
 
-    def _comm(self, comm: str) -> _Comm:
+    def _comm(self, comm: str, probed: bool) -> _Comm:
         state = self._comms.get(comm)
         if state is not None:
+            state.probed |= probed
             return state
         if len(self._comms) >= self.max_comms:
-            self._evict_lru(exclude=comm)
-        state = self._comms[comm] = _Comm(last_activity=self.clock())
+            self._evict_lru(exclude=comm, probed_too=probed)
+        state = self._comms[comm] = _Comm(last_activity=self.clock(), probed=probed)
         return state
 
-    def _open(self, call: NcclCall, api_returned: bool) -> bool:
+    def _open(self, call: NcclCall, api_returned: bool, probed: bool) -> bool:
         """Count the call and make it the rank's open operation. False if refused."""
-        state = self._comm(call.comm)
+        state = self._comm(call.comm, probed)
         key = (call.rank, call.op)
         stats = state.stats.get(key)
         if stats is None:
-            while self._series >= self.max_series and self._evict_lru(exclude=call.comm):
+            while self._series >= self.max_series and self._evict_lru(exclude=call.comm, probed_too=probed):
                 pass
             if self._series >= self.max_series:
                 self._dropped_calls += 1
@@ -449,7 +458,7 @@ class NcclTracker:
     def _arrive(self, state: _Comm, call: NcclCall) -> None:
         """Number the rank's collective and judge arrival lag once every local rank entered it."""
         seq = state.ranks.setdefault(call.rank, _RankSequence())
-        seq.sequence += 1
+        seq.sequence = call.sequence if call.sequence is not None else seq.sequence + 1
         seq.last_op = call.op
         if seq.sequence % self.boundary_ops == 0:
             seq.boundary, seq.boundary_start = seq.sequence, call.start
@@ -462,9 +471,9 @@ class NcclTracker:
         """Observe the lag of every op in `sequences` (default: all pending) that all local
         ranks have entered."""
         if len(state.ranks) < 2:
-            # One local rank has no local peer to be late against; the cross-node join
-            # (sequence boundaries) covers it.
-            state.arrivals.clear()
+            # One local rank has no local peer to be late against (the cross-node join,
+            # sequence boundaries, covers it), or its peer has not shown itself yet: keep
+            # the entries, bounded by _MAX_PENDING_ARRIVALS.
             return
         members = state.ranks.keys()
         for sequence in sorted(state.arrivals) if sequences is None else sequences:
@@ -496,18 +505,31 @@ class NcclTracker:
         stats.recent.append(duration)
 
     def _check_conflicts(self, calls: list[NcclCall]) -> None:
-        seen: dict[tuple[str, int], int] = {}
+        """One size per communicator: every rank of a comm has the same nranks, so the ranks
+        a comm can hold are bounded by it (rank < nranks is checked on parsing)."""
+        seen: dict[str, int] = {}
         for index, call in enumerate(calls):
             state = self._comms.get(call.comm)
-            stored = state.nranks.get(call.rank) if state else None
-            earlier = seen.setdefault((call.comm, call.rank), call.nranks)
+            sizes = {n for n in state.nranks.values() if n > 0} if state else set()
+            stored = next(iter(sizes)) if len(sizes) == 1 else None
+            earlier = seen.setdefault(call.comm, call.nranks)
             for other, where in ((stored, "already stored"), (earlier, "earlier in this batch")):
                 if other is not None and other != call.nranks:
                     raise ConflictError(f"record {index}: nranks {call.nranks} disagrees with nranks {other} "
-                                        f"{where} for comm {call.comm} rank {call.rank}", index, "nranks")
+                                        f"{where} for comm {call.comm}", index, "nranks")
 
-    def _evict_lru(self, exclude: str) -> bool:
-        candidates = [(state.last_activity, comm) for comm, state in self._comms.items() if comm != exclude]
+    def _check_capacity(self, calls: list[NcclCall]) -> None:
+        """Refuse a batch whose new communicators could only fit by evicting probed ones."""
+        new = {call.comm for call in calls} - self._comms.keys()
+        evictable = sum(1 for comm, state in self._comms.items() if not state.probed and comm not in new)
+        if len(self._comms) + len(new) - self.max_comms > evictable:
+            raise CapacityError(f"{len(new)} new communicator(s) do not fit: {len(self._comms)} of max_comms "
+                                f"{self.max_comms} are tracked and only {evictable} ingested one(s) may be evicted; "
+                                f"communicators seen on this node's processes are kept", None, "comm")
+
+    def _evict_lru(self, exclude: str, probed_too: bool = True) -> bool:
+        candidates = [(state.last_activity, comm) for comm, state in self._comms.items()
+                      if comm != exclude and (probed_too or not state.probed)]
         if not candidates:
             return False
         self._drop_comm(min(candidates)[1])

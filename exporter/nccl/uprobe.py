@@ -5,10 +5,13 @@ return, communicator init and communicator destroy. This module:
 - decodes those records (decode_event, pure) and applies them to an NcclTracker
   (EventHandler): comm pointer -> (comm id hash, rank, nranks), entry/return pairing per
   thread, bytes = count x datatype size;
-- finds libnccl.so* in every process's maps (libtorch_cuda.so where NCCL is linked in
+- finds libnccl.so* in processes' maps (libtorch_cuda.so where NCCL is linked in
   statically and still exports ncclAllReduce), attaches once per library *file* (uprobes
-  are per inode, so one attach covers every process mapping it), rescans periodically
-  for new processes, and detaches a library when no process maps it any more.
+  are per inode, so one attach covers every process mapping it), and detaches a library
+  when no process maps it any more. Which processes to look at comes from exec and
+  dlopen hints (exporter/bpf/procwatch.bpf.c, discovery.ProcessWatch) and from pids first
+  seen in NCCL events; a full rescan of every process runs only as a slow safety net
+  (every 2 s when the hints are unavailable).
 Every failure is a metric and a log line; nothing here raises into the exporter.
 """
 from __future__ import annotations
@@ -21,6 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from . import discovery
 from .commid import comm_label, fold_words, splitmix64, unique_id_hash
@@ -60,8 +64,9 @@ PROBES = [
 ]
 
 
-@dataclass(frozen=True)
-class NcclEvent:
+class NcclEvent(NamedTuple):
+    """One decoded record. A NamedTuple, not a dataclass: decoding runs once per NCCL call
+    entry and return, and building a frozen dataclass cost 4x the unpacking (docs/cost.md)."""
     ts_ns: int
     comm: int
     count: int
@@ -75,14 +80,15 @@ class NcclEvent:
     rank: int
     nranks: int
     unique_id: bytes
+    seq: int = 0         # collective entry: sequence number on the comm, counted in the kernel
 
 
 def decode_event(raw: bytes) -> NcclEvent:
     if len(raw) < EVENT.size:
         raise ValueError(f"event record of {len(raw)} bytes, expected {EVENT.size}")
-    (ts, comm, count, aux, pid, tid, kind, op, dtype, peer, rank, nranks, _pad,
+    (ts, comm, count, aux, pid, tid, kind, op, dtype, peer, rank, nranks, seq,
      unique_id) = EVENT.unpack_from(raw)
-    return NcclEvent(ts, comm, count, aux, pid, tid, kind, op, dtype, peer, rank, nranks, unique_id)
+    return NcclEvent(ts, comm, count, aux, pid, tid, kind, op, dtype, peer, rank, nranks, unique_id, seq)
 
 
 @dataclass
@@ -164,7 +170,7 @@ class EventHandler:
             size = 0
         ref = self._comm(event.pid, event.comm)
         call = NcclCall(op=OPS[event.op], comm=ref.label, rank=ref.rank, nranks=ref.nranks,
-                        nbytes=event.count * size, start=self._wall(event.ts_ns))
+                        nbytes=event.count * size, start=self._wall(event.ts_ns), sequence=event.seq or None)
         self.open_calls[(event.pid, event.tid)] = event.ts_ns
         self.tracker.call_entered(call, token=(event.pid, event.tid))
 
@@ -229,12 +235,39 @@ class UprobeStatus:
 class UprobeSource:
     """Background thread: rescan processes, attach/detach, poll the ring buffer."""
 
-    def __init__(self, procfs: Path, sysfs: Path, object_path: Path, rescan_seconds: float = 2.0) -> None:
+    # Full rescans: a safety net when exec/dlopen hints arrive, the only way when they cannot.
+    RESCAN_WITH_HINTS = 300.0
+    RESCAN_WITHOUT_HINTS = 2.0
+    # Collective events are drained in batches this often (ms).
+    BATCH_MS = 100
+    # How often traced processes are checked for having exited (a stat each).
+    EXIT_CHECK_SECONDS = 1.0
+
+    # Ring buffer for NCCL events. Drained every BATCH_MS, it must hold one batch: 1 MiB is
+    # ~5,400 events, 54,000 a second (a job of 8 ranks at 3,000 calls/s each). Its pages count
+    # in the exporter's RSS (twice the size once the ring has wrapped), so it is not larger.
+    RING_BYTES = 1 << 20
+
+    def __init__(self, procfs: Path, sysfs: Path, object_path: Path, rescan_seconds: float | None = None,
+                 watch_object_path: Path | None = None, ring_bytes: int | None = None) -> None:
+        """rescan_seconds None: RESCAN_WITH_HINTS, or RESCAN_WITHOUT_HINTS when the process
+        watch (procwatch.bpf.o beside object_path) cannot run."""
         self.procfs = Path(procfs)
         self.sysfs = Path(sysfs)
         self.object_path = Path(object_path)
-        self.rescan_seconds = rescan_seconds
+        self.watch_object_path = Path(watch_object_path or self.object_path.with_name("procwatch.bpf.o"))
+        self.ring_bytes = ring_bytes or self.RING_BYTES
+        self._rescan_setting = rescan_seconds
+        self.rescan_seconds = rescan_seconds if rescan_seconds is not None else self.RESCAN_WITHOUT_HINTS
         self.reason = "starting"
+        self.watch: discovery.ProcessWatch | None = None
+        self.watch_reason = "starting"
+        self._watch_obj = None
+        self._watch_ring = None
+        self._watch_lost = 0
+        self.full_rescans = 0
+        self.looks = 0
+        self._calling_untraced: set[int] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -269,7 +302,7 @@ class UprobeSource:
         if problem:
             return self._unavailable(*problem)
         try:
-            self._obj = BpfObject.load(self.object_path)
+            self._obj = BpfObject.load(self.object_path, map_sizes={"nccl_events": self.ring_bytes})
             self._ring = self._obj.ring_buffer("nccl_events", self._handler.handle_raw)
         except (BpfUnavailable, KeyError) as exc:
             if self._obj is not None:
@@ -277,9 +310,46 @@ class UprobeSource:
                 self._obj = None
             return self._unavailable(getattr(exc, "reason", "bad_object"), str(exc))
         self.reason = "ok"
-        log.info("NCCL uprobes loaded from %s; scanning %s every %.1fs", self.object_path, self.procfs,
+        self._load_watch()
+        log.info("NCCL uprobes loaded from %s; process discovery from %s, full rescan of %s every %.0fs",
+                 self.object_path, "exec/dlopen hints" if self.watch else "rescans only", self.procfs,
                  self.rescan_seconds)
         return True
+
+    def _load_watch(self) -> None:
+        """exec + dlopen hints; without them, discovery falls back to frequent full rescans."""
+        from ..ebpf import elfsym
+        from ..ebpf.libbpf import BpfObject, BpfUnavailable
+
+        watch = discovery.ProcessWatch()
+        try:
+            obj = BpfObject.load(self.watch_object_path)
+        except BpfUnavailable as exc:
+            self.watch_reason = exc.reason
+            log.warning("process watch unavailable (%s): full rescans every %.1fs", exc, self.rescan_seconds)
+            return
+        try:
+            obj.attach("proc_exec")
+            libcs = discovery.libc_paths(self.procfs)
+            for path in libcs:
+                # Offset from .dynsym ourselves: glibc >= 2.34 defines dlopen twice (two symbol
+                # versions, one address), which libbpf's name lookup refuses as ambiguous.
+                try:
+                    offset = elfsym.symbol_file_offset(path, "dlopen")
+                    obj.attach_uprobe_at("proc_dlopen_return", path, offset, retprobe=True, label="dlopen")
+                except (OSError, elfsym.ElfError, BpfUnavailable) as exc:   # libdl.so.2 of a new glibc: no dlopen
+                    log.debug("no dlopen hint from %s: %s", path, exc)
+            if not libcs:
+                log.warning("process watch: no libc in %s/self/maps; late dlopen found by rescans only", self.procfs)
+            self._watch_ring = obj.ring_buffer("proc_events", watch.handle_raw)
+        except (BpfUnavailable, KeyError) as exc:
+            obj.close()
+            self.watch_reason = getattr(exc, "reason", "bad_object")
+            log.warning("process watch unavailable (%s): full rescans every %.1fs", exc, self.rescan_seconds)
+            return
+        self._watch_obj, self.watch, self.watch_reason = obj, watch, "ok"
+        if self._rescan_setting is None:
+            self.rescan_seconds = self.RESCAN_WITH_HINTS
 
     def _unavailable(self, reason: str, message: str) -> bool:
         self.reason = reason
@@ -297,30 +367,118 @@ class UprobeSource:
             if self._obj is not None:
                 self._obj.close()          # also frees the ring buffer
                 self._obj = None
+            if self._watch_obj is not None:
+                self._watch_obj.close()
+                self._watch_obj = None
 
     # ---- the loop ------------------------------------------------------------------------
 
     def _run(self) -> None:
-        next_scan = 0.0
+        next_scan = next_exit_check = 0.0
+        batch = 0
         while not self._stop.is_set():
-            if time.monotonic() >= next_scan:
-                try:
+            now = time.monotonic()
+            try:
+                if now >= next_scan or (self.watch is not None and self._hints_lost()):
                     self.rescan()
-                except Exception:          # a scan bug must not end tracing
-                    log.exception("NCCL process scan failed")
-                self._handler.resync_clock()
-                next_scan = time.monotonic() + self.rescan_seconds
-            rc = self._ring.poll(200)
+                    self._handler.resync_clock()
+                    next_scan = time.monotonic() + self.rescan_seconds
+                elif self.watch is not None:
+                    self._look_at_hinted()
+                    if now >= next_exit_check:
+                        self._forget_exited()
+                        next_exit_check = now + self.EXIT_CHECK_SECONDS
+            except Exception:              # a scan bug must not end tracing
+                log.exception("NCCL process discovery failed")
+            # Collective events do not wake this thread (nccl.bpf.c): wait for an init/destroy
+            # or the batch interval, then drain everything pending in one go.
+            # A batch that filled a quarter of the ring: drain again sooner, before it fills.
+            busy = batch * (EVENT.size + 8) > self.ring_bytes // 4
+            rc = self._ring.poll(10 if busy else self.BATCH_MS)
+            if rc >= 0:
+                batch = rc = rc + self._ring.consume()
             if rc < 0 and rc != -4:        # -EINTR is harmless
                 log.warning("NCCL ring buffer poll failed: %s", os.strerror(-rc))
                 self._stop.wait(0.5)
+            if self._watch_ring is not None:
+                self._watch_ring.consume()
+
+    def _hints_lost(self) -> bool:
+        """Hints dropped (kernel ring full, or too many pending): only a full rescan is safe."""
+        lost = 0
+        try:
+            value = self._watch_obj.map("proc_events_lost").lookup(b"\0" * 4)
+            lost = struct.unpack("<Q", value)[0] if value else 0
+        except Exception as exc:
+            log.debug("cannot read proc_events_lost: %s", exc)
+        if lost > self._watch_lost or self.watch.overflowed:
+            log.warning("process hints lost (%d dropped in the kernel, queue overflowed: %s): full rescan",
+                        lost - self._watch_lost, self.watch.overflowed)
+            self._watch_lost = lost
+            return True
+        return False
+
+    def _look_at_hinted(self) -> None:
+        """Read the maps of hinted processes only, and of processes seen calling NCCL but not
+        yet known (forks that never exec'd map an already-probed library)."""
+        with self._lock:
+            known = self._pids | self._calling_untraced
+        calling = {pid for pid, _ in list(self._handler.comms)} - known
+        pids = set(self.watch.due()) | calling
+        if not pids:
+            return
+        self.looks += len(pids)
+        self._calling_untraced |= calling           # looked at once; the rescan reconsiders them
+        found: dict[tuple[int, int], tuple[discovery.LibraryRef, set[int]]] = {}
+        for pid in sorted(pids):
+            maps = discovery.read_maps(self.procfs, pid)
+            if maps is None:
+                if pid in calling:                  # called NCCL, gone before we looked
+                    self._handler.process_exited(pid)
+                continue
+            for ref in self._libraries_of(pid, maps):
+                found.setdefault((ref.dev, ref.inode), (ref, set()))[1].add(pid)
+        new = []
+        with self._lock:
+            for key, (ref, mapped_by) in found.items():
+                library = self._libraries.get(key)
+                if library is None:
+                    new.append((key, ref, mapped_by))
+                    continue
+                library.pids |= mapped_by
+                if library.links:
+                    self._pids |= mapped_by
+        for key, ref, mapped_by in new:
+            self._add_library(key, ref, mapped_by)
+
+    def _forget_exited(self) -> None:
+        with self._lock:
+            gone = {pid for pid in self._pids if not (self.procfs / str(pid)).exists()}
+            if not gone:
+                return
+            for library in self._libraries.values():
+                library.pids -= gone
+            self._pids -= gone
+            for pid in sorted(gone):
+                self._process_exited(pid)
+
+    def _process_exited(self, pid: int) -> None:
+        inflight = self._handler.process_exited(pid)
+        self._exited += 1
+        log.info("traced process %d exited%s", pid, f" with {inflight} NCCL call(s) open" if inflight else "")
 
     def poll_once(self, timeout_ms: int = 100) -> None:
         """Drain pending events now (tests and benches; the thread does this on its own)."""
         if self._ring is not None:
             self._ring.poll(timeout_ms)
+            self._ring.consume()
 
     def rescan(self) -> None:
+        """Read every process's maps: the safety net (and the only way without hints)."""
+        self.full_rescans += 1
+        self._calling_untraced = set()
+        if self.watch is not None:
+            self.watch.reset()
         found: dict[tuple[int, int], tuple[discovery.LibraryRef, set[int]]] = {}
         for pid in discovery.process_ids(self.procfs):
             maps = discovery.read_maps(self.procfs, pid)
@@ -336,14 +494,12 @@ class UprobeSource:
             for key, library in self._libraries.items():
                 library.pids = found[key][1]
             for pid in self._pids - traced:
-                inflight = self._handler.process_exited(pid)
-                self._exited += 1
-                log.info("traced process %d exited%s", pid,
-                         f" with {inflight} NCCL call(s) open" if inflight else "")
+                self._process_exited(pid)
             # Traced: mapping a library whose probes are in place (new ones join below).
             self._pids = set().union(*(lib.pids for lib in self._libraries.values() if lib.links))
         if not found and not self._told_no_library:
-            log.info("no process maps libnccl yet; looking again every %.1fs", self.rescan_seconds)
+            log.info("no process maps libnccl yet; %s", "looking at processes as they exec or dlopen"
+                     if self.watch else f"looking again every {self.rescan_seconds:.1f}s")
         self._told_no_library = not found
         # Each probe takes ~100 ms to place or remove in a VM: never do it under the lock a
         # scrape waits on. Only this thread changes the set of libraries.
@@ -351,14 +507,19 @@ class UprobeSource:
             log.info("no process maps %s any more: detaching", library.ref.path)
             self._detach(library)
         for key, ref in new:
-            library = _Library(ref=ref, pids=found[key][1])
-            self._attach(library)
-            with self._lock:
-                self._libraries[key] = library
-                if library.links:
-                    self._pids |= library.pids
+            self._add_library(key, ref, found[key][1])
+
+    def _add_library(self, key: tuple[int, int], ref: discovery.LibraryRef, pids: set[int]) -> None:
+        library = _Library(ref=ref, pids=pids)
+        self._attach(library)
+        with self._lock:
+            self._libraries[key] = library
+            if library.links:
+                self._pids |= library.pids
 
     def _libraries_of(self, pid: int, maps: str) -> list[discovery.LibraryRef]:
+        if not discovery.may_map_nccl(maps):
+            return []
         nccl, fallback = discovery.nccl_candidates(discovery.mapped_files(maps))
         refs = [ref for ref in (discovery.resolve(self.procfs, pid, path) for path in nccl) if ref]
         if refs:
@@ -416,6 +577,10 @@ class UprobeSource:
     @property
     def attached(self) -> bool:
         return self._obj is not None
+
+    def traced_pids(self) -> frozenset[int]:
+        with self._lock:
+            return frozenset(self._pids)
 
     def status(self) -> UprobeStatus:
         lost = 0

@@ -5,42 +5,120 @@ unreadable, empty, or hold text that is not a number ("N/A (no PMA)" from mlx5 p
 without a performance-management agent). Readers return either a value or a short,
 bounded reason string that collectors export as a label, so a bad file is visible and
 specific and never an exception that would cost the rest of the scrape.
+
+Only regular files are read (sysfs attributes and procfs files are regular files): a
+FIFO would block the reading thread until a writer appears, and opening a device node
+can have side effects. Each file is checked before it is opened and again on the opened
+descriptor, which is opened non-blocking, so a file swapped in between cannot block.
 """
 from __future__ import annotations
 
 import errno
 import os
+import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+# Whole-file reads (procfs tables such as net/route) stop here: a bigger file is reported,
+# not slurped into memory on every scrape.
+MAX_FILE_BYTES = 8 * 1024 * 1024
+# sysfs values fit in one page.
+SMALL_FILE_BYTES = 4096
+# Counters are unsigned 64-bit in the kernel; anything outside is not a counter reading.
+COUNTER_LIMIT = 1 << 64
+
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+# ASCII only: str.isdigit() and int() also accept "²" or "١٢٣", which no kernel writes.
+_DECIMAL = re.compile(r"-?[0-9]+\Z", re.ASCII)
+_HEX = re.compile(r"0x[0-9a-fA-F]+\Z", re.ASCII)
+_MAX_DIGITS = 40   # beyond any 64-bit value; keeps int() of a hostile file cheap
 
 
 @dataclass(frozen=True)
 class ReadProblem:
     path: Path
-    reason: str      # absent | permission_denied | not_a_file | io_error | empty | no_pma | not_a_number
+    # absent | permission_denied | not_a_file | unsupported | io_error | too_large | empty
+    # | no_pma | not_a_number | out_of_range | malformed
+    reason: str
 
     def __str__(self) -> str:
         return f"{self.path}: {self.reason}"
 
 
+def _open_regular(path: str | Path, dir_fd: int | None = None) -> int | str:
+    """A descriptor open on `path` if it is a regular file, else the reason label."""
+    try:
+        if not stat.S_ISREG(os.stat(path, dir_fd=dir_fd).st_mode):
+            return "not_a_file"
+        fd = os.open(path, _OPEN_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        return reason_for(exc)
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+        reason = "not_a_file"
+    except OSError as exc:
+        reason = reason_for(exc)
+    os.close(fd)
+    return reason
+
+
+def _read_fd(fd: int, limit: int) -> bytes | str:
+    """Up to `limit` bytes (then "too_large"), or the reason label of a failed read."""
+    chunks = []
+    size = 0
+    try:
+        while True:
+            chunk = os.read(fd, min(65536, limit + 1 - size))
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                return "too_large"
+    except OSError as exc:
+        return reason_for(exc)
+    finally:
+        os.close(fd)
+
+
+def _read(path: str | Path, limit: int, dir_fd: int | None = None, shown: Path | None = None) -> str | ReadProblem:
+    fd = _open_regular(path, dir_fd)
+    raw = fd if isinstance(fd, str) else _read_fd(fd, limit)
+    if isinstance(raw, str):
+        return ReadProblem(shown or Path(path), raw)
+    text = raw.decode("utf-8", "replace").strip()
+    return text if text else ReadProblem(shown or Path(path), "empty")
+
+
 def read_text(path: Path) -> str | ReadProblem:
     """The file's content with surrounding whitespace stripped, or why it could not be read."""
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
-    except OSError as exc:
-        return ReadProblem(path, reason_for(exc))
-    text = raw.decode("utf-8", "replace").strip()
-    return text if text else ReadProblem(path, "empty")
+    return _read(path, MAX_FILE_BYTES)
 
 
 def parse_int(text: str, path: Path) -> int | ReadProblem:
+    """A decimal (optionally negative) or 0x-hex integer as the kernel prints one."""
     if text.startswith("N/A"):
         return ReadProblem(path, "no_pma")
-    try:
-        return int(text, 0) if text.startswith("0x") else int(text)
-    except ValueError:
-        return ReadProblem(path, "not_a_number")
+    if len(text) > _MAX_DIGITS:
+        return ReadProblem(path, "out_of_range" if _DECIMAL.match(text) or _HEX.match(text) else "not_a_number")
+    if _DECIMAL.match(text):
+        return int(text)
+    if _HEX.match(text):
+        return int(text, 16)
+    return ReadProblem(path, "not_a_number")
+
+
+def parse_counter(text: str, path: Path) -> int | ReadProblem:
+    """parse_int for kernel counters: unsigned 64-bit, so a negative value or one of 2^64
+    or more is a malformed file, not a reading (exported, it would latch false breaches)."""
+    if text.isascii() and text.isdigit() and len(text) < 20:   # the common case, cheaply
+        return int(text)
+    value = parse_int(text, path)
+    if isinstance(value, int) and not 0 <= value < COUNTER_LIMIT:
+        return ReadProblem(path, "out_of_range")
+    return value
 
 
 def read_int(path: Path) -> int | ReadProblem:
@@ -49,23 +127,10 @@ def read_int(path: Path) -> int | ReadProblem:
 
 
 def read_small_text(path: str) -> str | ReadProblem:
-    """read_text for hot paths (hundreds of counter files per scrape).
-
-    One os.open/os.read/os.close: no buffered-IO object per file, which is most of the
-    cost of open().read() on a small sysfs attribute. sysfs values fit in one page.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as exc:
-        return ReadProblem(Path(path), reason_for(exc))
-    try:
-        raw = os.read(fd, 4096)
-    except OSError as exc:
-        return ReadProblem(Path(path), reason_for(exc))
-    finally:
-        os.close(fd)
-    text = raw.decode("utf-8", "replace").strip()
-    return text if text else ReadProblem(Path(path), "empty")
+    """read_text for hot paths (hundreds of counter files per scrape): raw descriptors, no
+    buffered-IO object per file, which is most of the cost of open().read() on a small
+    sysfs attribute."""
+    return _read(path, SMALL_FILE_BYTES)
 
 
 def reason_for(exc: OSError) -> str:
@@ -87,26 +152,10 @@ def read_small_texts(directory: str, names) -> list[tuple[str, str | ReadProblem
     each file is opened relative to it, so the kernel does not walk the full (often
     symlinked) sysfs path again for every counter file."""
     try:
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return [(name, read_small_text(os.path.join(directory, name))) for name in names]
-    results: list[tuple[str, str | ReadProblem]] = []
     try:
-        for name in names:
-            try:
-                fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd)
-            except OSError as exc:
-                results.append((name, ReadProblem(Path(directory, name), reason_for(exc))))
-                continue
-            try:
-                raw = os.read(fd, 4096)
-            except OSError as exc:
-                results.append((name, ReadProblem(Path(directory, name), reason_for(exc))))
-                continue
-            finally:
-                os.close(fd)
-            text = raw.decode("utf-8", "replace").strip()
-            results.append((name, text if text else ReadProblem(Path(directory, name), "empty")))
+        return [(name, _read(name, SMALL_FILE_BYTES, dir_fd, Path(directory, name))) for name in names]
     finally:
         os.close(dir_fd)
-    return results

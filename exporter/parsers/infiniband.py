@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from .files import ReadProblem, parse_int, read_small_text, read_small_texts, reason_for
+from .files import ReadProblem, parse_counter, parse_int, read_small_text, read_small_texts, reason_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +173,11 @@ def read_infiniband(sysfs: Path | str, cache: StaticCache | None = None) -> list
     seen = set()
     devices = []
     for entry in entries:
+        if not os.path.isdir(entry.path):
+            # The class link is there but its device directory is gone (a device removed
+            # mid-way, a broken driver unbind): the device is missing, which the health
+            # tracker reports for every device it knew, rather than a device with no ports.
+            continue
         seen.add(entry.name)
         devices.append(read_device(sysfs, entry, cache))
     for gone in set(cache) - seen:
@@ -189,7 +194,12 @@ def read_device(sysfs: Path | str, entry: os.DirEntry, cache: StaticCache) -> In
         identity = (entry.inode(), 0)
     static = cache.get(entry.name)
     if static is None or static.identity != identity:
-        static = cache[entry.name] = _read_static(entry.path, identity)
+        static = _read_static(entry.path, identity)
+        # A failed read (permission, I/O, a file where a directory belongs) is reported now
+        # and retried on the next scrape; cached, it would hide the device's ports until
+        # its identity changed.
+        if not static.problems:
+            cache[entry.name] = static
     device = InfiniBandDevice(entry.name, static.board_id, static.fw_ver, static.hca_type,
                               static.node_guid, static.pci, problems=list(static.problems))
     if static.pci is not None and static.pci.is_virtual_function:
@@ -279,12 +289,8 @@ def _read_counter_dir(directory: str, names: tuple[str, ...], problems: list[Rea
     values: dict[str, int] = {}
     for name, text in read_small_texts(directory, names):
         if text.__class__ is str:
-            # Fast path for the common all-digits case; parse_int handles the rest.
-            if text.isdigit():
-                values[name] = int(text)
-                continue
-            value = parse_int(text, Path(directory, name))
-            if isinstance(value, ReadProblem):
+            value = parse_counter(text, Path(directory, name))
+            if value.__class__ is ReadProblem:
                 problems.append(value)
             else:
                 values[name] = value

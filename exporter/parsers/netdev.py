@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .files import ReadProblem, parse_int, read_small_texts, reason_for
+from .files import ReadProblem, parse_counter, parse_int, read_small_texts, reason_for
 
 # ARPHRD_* codes from include/uapi/linux/if_arp.h that appear on GPU nodes; anything
 # else is exported as "other" so the label stays bounded.
@@ -106,7 +106,9 @@ def read_net_device(sysfs: Path, name: str) -> NetDevice | None:
     else:
         device.operstate = operstate.lower()
 
-    device.carrier_changes = _value(_parse(attributes["carrier_changes"], base / "carrier_changes"), device)
+    carrier_changes = attributes["carrier_changes"]
+    device.carrier_changes = _value(carrier_changes if isinstance(carrier_changes, ReadProblem)
+                                    else parse_counter(carrier_changes, base / "carrier_changes"), device)
     device.mtu = _value(_parse(attributes["mtu"], base / "mtu"), device)
     device.arp_type = _value(_parse(attributes["type"], base / "type"), device)
     speed = _value(_parse(attributes["speed"], base / "speed"), device)
@@ -134,7 +136,7 @@ def _read_statistics(directory: Path, device: NetDevice) -> dict[str, int]:
             device.problems.append(ReadProblem(directory / stat, "bad_name"))
     # One directory open, files opened relative to it: ~25 files per interface per scrape.
     for stat, text in read_small_texts(str(directory), wanted):
-        value = _value(_parse(text, directory / stat), device)
+        value = _value(text if isinstance(text, ReadProblem) else parse_counter(text, directory / stat), device)
         if value is not None:
             stats[stat] = value
     return stats

@@ -9,12 +9,17 @@ odd line from a patched kernel does not hide the TCP counters.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from .files import COUNTER_LIMIT, ReadProblem, parse_int
+
+_NO_PATH = Path("-")   # parse_int names a file; here the section names the problem
 
 
 @dataclass(frozen=True)
 class SectionProblem:
     section: str        # "Tcp", "TcpExt", ... or "?" when the line has no prefix
-    reason: str         # unpaired_line | prefix_mismatch | length_mismatch | not_a_number | no_prefix | duplicate_section
+    reason: str         # unpaired_line | prefix_mismatch | length_mismatch | not_a_number | out_of_range | no_prefix | duplicate_section
     detail: str
 
     def __str__(self) -> str:
@@ -65,11 +70,9 @@ def parse_snmp(text: str) -> SnmpFile:
             result.problems.append(SectionProblem(section, "length_mismatch",
                                                   f"{len(names)} names but {len(values)} values"))
             continue
-        try:
-            parsed = {name: int(value) for name, value in zip(names, values)}
-        except ValueError:
-            bad = next(v for v in values if not _is_int(v))
-            result.problems.append(SectionProblem(section, "not_a_number", f"value {bad[:20]!r}"))
+        parsed, problem = _parse_values(section, names, values)
+        if problem is not None:
+            result.problems.append(problem)
             continue
         if section in result.sections:
             result.problems.append(SectionProblem(section, "duplicate_section", "seen twice; first kept"))
@@ -78,9 +81,15 @@ def parse_snmp(text: str) -> SnmpFile:
     return result
 
 
-def _is_int(text: str) -> bool:
-    try:
-        int(text)
-    except ValueError:
-        return False
-    return True
+def _parse_values(section: str, names: list[str], values: list[str]) -> tuple[dict[str, int], SectionProblem | None]:
+    parsed = {}
+    for name, text in zip(names, values):
+        # Signed: Tcp MaxConn is -1. Beyond 64 bits (either sign) no kernel value exists,
+        # and such a number would break the float exposition.
+        value = parse_int(text, _NO_PATH)
+        if isinstance(value, ReadProblem) or not -COUNTER_LIMIT < value < COUNTER_LIMIT:
+            reason = value.reason if isinstance(value, ReadProblem) else "out_of_range"
+            return {}, SectionProblem(section, "out_of_range" if reason == "out_of_range" else "not_a_number",
+                                      f"{name} = {text[:20]!r}")
+        parsed[name] = value
+    return parsed, None

@@ -1,16 +1,21 @@
-"""`fabricscope stack`: the demo cluster, real Prometheus with the rules, real Alertmanager.
+"""`fabricscope stack`: the demo cluster, real Prometheus with the rules, real Alertmanager,
+and the query sidecar.
 
 One command for a newcomer: simulated GPU nodes (each a real exporter on its own port)
 are scraped by the Debian `prometheus` binary loaded with the packaged rules, which sends
-alerts to the Debian `prometheus-alertmanager` running the packaged alertmanager.yml. The
-sidecar webhook of that config points at the query sidecar when one is given
-(--webhook-url), else at a small local receiver that prints each notification, so the
-whole path from fault to notification is visible.
+alerts to the Debian `prometheus-alertmanager` running the packaged alertmanager.yml,
+whose webhook is the sidecar (`fabricscope sidecar`, TLS with a CA minted for the demo,
+API keys minted for the run). The sidecar records each alert and the stack prints it, so
+the whole path from fault to notification is visible; the stack also feeds the sidecar
+synthetic request spans whose paths cross the demo's faults, so SLO violations and their
+correlations appear on their own. --webhook-url sends Alertmanager elsewhere instead.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import shlex
 import shutil
 import signal
 import sys
@@ -20,12 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..atomicfile import write_atomically
 from .binaries import ensure_port_free, find_binary, free_port
 from .configs import (FAST_ALERT_OVERRIDES, alertmanager_config, prometheus_config, render_rules, rule_files,
                       write_yaml)
 from .errors import StackError
 from .processes import ManagedProcess, start_alertmanager, start_prometheus
-from .webhook import SIDECAR_WEBHOOK_PATH, ReceivedNotification, WebhookReceiver, format_notification
+from .sidecar import DEFAULT_SIDECAR_PORT, Periodic, SidecarProcess, alert_printer, mint_key, span_feeder, start_sidecar
+from .webhook import SIDECAR_WEBHOOK_PATH
 
 log = logging.getLogger("fabricscope.stack")
 
@@ -47,12 +54,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"Prometheus port on 127.0.0.1 (default {DEFAULT_PROMETHEUS_PORT})")
     parser.add_argument("--alertmanager-port", type=int, default=DEFAULT_ALERTMANAGER_PORT,
                         help=f"Alertmanager port on 127.0.0.1 (default {DEFAULT_ALERTMANAGER_PORT})")
+    parser.add_argument("--sidecar-port", type=int, default=DEFAULT_SIDECAR_PORT,
+                        help=f"query sidecar port on 127.0.0.1, HTTPS (default {DEFAULT_SIDECAR_PORT})")
     parser.add_argument("--nodes", type=int, default=None,
                         help="number of simulated nodes (default: the scenario's)")
     parser.add_argument("--webhook-url", default=None,
-                        help="where Alertmanager's sidecar webhook posts, e.g. the query sidecar's "
-                             f"http://127.0.0.1:19500{SIDECAR_WEBHOOK_PATH} (default: a local receiver "
-                             "that prints each notification)")
+                        help="where Alertmanager's webhook posts instead of the stack's sidecar "
+                             f"(default: the sidecar's {SIDECAR_WEBHOOK_PATH}, which records and the stack prints "
+                             "each notification)")
     alerts = parser.add_mutually_exclusive_group()
     alerts.add_argument("--fast-alerts", dest="fast_alerts", action="store_true", default=True,
                         help="(default) render the rules with shortened for: durations and 15s rule-group "
@@ -97,16 +106,21 @@ def describe_faults(scenario) -> list[str]:
 class Stack:
     """Everything `fabricscope stack` runs; stop() tears down in dependency order."""
     cluster: Any = None
-    receiver: WebhookReceiver | None = None
+    sidecar: SidecarProcess | None = None
     alertmanager: ManagedProcess | None = None
     prometheus: ManagedProcess | None = None
+    feeder: Periodic | None = None
+    printer: Periodic | None = None
 
     def stop(self) -> None:
-        # Prometheus first (it sends to Alertmanager and scrapes the cluster), the
-        # cluster last; each step runs even if an earlier one failed.
-        for name, stopper in (("prometheus", self.prometheus and self.prometheus.stop),
+        # The span feeder and alert printer first (they call the sidecar), then Prometheus
+        # (it sends to Alertmanager and scrapes the cluster), the cluster last; each step
+        # runs even if an earlier one failed.
+        for name, stopper in (("span feeder", self.feeder and self.feeder.stop),
+                              ("alert printer", self.printer and self.printer.stop),
+                              ("prometheus", self.prometheus and self.prometheus.stop),
                               ("alertmanager", self.alertmanager and self.alertmanager.stop),
-                              ("webhook receiver", self.receiver and self.receiver.stop),
+                              ("sidecar", self.sidecar and self.sidecar.stop),
                               ("demo cluster", self.cluster and self.cluster.stop)):
             if stopper:
                 try:
@@ -122,8 +136,10 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
         find_binary(binary)   # fail before anything starts, not halfway through
     ensure_port_free(host, args.prometheus_port, "Prometheus", "--prometheus-port")
     ensure_port_free(host, args.alertmanager_port, "Alertmanager", "--alertmanager-port")
-    if args.prometheus_port and args.prometheus_port == args.alertmanager_port:
-        raise StackError("--prometheus-port and --alertmanager-port must differ")
+    ensure_port_free(host, args.sidecar_port, "Sidecar", "--sidecar-port")
+    chosen = [p for p in (args.prometheus_port, args.alertmanager_port, args.sidecar_port) if p]
+    if len(set(chosen)) != len(chosen):
+        raise StackError("--prometheus-port, --alertmanager-port and --sidecar-port must differ")
     scenario = load_stack_scenario(args.scenario, args.nodes)
     workdir = Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -133,10 +149,13 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
         rules = rule_files()
     if not rules:
         log.warning("no rendered rule files found: Prometheus runs without alerting rules (run `make rules`)")
-    # Fresh TSDB, Alertmanager state and notification log each run: alerts of a previous
-    # run must not reappear as if this scenario caused them.
+    # Fresh TSDB, Alertmanager state, sidecar database and keys, and notification log each
+    # run: alerts and spans of a previous run must not reappear as if this scenario caused them.
     for stale in ("prometheus-data", "alertmanager-data"):
         shutil.rmtree(workdir / stale, ignore_errors=True)
+    sidecar_dir = workdir / "sidecar"
+    for stale in ("sidecar.db", "sidecar.db-wal", "sidecar.db-shm", "keys.yaml"):
+        (sidecar_dir / stale).unlink(missing_ok=True)
     (workdir / "notifications.log").unlink(missing_ok=True)
 
     from fabricscope.demo.cluster import DemoCluster
@@ -146,36 +165,55 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
     stack.cluster.start()
     targets_file = write_targets_file(workdir / "targets.json", stack.cluster.targets, scenario.cluster_name)
 
-    webhook_url = args.webhook_url
+    prometheus_port = args.prometheus_port or free_port(host)
+    prometheus_url = f"http://{host}:{prometheus_port}"
+    keys_file = sidecar_dir / "keys.yaml"
+    demo_key = mint_key(keys_file, "demo", "admin")
+    # For `fabricscope report --sidecar-token-file` (a key is never put on a command line).
+    demo_key_file = sidecar_dir / "demo-key"
+    write_atomically(demo_key_file, demo_key, mode=0o600)
+    alertmanager_key = mint_key(keys_file, "alertmanager", "write")
+    # The sidecar simulates failures on the demo cluster's generated topology, merged with
+    # the demo's live metrics (link and NVLink faults, the NCCL job) every 15 s.
+    from fabricscope.demo.topology import write_demo_inventory
+    topology_file = write_demo_inventory(scenario, sidecar_dir / "topology.yaml")
+    stack.sidecar = start_sidecar(sidecar_dir, host, args.sidecar_port or free_port(host), prometheus_url, keys_file,
+                                  extra_args=["--chaos-topology", str(topology_file), "--chaos-refresh-seconds", "15"])
+
+    webhook_url, webhook_http_config = args.webhook_url, None
     if not webhook_url:
+        webhook_url = stack.sidecar.url + SIDECAR_WEBHOOK_PATH
+        webhook_http_config = {"authorization": {"type": "Bearer", "credentials": alertmanager_key},
+                               "tls_config": {"ca_file": str(stack.sidecar.certs.ca)}}
         notifications_log = workdir / "notifications.log"
 
-        printing = threading.Lock()   # the receiver serves each POST on its own thread
+        def show(text: str) -> None:
+            out.write(text + "\n")
+            out.flush()
+            with open(notifications_log, "a") as handle:
+                handle.write(text + "\n")
 
-        def show(notification: ReceivedNotification) -> None:
-            text = format_notification(notification) + "\n"
-            with printing:
-                out.write(text)
-                out.flush()
-                with open(notifications_log, "a") as handle:
-                    handle.write(text)
+        stack.printer = alert_printer(stack.sidecar, demo_key, show)
 
-        stack.receiver = WebhookReceiver(host, 0, on_notification=show).start()
-        webhook_url = stack.receiver.url
-
-    am_config = write_yaml(workdir / "alertmanager.yml", alertmanager_config(webhook_url))
+    am_config = write_yaml(workdir / "alertmanager.yml", alertmanager_config(
+        webhook_url, webhook_http_config=webhook_http_config))
     alertmanager_port = args.alertmanager_port or free_port(host)
     stack.alertmanager = start_alertmanager(am_config, workdir / "alertmanager-data", host, alertmanager_port,
                                             workdir / "alertmanager.log")
-    prometheus_port = args.prometheus_port or free_port(host)
     prom_config = write_yaml(workdir / "prometheus.yml", prometheus_config(
         scenario.cluster_name, targets_file, f"{host}:{alertmanager_port}", rules,
         scrape_interval=args.scrape_interval, evaluation_interval=args.scrape_interval,
-        self_address=f"{host}:{prometheus_port}"))
+        self_address=f"{host}:{prometheus_port}",
+        sidecar_address=stack.sidecar.url.split("://", 1)[1],
+        sidecar_ca=stack.sidecar.certs.ca if stack.sidecar.certs else None))
     stack.prometheus = start_prometheus(prom_config, workdir / "prometheus-data", host, prometheus_port,
                                         workdir / "prometheus.log")
+    stack.feeder = span_feeder(stack.sidecar, demo_key, scenario, stack.cluster.now)
+    stack.feeder.start()
+    if stack.printer:
+        stack.printer.start()
 
-    prometheus_url = f"http://{host}:{prometheus_port}"
+    sidecar_url, ca = stack.sidecar.url, stack.sidecar.certs.ca
     alertmanager_url = f"http://{host}:{alertmanager_port}"
     banner = [
         "",
@@ -190,13 +228,26 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
            f"{', '.join(str(p) for p in rule_files())}, --production-alerts loads them)" if args.fast_alerts else
            " (production for: durations)"),
         f"Alertmanager:   {alertmanager_url}",
+        f"Sidecar:        {sidecar_url}   (TLS, CA {ca}; OpenAPI: {sidecar_url}/api/v1/openapi.json)",
+        f"  API key:      {demo_key}   (scope admin; keys in {keys_file})",
+        f"  try:          curl --cacert {ca} -H 'Authorization: Bearer {demo_key}' {sidecar_url}/tracing/correlations",
+        "  spans:        synthetic requests every 2s; paths crossing a faulted node run over their SLO",
+        "  ask:          (registered queries only, docs/query.md; fabricscope query \"...\" does the same)",
+        *(f"    {question}\n      {command}" for question, command in
+          example_questions(sidecar_url, ca, demo_key, scenario.node_name(min(1, scenario.nodes - 1)))),
+        f"  chaos:        what a demo leaf switch takes down, then the result (SIMULATION_ID from the first "
+        f"answer; docs/chaos.md, topology {topology_file}):",
+        *(f"      {command}" for command in chaos_example(sidecar_url, ca, demo_key, scenario)),
         f"Notifications:  {webhook_url}" + ("" if args.webhook_url else
-                                            f"  (printed below and in {workdir / 'notifications.log'})"),
+                                            f"  (recorded by the sidecar, printed below and in "
+                                            f"{workdir / 'notifications.log'})"),
         f"Workdir:        {workdir}  (configs, logs, TSDB)",
         "",
         "Report (the dashboards drawn to PNG and one HTML page; run it while the stack runs):",
         f"  fabricscope report --prometheus-url {prometheus_url} --from now-30m --to now "
-        f"--scrape-interval {args.scrape_interval} --out {workdir / 'report'}",
+        f"--scrape-interval {args.scrape_interval} --out {workdir / 'report'} "
+        f"--sidecar-url {stack.sidecar.url} --sidecar-token-file {demo_key_file}"
+        + (f" --sidecar-ca {stack.sidecar.certs.ca}" if stack.sidecar.certs else ""),
         "",
         "Fault timeline (seconds since start" + (f", repeating every {scenario.repeat:g}s):" if scenario.repeat else "):"),
         *describe_faults(scenario),
@@ -205,6 +256,32 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
         "",
     ]
     print("\n".join(banner), file=out, flush=True)
+
+
+def example_questions(sidecar_url: str, ca: Path, key: str, node: str) -> list[tuple[str, str]]:
+    """Two questions the demo's live data answers from the first minute, each with the curl
+    command that asks the sidecar (natural language, then MeshQL)."""
+    asks = [(f"What is the p99 latency of {node}?", "/ai/query/conversation",
+             {"message": f"What is the p99 latency of {node}?"}),
+            ("How is the fleet doing?  (as MeshQL: SHOW SUMMARY)", "/queries/meshql",
+             {"query": "SHOW SUMMARY"})]
+    return [(question, curl_command(ca, key, sidecar_url + path, body)) for question, path, body in asks]
+
+
+def chaos_example(sidecar_url: str, ca: Path, key: str, scenario) -> list[str]:
+    """Start a simulation of a demo leaf switch's failure, then read its result
+    (SIMULATION_ID: the simulation_id of the first answer)."""
+    leaf = f"leaf-su0-r{min(3, scenario.hcas_per_node - 1)}"
+    return [curl_command(ca, key, f"{sidecar_url}/graph/chaos-simulate",
+                         {"device": leaf, "failure_type": "switch_failure", "include_jobs": True}),
+            curl_command(ca, key, f"{sidecar_url}/graph/chaos-results/SIMULATION_ID")]
+
+
+def curl_command(ca: Path, key: str, url: str, body: dict | None = None) -> str:
+    words = ["curl", "--cacert", shlex.quote(str(ca)), "-H", shlex.quote(f"Authorization: Bearer {key}")]
+    if body is not None:
+        words += ["-H", shlex.quote("Content-Type: application/json"), "-d", shlex.quote(json.dumps(body))]
+    return " ".join([*words, shlex.quote(url)])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -216,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
         start_stack(args, stack)
         deadline = time.monotonic() + args.duration if args.duration else None
         while not stop.wait(1.0):
-            for part in (stack.prometheus, stack.alertmanager):
+            for part in (stack.prometheus, stack.alertmanager, stack.sidecar.process):
                 if not part.running():
                     raise StackError(f"{part.name} exited unexpectedly; last output:\n{part.log_tail()}")
             if deadline is not None and time.monotonic() >= deadline:

@@ -42,9 +42,13 @@ def render_rules(overrides: dict[str, Any], out_dir: Path) -> list[Path]:
         raise StackError(f"rendering rules with overrides: {exc}") from None
 
 
+SIDECAR_SCRAPE_JOB = "fabricscope-sidecar"
+
+
 def prometheus_config(cluster: str, targets_file: Path, alertmanager_address: str,
                       rules: list[Path], scrape_interval: str = "5s",
-                      evaluation_interval: str = "5s", self_address: str | None = None) -> dict[str, Any]:
+                      evaluation_interval: str = "5s", self_address: str | None = None,
+                      sidecar_address: str | None = None, sidecar_ca: Path | None = None) -> dict[str, Any]:
     scrape_configs: list[dict[str, Any]] = [{
         "job_name": SCRAPE_JOB,
         # The exporter sets `node` on every series itself; honouring it keeps one
@@ -55,6 +59,12 @@ def prometheus_config(cluster: str, targets_file: Path, alertmanager_address: st
     if self_address:
         # Prometheus' own metrics feed the pipeline alerts (missed rule-group iterations).
         scrape_configs.append({"job_name": "prometheus", "static_configs": [{"targets": [self_address]}]})
+    if sidecar_address:
+        # The sidecar's own metrics (SLO violations, correlations) feed the tracing dashboard.
+        scrape_configs.append({
+            "job_name": SIDECAR_SCRAPE_JOB, "scheme": "https" if sidecar_ca else "http",
+            **({"tls_config": {"ca_file": str(sidecar_ca)}} if sidecar_ca else {}),
+            "static_configs": [{"targets": [sidecar_address], "labels": {"cluster": cluster}}]})
     return {
         "global": {
             "scrape_interval": scrape_interval,
@@ -70,13 +80,16 @@ def prometheus_config(cluster: str, targets_file: Path, alertmanager_address: st
 
 
 def alertmanager_config(webhook_url: str, base_config: Path = ALERTMANAGER_CONFIG,
-                        timing: dict[str, str] | None = None) -> dict[str, Any]:
+                        timing: dict[str, str] | None = None,
+                        webhook_http_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """The repository's Alertmanager config, made runnable from another directory.
 
     Template globs become absolute (Alertmanager resolves them against the config file's
     directory), every webhook URL becomes `webhook_url`, and `timing` (group_wait,
     group_interval, repeat_interval) replaces those values on every route, which is how
-    the end-to-end test gets 1s grouping without a second copy of the routing tree."""
+    the end-to-end test gets 1s grouping without a second copy of the routing tree.
+    `webhook_http_config` (Alertmanager's http_config: authorization, tls_config) is set
+    on every webhook, which is how it reaches the sidecar over TLS with an API key."""
     try:
         config = yaml.safe_load(Path(base_config).read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -88,6 +101,8 @@ def alertmanager_config(webhook_url: str, base_config: Path = ALERTMANAGER_CONFI
     for receiver in config.get("receivers") or []:
         for webhook in receiver.get("webhook_configs") or []:
             webhook["url"] = webhook_url
+            if webhook_http_config:
+                webhook["http_config"] = webhook_http_config
     if timing:
         config["route"].update(timing)
         _override_route_timing(config["route"].get("routes") or [], timing)

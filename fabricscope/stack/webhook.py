@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from fabricscope.httpserver import HttpServer, respond
+from fabricscope.httpserver import HttpServer, read_body, respond
 
 log = logging.getLogger("fabricscope.stack.webhook")
 
@@ -46,9 +46,9 @@ class WebhookReceiver:
             return f"unknown path {environ.get('PATH_INFO')!r}; post to {self.path}"
         if environ.get("REQUEST_METHOD") != "POST":
             return f"use POST, not {environ.get('REQUEST_METHOD')}"
-        body = environ["wsgi.input"].read(self.MAX_BODY + 1)
+        body = read_body(environ, self.MAX_BODY)
         problem = None
-        if not body or len(body) > self.MAX_BODY:
+        if not body:
             problem = f"the body must be between 1 and {self.MAX_BODY} bytes"
         else:
             try:

@@ -17,7 +17,8 @@ from ..prom import PrometheusClient
 from ..promql import quote
 
 ARRIVAL_LAG = "comm_rank:fabric_nccl_arrival_lag_seconds:mean5m"
-CALLS = "fabric_nccl_calls_total"
+# Collectives per second per rank (point-to-point Send/Recv excluded), recorded by the NCCL rules.
+COLLECTIVE_RATE = "comm_rank:fabric_nccl_collectives:rate1m"
 # Robust z-score scale: 1.4826 x MAD estimates the standard deviation of normal data.
 MAD_TO_SIGMA = 1.4826
 
@@ -86,8 +87,9 @@ def find_outlier_ranks(prom: PrometheusClient, cluster: str | None = None, comm:
 
 def collective_rates(prom: PrometheusClient, cluster: str | None, comm: str | None,
                      window_seconds: int) -> dict[tuple[str, str, str], float]:
-    """(cluster, comm, rank) -> collectives per second."""
-    query = f"sum by (cluster, comm, rank) (rate({CALLS}{selector(cluster=cluster, comm=comm)}[{window_seconds}s]))"
+    """(cluster, comm, rank) -> collectives per second, averaged over the window."""
+    query = (f"avg by (cluster, comm, rank) (avg_over_time("
+             f"{COLLECTIVE_RATE}{selector(cluster=cluster, comm=comm)}[{window_seconds}s]))")
     return {(s.labels.get("cluster", ""), s.labels.get("comm", ""), s.labels.get("rank", "")): s.value
             for s in prom.query(query) if not math.isnan(s.value)}
 

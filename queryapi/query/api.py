@@ -21,9 +21,9 @@ from ..auth import current_key, open_endpoint, require_scope
 from ..context import sidecar
 from ..errors import ApiError
 from .executor import Caller
-from .mcp_bridge import McpBridge
+from .mcp_bridge import REQUEST_TIMEOUT as MCP_TIMEOUT, McpBridge
 from .service import QueryService
-from .tools import ToolError, ToolRegistry, build_tools, classify
+from .tools import ToolRegistry, build_tools, classify
 
 bp = APIBlueprint("query", __name__, tag="Query")
 EXTENSION = "fabricscope.query"
@@ -56,28 +56,21 @@ def setup(app, state) -> None:
     state.capabilities.update({"query_catalog", "meshql", "nl_query", "tools_endpoint", "mcp"})
 
 
-def _raise(exc: Exception):
-    error = classify(exc)
-    raise ApiError(error.status, error.message, code=error.code, detail=error.detail,
-                   headers=error.headers or None) from None
-
-
 def _caller() -> Caller:
     return Caller(current_key(), current_app._get_current_object())
 
 
 def _run(function, *args) -> Any:
+    """Call a query-layer operation; its failures leave as the same JSON errors the tool
+    endpoints return (classify). An unexpected exception stays one: the sidecar's 500."""
     try:
         return function(*args)
-    except ToolError as exc:
-        _raise(exc)
-    except ApiError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - mapped to the shared error shape
+    except Exception as exc:  # noqa: BLE001 - mapped below, or re-raised
         error = classify(exc)
-        if error.status >= 500 and error.code == "internal_error":
+        if error.code == "internal_error":
             raise
-        _raise(exc)
+        raise ApiError(error.status, error.message, code=error.code, detail=error.detail,
+                       headers=error.headers or None) from None
 
 
 @bp.get("/ai/query/catalog")
@@ -91,7 +84,7 @@ def catalog():
 @require_scope("read")
 @bp.doc(summary="Preview parameter extraction and the matched query for a question, without running it")
 def parameters():
-    return _run(_query().service.parameters, sidecar(), request.args.get("message"))
+    return _run(_query().service.parameters, sidecar(), request.args.get("message"), _caller())
 
 
 @bp.post("/ai/query/conversation")
@@ -141,16 +134,22 @@ def tools_call(name: str):
     return body
 
 
-@bp.route("/mcp", methods=["POST", "GET", "DELETE"])
+# POST only: the transport runs stateless with JSON answers, so there is no standalone SSE
+# stream to GET and no session to DELETE (405 for both, as the MCP spec allows).
+@bp.route("/mcp", methods=["POST"])
 @require_scope("read")
 @bp.doc(summary="MCP streamable HTTP transport over the same tool registry", hide=True)
 def mcp():
     query = _query()
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in ("authorization", "x-api-key")]
-    status, response_headers, body = query.bridge.handle(
-        request.method, "/mcp", request.query_string, headers, request.get_data(cache=False),
-        (request.remote_addr or "", 0), {"state": sidecar(), "key": current_key(), "tools": query.tools,
-                                         "app": current_app._get_current_object()})
+    try:
+        status, response_headers, body = query.bridge.handle(
+            request.method, "/mcp", request.query_string, headers, request.get_data(cache=False),
+            (request.remote_addr or "", 0), {"state": sidecar(), "key": current_key(), "tools": query.tools,
+                                             "app": current_app._get_current_object()})
+    except TimeoutError:
+        raise ApiError(504, f"the MCP request did not finish within {MCP_TIMEOUT:g}s", code="upstream_timeout") \
+            from None
     response = Response(body, status=status)
     for key, value in response_headers:
         if key.lower() not in ("content-length", "transfer-encoding", "connection"):

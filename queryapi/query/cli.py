@@ -168,7 +168,7 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
     if body.get("query_name") is None:
         print(body.get("answer", "no registered query matches"), file=out)
         return 1
-    params = ", ".join(f"{k}={v}" for k, v in body.get("params", {}).items())
+    params = ", ".join(f"{k}={v}" for k, v in sorted(body.get("params", {}).items()))
     print(f"query: {body['query_name']}({params})", file=out)
     if body.get("session_id"):
         print(f"session: {body['session_id']}  (--session for a follow-up)", file=out)

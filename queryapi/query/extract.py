@@ -48,7 +48,8 @@ SEVERITY = re.compile(r"\b(?P<s>critical|warning|warnings|info|fatal|non[-_ ]?fa
 SERVICE_AFTER = re.compile(r"\bservices?\s+(?:named\s+|called\s+)?[\"']?(?P<n>[A-Za-z0-9][\w.:/-]*)", re.I)
 SERVICE_BEFORE = re.compile(r"(?P<n>[A-Za-z0-9][\w.:/-]*)\s+service\b", re.I)
 STATE = re.compile(r"\b(?P<s>down|init|armed|active|(?:not|isn't|aren't|non)[- ]active|inactive)\b", re.I)
-FAILURE = re.compile(r"\b(?P<power>power|pdu)\b|\b(?P<rack>rack)\b|\b(?P<switch>switch)\b", re.I)
+# Whole words only: "pdu-a1" and "rack-su0-0" are device names, not failure types.
+FAILURE = re.compile(r"(?<![\w-])(?:(?P<power>power|pdu)|(?P<rack>rack)|(?P<switch>switch))(?![\w-])", re.I)
 # "role compute", "firmware is 28.39.1002": a firmware value has digits ("firmware versions" has none).
 FIELD_VALUE = re.compile(r"\b(?P<f>role|hca_type|board_id|numa_node)\s*(?:=|==|is|of)?\s*[\"']?(?P<v>[A-Za-z0-9][\w.-]*)"
                          r"|\b(?P<fw>firmware|fw_version|fw)\s*(?:version\s*)?(?:=|==|is|of)?\s*[\"']?(?P<fwv>[0-9][\w.-]*)",

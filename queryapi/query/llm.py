@@ -199,11 +199,13 @@ class Refiner:
             self._client = make_client(self.config)
         return self._client
 
-    def refine(self, message: str, extracted: dict[str, Any], deterministic: dict[str, Any]) -> dict[str, Any]:
-        """{'used': True, 'query_name', 'params'} or {'used': False, 'refused'|'error': why}."""
+    def refine(self, message: str, extracted: dict[str, Any], deterministic: dict[str, Any],
+               previous: dict[str, Any] | None = None) -> dict[str, Any]:
+        """{'used': True, 'query_name', 'params'} or {'used': False, 'refused'|'error': why}.
+        `previous` (the conversation's last query) lets the model resolve a follow-up."""
         base = {"provider": self.config.provider, "model": self.config.model}
         user = json.dumps({"question": message[:2000], "extracted_parameters": extracted,
-                           "deterministic_match": deterministic})
+                           "deterministic_match": deterministic, "previous_query": previous})
         started = time.monotonic()
         try:
             text = self.client().complete(SYSTEM_PROMPT + self._catalog_text, user)

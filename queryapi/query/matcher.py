@@ -30,9 +30,9 @@ _WORD = re.compile(r"[a-z0-9]+")
 # ("last" is not a typo of "blast").
 _PLAIN = frozenset("""
 a about after all also am an and any anything are as at be been before being by can could
-day days did do does doing down during each every for from get give had has have hour hours how
-i if in is it its job jobs last list many me minute minutes more my nodes node now of on only or
-our over past please plz previous right seconds show since so some than that the their them then
+day days did do does doing down during each every for from get give had has have host hosts hour hours how
+i if in is it its job jobs last list machine machines many me minute minutes more my nodes node now of on only or
+our over past please plz previous right seconds server servers show since so some than that the their them then
 there these this those to today top up us was we week weeks were what when where which who why
 will with within would yesterday you your
 """.split())

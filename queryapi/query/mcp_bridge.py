@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from typing import Any, Callable
+from typing import Any
 
 import anyio
 import mcp_types as types

@@ -40,7 +40,7 @@ class Interpreter:
         match = self.matcher.match(message, extraction, previous)
         result = Interpretation(match, extraction)
         if self.refiner is not None and self.refiner.available():
-            result.llm = self.refiner.refine(message, extraction.slots, match.to_dict())
+            result.llm = self.refiner.refine(message, extraction.slots, match.to_dict(), previous)
             if result.llm.get("used"):
                 # Validated by the registry already; the deterministic pick stays as an alternative.
                 if match.query_name and match.query_name != result.llm["query_name"]:

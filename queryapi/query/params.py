@@ -118,6 +118,18 @@ def _choice(choices: dict[str, str], what: str) -> Callable[[Any], str]:
     return parse
 
 
+def _threshold(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError("expected a threshold, got a boolean")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{str(value)[:16]!r} is not a number") from None
+    if not 1.0 <= number <= 50.0:
+        raise ValueError(f"threshold {number:g} is outside 1..50 (robust z-scores)")
+    return number
+
+
 def _ip(value: Any) -> str:
     text = _text(value, None, "an IP address")
     try:
@@ -199,6 +211,8 @@ TYPES: dict[str, ParamType] = {t.name: t for t in (
     ParamType("text", f"any text up to {_MAX_TEXT} characters (matched exactly)",
               lambda v: _text(v, None, "text"), {"type": "string", "maxLength": _MAX_TEXT}),
     ParamType("ip", "an IPv4 or IPv6 address", _ip, {"type": "string"}),
+    ParamType("threshold", "a robust z-score threshold (1..50): |lag - median| / (1.4826 x MAD)", _threshold,
+              {"type": "number", "minimum": 1, "maximum": 50}, render="bare"),
 )}
 
 

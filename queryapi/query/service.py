@@ -12,6 +12,7 @@ from .extract import Vocabulary
 from .llm import ProviderConfigError, Refiner, detect
 from .nl import Interpreter
 from .registry import Registry, default_registry
+from .sidecar_tools import CHAOS_EXTENSION
 from .sessions import Conversations
 from .tools import ToolError, classify
 
@@ -45,7 +46,9 @@ class QueryService:
         self._lock = threading.Lock()
 
     # -- names Prometheus knows --------------------------------------------------------
-    def vocabulary(self, state) -> Vocabulary:
+    def vocabulary(self, state, caller: executor.Caller | None = None) -> Vocabulary:
+        """Host and device names Prometheus knows (`node`, `device` label values), plus the
+        chaos topology's device names (switches, PDUs, racks) when the sidecar has one."""
         with self._lock:
             if self._vocabulary and time.monotonic() - self._vocabulary[0] < VOCABULARY_TTL:
                 return self._vocabulary[1]
@@ -55,6 +58,9 @@ class QueryService:
         except Exception as exc:  # Prometheus down: patterns still work, names are not recognised
             log.warning("cannot read host/device names from Prometheus: %s", exc)
             return Vocabulary()
+        chaos = caller.app.extensions.get(CHAOS_EXTENSION) if caller is not None and caller.app is not None else None
+        if chaos is not None:
+            devices = [*devices, *chaos.topology.engine().topology.graph.nodes]
         vocabulary = Vocabulary(hosts, devices)
         with self._lock:
             self._vocabulary = (time.monotonic(), vocabulary)
@@ -70,21 +76,22 @@ class QueryService:
         return executor.run(state, self.registry, statement.query_name, statement.params, caller)
 
     # -- natural language --------------------------------------------------------------
-    def parameters(self, state, message: Any) -> dict[str, Any]:
+    def parameters(self, state, message: Any, caller: executor.Caller | None = None) -> dict[str, Any]:
         """Extraction preview: what would run, without running it."""
-        return self.interpreter.interpret(_message(message), self.vocabulary(state)).to_dict()
+        return self.interpreter.interpret(_message(message), self.vocabulary(state, caller)).to_dict()
 
     def ask(self, state, message: Any, previous: dict[str, Any] | None = None, execute: Any = True,
             caller: executor.Caller | None = None) -> dict[str, Any]:
         if not isinstance(execute, bool):
             raise ToolError(422, "invalid_params", "`execute` must be true or false")
-        body = self._interpret(state, message, previous)
+        body = self._interpret(state, message, previous, caller)
         if execute:
             self._execute(state, body, caller)
         return body
 
-    def _interpret(self, state, message: Any, previous: dict[str, Any] | None) -> dict[str, Any]:
-        interpretation = self.interpreter.interpret(_message(message), self.vocabulary(state), previous)
+    def _interpret(self, state, message: Any, previous: dict[str, Any] | None,
+                   caller: executor.Caller | None) -> dict[str, Any]:
+        interpretation = self.interpreter.interpret(_message(message), self.vocabulary(state, caller), previous)
         body = interpretation.to_dict()
         match = interpretation.match
         if match.query_name is None:
@@ -106,7 +113,7 @@ class QueryService:
             conversation = conversations.open(session_id)
         except ValueError as exc:
             raise ToolError(422, "invalid_session_id", str(exc)) from None
-        body = self._interpret(state, message, conversation.previous())
+        body = self._interpret(state, message, conversation.previous(), caller)
         # Recorded before running: a follow-up can refer to this turn even if Prometheus
         # failed to answer it.
         conversations.record(conversation, {"message": message, "query_name": body.get("query_name"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import time
 from collections import defaultdict
+from dataclasses import asdict
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -116,3 +117,42 @@ def blast_radius(state, params: dict[str, Any], caller) -> dict[str, Any]:
                                       "affected_job_count", "total_active_jobs", "affected_by_kind",
                                       "topology_version", "path_truncated")}
     return {"results": rows, "summary": summary}
+
+
+@tool_handler("event_history")
+def event_history(state, params: dict[str, Any], caller) -> list[dict[str, Any]]:
+    """event_history (the sidecar's cluster question): alert episodes in the window."""
+    from ..cluster.questions import event_history as history
+    end = time.time()
+    episodes = history(state.prom, end - duration_seconds(params["window"]), end, node=params.get("host"),
+                       rank=str(params["rank"]) if params.get("rank") is not None else None)
+    return [{"labels": {"alertname": e["alertname"], **e["labels"]}, "value": None, "severity": e["severity"],
+             "start": e["start"], "end": e["end"]} for e in episodes]
+
+
+# -- stragglers: the sidecar's cluster questions (queryapi/cluster/questions.py) ------------
+def _straggler_row(rank: dict[str, Any]) -> dict[str, Any]:
+    labels = {k: rank[k] for k in ("cluster", "comm", "rank", "node")}
+    return {"labels": labels, "value": rank["lag_seconds"],
+            **{k: v for k, v in rank.items() if k not in labels and k != "lag_seconds"}}
+
+
+@tool_handler("outliers")
+def outliers(state, params: dict[str, Any], caller) -> list[dict[str, Any]]:
+    """find_outlier_ranks: arrival lag more than `threshold` robust z-scores (1.4826 x MAD)
+    above the communicator's median, slowest first."""
+    from ..cluster.questions import find_outlier_ranks
+    return [_straggler_row(asdict(o)) for o in
+            find_outlier_ranks(state.prom, comm=params.get("comm"), threshold=params["threshold"])]
+
+
+@tool_handler("cost")
+def cost(state, params: dict[str, Any], caller) -> dict[str, Any]:
+    """get_cost: what the straggler ranks cost their communicators, per hour and over the
+    window, at the sidecar's default GPU-hour rate."""
+    from ..cluster.questions import get_cost
+    answer = get_cost(state.prom, state.config.gpu_hour_rates, comm=params.get("comm"),
+                      window_seconds=int(duration_seconds(params["window"])))
+    ranks = answer.pop("ranks")
+    return {"results": [{**_straggler_row(r), "value": r["dollars_per_hour"], "lag_seconds": r["lag_seconds"]}
+                        for r in ranks], "summary": answer}

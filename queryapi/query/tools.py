@@ -9,6 +9,7 @@ registered query is a tool (its parameters are the tool's input); `meshql`, `ask
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from . import executor
 from .meshql import MeshQLError
 from .params import ParamError
 from .registry import Registry, UnknownQuery
+
+log = logging.getLogger("fabricscope.queryapi.query")
 
 
 class ToolError(Exception):
@@ -118,6 +121,8 @@ class ToolRegistry:
             status, body = 200, tool.handler(state, arguments, executor.Caller(key, app))
         except Exception as exc:  # every failure leaves as the shared error shape
             error = classify(exc)
+            if error.code == DEFAULT_CODES[500]:
+                log.exception("tool %r failed", str(name)[:80])
             status, body, headers = error.status, error.body(), error.headers
         state.audit.info(json.dumps({
             "ts": round(time.time(), 3), "event": "tool_call", "transport": transport, "tool": str(name)[:80],

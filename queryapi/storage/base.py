@@ -76,11 +76,12 @@ class Storage:
     def save_correlations(self, done_span_pks: list[int], correlations: list[Correlation]) -> None:
         raise NotImplementedError
     def release_claims(self, span_pks: list[int]) -> None: raise NotImplementedError
-    def count_pending_violations(self) -> int: raise NotImplementedError
+    def count_pending_violations(self, trace_id: str | None = None) -> int: raise NotImplementedError
     def correlations(self, trace_id: str | None = None, since_ms: int | None = None,
                      limit: int = 500) -> list[dict]: raise NotImplementedError
     # alerts -------------------------------------------------------------------------
-    def record_alerts(self, alerts: list[dict], received_ms: int) -> tuple[int, int]: raise NotImplementedError
+    def record_alerts(self, alerts: list[dict], received_ms: int, receiver: str = "") -> tuple[int, int]:
+        raise NotImplementedError
     def alerts(self, since_ms: int | None = None, status: str | None = None, alertname: str | None = None,
                limit: int = 500) -> list[dict]: raise NotImplementedError
     # documents (query sessions, simulation results) ---------------------------------

@@ -18,7 +18,7 @@ CORRELATION_COLUMNS = ("span_pk", "trace_id", "span_id", "service", "operation",
                        "slo_ms", "matched_anomaly_count", "path_length", "confidence", "anomalies",
                        "correlated_ms")
 ALERT_COLUMNS = ("fingerprint", "starts_at", "alertname", "status", "labels", "annotations", "ends_at",
-                 "generator_url", "first_received_ms", "last_received_ms", "receive_count")
+                 "generator_url", "first_received_ms", "last_received_ms", "receive_count", "receiver")
 
 
 def now_ms() -> int:
@@ -26,7 +26,7 @@ def now_ms() -> int:
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+    return json.dumps(value, separators=(",", ":"))
 
 
 class SqlStorage(Storage):
@@ -161,9 +161,13 @@ class SqlStorage(Storage):
             cur.executemany(self._sql("UPDATE spans SET claim_until_ms = NULL WHERE pk = ?"),
                             [(pk,) for pk in span_pks])
 
-    def count_pending_violations(self):
+    def count_pending_violations(self, trace_id=None):
         with self._transaction(write=False) as cur:
-            self._execute(cur, "SELECT COUNT(*) FROM spans WHERE correlation_state = 'pending'")
+            if trace_id is None:
+                self._execute(cur, "SELECT COUNT(*) FROM spans WHERE correlation_state = 'pending'")
+            else:
+                self._execute(cur, "SELECT COUNT(*) FROM spans WHERE correlation_state = 'pending' AND trace_id = ?",
+                              (trace_id,))
             return int(cur.fetchone()[0])
 
     def correlations(self, trace_id=None, since_ms=None, limit=500):
@@ -185,7 +189,7 @@ class SqlStorage(Storage):
         return rows
 
     # -- alerts -----------------------------------------------------------------------
-    def record_alerts(self, alerts, received_ms):
+    def record_alerts(self, alerts, received_ms, receiver=""):
         """Upsert by (fingerprint, startsAt); returns (new episodes, repeats updated)."""
         new = repeats = 0
         with self._transaction(write=True) as cur:
@@ -193,7 +197,7 @@ class SqlStorage(Storage):
                 labels = alert.get("labels") or {}
                 params = (alert["fingerprint"], alert["startsAt"], str(labels.get("alertname", "")),
                           alert["status"], _dumps(labels), _dumps(alert.get("annotations") or {}),
-                          alert.get("endsAt"), alert.get("generatorURL"), received_ms, received_ms, 1)
+                          alert.get("endsAt"), alert.get("generatorURL"), received_ms, received_ms, 1, receiver)
                 self._execute(cur, "SELECT receive_count FROM alerts WHERE fingerprint = ? AND starts_at = ?",
                               params[:2])
                 if cur.fetchone() is None:
@@ -205,6 +209,7 @@ class SqlStorage(Storage):
                               f"({', '.join('?' * len(ALERT_COLUMNS))}) ON CONFLICT (fingerprint, starts_at) DO "
                               "UPDATE SET status = excluded.status, ends_at = excluded.ends_at, "
                               "annotations = excluded.annotations, last_received_ms = excluded.last_received_ms, "
+                              "receiver = excluded.receiver, "
                               "receive_count = alerts.receive_count + 1", params)
         return new, repeats
 

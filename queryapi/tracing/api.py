@@ -36,14 +36,19 @@ def setup(app, state) -> None:
 def _store(rows: list[SpanRow], ingest_format: str) -> tuple[int, int]:
     state = sidecar()
     stored = state.storage.insert_spans(rows)
-    violations = 0
     metrics = state.metrics
+    # Counted per (service, operation) first: one counter update per pair, not per span.
+    evaluated: dict[tuple[str, str], list[int]] = {}
     for row in rows:
-        pair = metrics.slo_pair(row.service, row.operation)
-        metrics.spans_evaluated.labels(*pair).inc()
-        if row.violated:
-            violations += 1
-            metrics.slo_violations.labels(*pair).inc()
+        counts = evaluated.setdefault((row.service, row.operation), [0, 0])
+        counts[0] += 1
+        counts[1] += row.violated
+    for (service, operation), (total, violated) in evaluated.items():
+        pair = metrics.slo_pair(service, operation)
+        metrics.spans_evaluated.labels(*pair).inc(total)
+        if violated:
+            metrics.slo_violations.labels(*pair).inc(violated)
+    violations = sum(violated for _, violated in evaluated.values())
     metrics.spans_received.labels(ingest_format).inc(len(rows))
     if violations:
         from flask import current_app
@@ -187,7 +192,8 @@ class CorrelationOut(BaseModel):
 
 class CorrelationsOut(BaseModel):
     correlations: list[CorrelationOut]
-    pending: int = Field(description="violations not yet evaluated against Prometheus")
+    pending: int = Field(description="violations (of the trace, when trace_id is given) not yet evaluated "
+                                     "against Prometheus")
 
 
 @bp.get("/tracing/correlations")
@@ -199,7 +205,7 @@ def correlations(query_data: CorrelationsQuery):
     storage = sidecar().storage
     since = int((time.time() - query_data.window_seconds) * 1000) if query_data.window_seconds else None
     rows = storage.correlations(trace_id=query_data.trace_id, since_ms=since, limit=query_data.limit)
-    return {"correlations": rows, "pending": storage.count_pending_violations()}
+    return {"correlations": rows, "pending": storage.count_pending_violations(query_data.trace_id)}
 
 
 class SlosOut(BaseModel):

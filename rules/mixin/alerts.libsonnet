@@ -105,8 +105,6 @@ local util = import 'util.libsonnet';
   local ibStateName = '{{ if eq $value 1.0 }}DOWN{{ else if eq $value 2.0 }}INIT{{ else if eq $value 3.0 }}ARMED'
                       + '{{ else }}in state {{ $value }}{{ end }}',
 
-  local ncclRank = '{{ $labels.rank }}',
-
   prometheusAlerts+:: {
     groups+: [
       {
@@ -115,82 +113,6 @@ local util = import 'util.libsonnet';
         rules: [
           microburst(th.microburstMultiplier, sev.microburst, unlessTier=sev.microburstCritical),
           microburst(th.microburstCriticalMultiplier, sev.microburstCritical),
-        ],
-      },
-      {
-        name: 'fabric-nccl.alerts',
-        interval: cfg.intervals.nccl,
-        rules: [
-          alert(
-            'FabricNcclHang',
-            sev.ncclHang,
-            |||
-              fabric_nccl_inflight_elapsed_seconds
-              > %(m)s * (fabric_nccl_completed_average_seconds > 0)
-              and
-              fabric_nccl_inflight_elapsed_seconds > %(floor)s
-            ||| % { m: num(th.ncclHangMultiplier), floor: num(th.ncclHangMinElapsedSeconds) },
-            forOf.ncclHang,
-            'An NCCL collective has been in flight far longer than its recent average.',
-            '{{ $labels.op }} on comm {{ $labels.comm }} rank ' + ncclRank
-            + ' ({{ $labels.node }}) has been in flight for {{ $value | humanizeDuration }}, more than '
-            + num(th.ncclHangMultiplier) + 'x the average of its last 20 completed operations.',
-          ),
-        ] + [
-          alert(
-            'FabricNcclRankStalled',
-            tier.severity,
-            |||
-              (time() - comm_rank:fabric_nccl_last_call_timestamp_seconds:max) > %(stalled)s
-              and on (%(comm)s)
-              (time() - comm:fabric_nccl_last_call_timestamp_seconds:max) < %(peers)s
-            ||| % { stalled: num(tier.seconds), comm: by(['comm']), peers: num(th.ncclPeersActiveSeconds) },
-            forOf.ncclRankStalled,
-            'An NCCL rank stopped issuing collectives while the other ranks of its communicator continue.',
-            'Rank ' + ncclRank + ' of comm {{ $labels.comm }} on {{ $labels.node }} has issued no NCCL call for '
-            + '{{ $value | humanizeDuration }} (alert at ' + num(tier.seconds)
-            + 's) while other ranks of the communicator called within the last '
-            + num(th.ncclPeersActiveSeconds) + 's.',
-          )
-          for tier in [
-            { severity: sev.ncclRankStalled, seconds: th.ncclRankStalledSeconds },
-            { severity: sev.ncclRankStalledCritical, seconds: th.ncclRankStalledCriticalSeconds },
-          ]
-        ] + [
-          alert(
-            'FabricNcclStragglerRank',
-            sev.straggler,
-            // The value is the signed deviation; the filters work on its magnitude
-            // because the straggler can be the one *fast* rank (its peers wait for it).
-            |||
-              %(deviation)s
-              and
-              abs(comm_rank:fabric_nccl_operation_duration_seconds:deviation)
-                > on (%(comm)s) group_left ()
-              (%(k)s * comm:fabric_nccl_operation_duration_seconds:mad)
-              and
-              abs(comm_rank:fabric_nccl_operation_duration_seconds:deviation)
-                > on (%(comm)s) group_left ()
-              (%(rel)s * comm:fabric_nccl_operation_duration_seconds:median)
-              and
-              abs(comm_rank:fabric_nccl_operation_duration_seconds:deviation) > %(abs)s
-              and on (%(comm)s)
-              (comm:fabric_nccl_operation_duration_seconds:ranks >= %(ranks)s)
-            ||| % {
-              deviation: util.selector('comm_rank:fabric_nccl_operation_duration_seconds:deviation', cfg.selectors.stragglerOps),
-              comm: by(['comm', 'op']),
-              k: num(th.stragglerMadMultiplier),
-              rel: num(th.stragglerMinRelativeDeviation),
-              abs: num(th.stragglerMinDeviationSeconds),
-              ranks: num(th.stragglerMinRanks),
-            },
-            forOf.straggler,
-            'One NCCL rank deviates from the median of its communicator by many median absolute deviations.',
-            'Rank ' + ncclRank + ' ({{ $labels.node }}) of comm {{ $labels.comm }}: mean {{ $labels.op }} duration '
-            + 'is {{ $value | humanizeDuration }} off the communicator median over ' + w.ncclRate + ' ('
-            + '{{ if gt $value 0.0 }}longer than its peers: the rank is slow inside the collective, look at its links and GPU'
-            + '{{ else }}shorter than its peers: it arrives last, so the others wait for it; look at what delays this rank before the call{{ end }}).',
-          ),
         ],
       },
       {

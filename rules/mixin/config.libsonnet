@@ -50,7 +50,8 @@
     windows: {
       tcpRate: '1m',  // p99 RTT is computed over this rate window
       tcpBaseline: '5m',  // rolling average of the p99 (seed §14.2: 5 minutes)
-      ncclRate: '5m',  // per-rank mean duration window for straggler detection
+      ncclLag: '1m',  // per-rank mean arrival lag and collective rate (straggler detection)
+      ncclNodeOffset: '5m',  // a node's offset against the comm's earliest rank (cross-node join)
       ibBer: '1h',  // IBTA BER boundary is expressed per hour
       ibFlap: '10m',  // "link_downed 3+ times in 10 minutes"
       ibRepeatedDegradation: '1h',
@@ -84,14 +85,20 @@
       ncclRankStalledCriticalSeconds: 600,
       // "Its peers continue": the comm's newest call is at most this old.
       ncclPeersActiveSeconds: 60,
-      // Straggler: |x - median| > k × MAD (raw MAD, not scaled by 1.4826)...
+      // Straggler: a rank's mean arrival lag exceeds the comm's median by more than
+      // k × MAD across ranks (raw MAD, not scaled by 1.4826)...
       stragglerMadMultiplier: 5,
-      // ...and more than this fraction of the median (MAD ≈ 0 when ranks agree)...
-      stragglerMinRelativeDeviation: 0.05,
-      // ...and more than this many seconds.
+      // ...and by more than this many seconds (MAD ≈ 0 when ranks agree; on one node
+      // the lag's noise is tens of microseconds)...
       stragglerMinDeviationSeconds: 0.001,
+      // ...and the wait costs the job more than this share of its time (lag × collectives
+      // per second): a 2 ms lag in a 1 s step is not worth a ticket.
+      stragglerMinStepShare: 0.05,
       // Fewer ranks than this and a median is not a cohort.
       stragglerMinRanks: 3,
+      // A whole node late against the comm's earliest rank on another node. Includes the
+      // nodes' clock offset: NTP keeps a LAN within a few ms, PTP within microseconds.
+      stragglerNodeMinOffsetSeconds: 0.005,
       // IBTA 10^-12 BER boundary: 120 symbol errors per hour. The only home of this
       // number: the exporter's node-local thresholds no longer judge it (docs/rules.md).
       ibSymbolErrorsPerHour: 120,
@@ -134,7 +141,7 @@
       microburst: '0s',
       ncclHang: '1m',
       ncclRankStalled: '1m',
-      straggler: '10m',
+      straggler: '2m',
       ibPortDown: '1m',
       ibDeviceMissing: '1m',
       ibPortFatal: '1m',

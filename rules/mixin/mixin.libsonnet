@@ -5,6 +5,7 @@
 (import 'config.libsonnet')
 + (import 'recording.libsonnet')
 + (import 'alerts.libsonnet')
++ (import 'nccl.libsonnet')
 + {
   local mixin = self,
 

@@ -43,60 +43,6 @@ local util = import 'util.libsonnet';
         ],
       },
       {
-        name: 'fabric-nccl.rules',
-        interval: cfg.intervals.nccl,
-        rules: [
-          {
-            // Mean completed-operation duration per rank and op over the window.
-            record: 'comm_rank:fabric_nccl_operation_duration_seconds:mean5m',
-            expr: |||
-              sum by (%(rank)s) (rate(fabric_nccl_operation_duration_seconds_sum[%(w)s]))
-              /
-              (sum by (%(rank)s) (rate(fabric_nccl_operation_duration_seconds_count[%(w)s])) > 0)
-            ||| % { rank: by(['comm', 'op', 'rank', cfg.nodeLabel]), w: cfg.windows.ncclRate },
-          },
-          {
-            // Median across the ranks of a communicator (step 1 of the MAD, seed 002).
-            record: 'comm:fabric_nccl_operation_duration_seconds:median',
-            expr: 'quantile by (%s) (0.5, comm_rank:fabric_nccl_operation_duration_seconds:mean5m)'
-                  % by(['comm', 'op']),
-          },
-          {
-            // Signed deviation of each rank from its communicator's median (seconds).
-            record: 'comm_rank:fabric_nccl_operation_duration_seconds:deviation',
-            expr: |||
-              comm_rank:fabric_nccl_operation_duration_seconds:mean5m
-              - on (%(comm)s) group_left
-              comm:fabric_nccl_operation_duration_seconds:median
-            ||| % { comm: by(['comm', 'op']) },
-          },
-          {
-            // Median absolute deviation (step 2): median of |x - median| across ranks.
-            record: 'comm:fabric_nccl_operation_duration_seconds:mad',
-            expr: 'quantile by (%s) (0.5, abs(comm_rank:fabric_nccl_operation_duration_seconds:deviation))'
-                  % by(['comm', 'op']),
-          },
-          {
-            // Ranks that completed operations in the window (the size of the cohort).
-            record: 'comm:fabric_nccl_operation_duration_seconds:ranks',
-            expr: 'count by (%s) (comm_rank:fabric_nccl_operation_duration_seconds:mean5m)'
-                  % by(['comm', 'op']),
-          },
-          {
-            // When each rank last entered any collective.
-            record: 'comm_rank:fabric_nccl_last_call_timestamp_seconds:max',
-            expr: 'max by (%s) (fabric_nccl_last_call_timestamp_seconds)'
-                  % by(['comm', 'rank', cfg.nodeLabel]),
-          },
-          {
-            // When any rank of the communicator last entered a collective.
-            record: 'comm:fabric_nccl_last_call_timestamp_seconds:max',
-            expr: 'max by (%s) (comm_rank:fabric_nccl_last_call_timestamp_seconds:max)'
-                  % by(['comm']),
-          },
-        ],
-      },
-      {
         name: 'fabric-nvlink.rules',
         interval: cfg.intervals.nvlink,
         rules: [

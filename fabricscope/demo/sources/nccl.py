@@ -1,15 +1,20 @@
-"""Simulated NCCL traffic: one data-parallel job over every GPU of the demo cluster.
+"""Simulated NCCL traffic: one synchronous data-parallel job over every GPU of the demo cluster.
 
-Each rank calls AllReduce every PERIOD seconds of simulated time. The calls go into the
-node's NcclTracker through call_entered / call_returned, the methods the uprobe path uses,
-so the demo's metrics come out of the same accounting as real ones.
-
-Faults:
-- straggler_rank (target rank; params lag_seconds or factor): that rank's period, hence
-  its operation durations, grow by lag_seconds (default 0.05) or by factor.
-- nccl_hang (target rank): that rank stops issuing; every other rank issues one more call
-  and blocks inside it (the API never returns), so all have an operation in flight whose
-  elapsed keeps growing. When the fault ends, everyone resumes.
+What real NCCL shows through the uprobes (measured on 4 GPUs, docs/nccl.md), and so what
+this models:
+- Every rank calls AllReduce once per step and the step ends with a synchronisation, so
+  every rank has the same call-to-call period. Each step starts when the slowest rank of
+  the previous one is done.
+- A straggler (`straggler_rank`, target rank; params lag_seconds, default 0.05, or factor:
+  lag = PERIOD x (factor - 1)) enters every collective late by the lag. The step, and so
+  every rank's period, grows by the lag; only its arrival lag sets it apart.
+- A hang (`nccl_hang`, target rank) stops that rank before it enters the next
+  collective; every other rank enters it (the API returns at once, NCCL calls are
+  asynchronous) and waits for the collective to complete, issuing nothing more. When the
+  fault ends, the stopped rank enters and the job goes on.
+Calls go into the node's NcclTracker through call_entered / call_returned, the methods the
+uprobe path uses. Every node derives the same step times from the same fault schedule and
+a shared epoch (nodes whose clocks are in step).
 """
 from __future__ import annotations
 
@@ -20,12 +25,17 @@ from fabricscope.exporter.nccl.commid import UNIQUE_ID_BYTES, comm_label, unique
 from fabricscope.exporter.nccl.events import NcclCall
 from ..plugin import ClusterSpec, Fault, NodeSpec
 
-PERIOD = 0.1                      # seconds of simulated time between a rank's AllReduces
+PERIOD = 0.1                      # seconds of simulated time per step without a straggler
 GRADIENT_COUNT = 16 * 1024 * 1024  # float32 elements per AllReduce (64 MiB)
 GRADIENT_BYTES = GRADIENT_COUNT * 4
 ENQUEUE_SECONDS = 30e-6
+ENTRY_JITTER = 100e-6             # ranks released by the same synchronisation enter within this
 MAX_CATCH_UP_CALLS = 200          # a long pause between ticks skips ahead instead of replaying
 DEFAULT_LAG = 0.05
+
+# One wall-clock origin per simulated cluster, shared by its nodes' sources: a job's
+# ranks are compared across nodes by their entry times.
+_EPOCHS: dict[tuple[str, int], float] = {}
 
 
 def job_comm(cluster: ClusterSpec) -> str:
@@ -37,31 +47,29 @@ def hang_faults(faults: list[Fault]) -> list[Fault]:
     return [fault for fault in faults if fault.kind == "nccl_hang"]
 
 
-def rank_period(rank: int, faults: list[Fault]) -> float:
-    """Seconds between this rank's calls under the active faults (straggler slows it)."""
-    period = PERIOD
+def rank_lags(faults: list[Fault]) -> dict[int, float]:
+    """Seconds each straggling rank enters late under the active faults."""
+    lags = {}
     for fault in faults:
-        if fault.kind == "straggler_rank" and int(fault.target.get("rank", -1)) == rank:
-            if "factor" in fault.params:
-                period = PERIOD * float(fault.params["factor"])
-            else:
-                period = PERIOD + float(fault.params.get("lag_seconds", DEFAULT_LAG))
-    return period
+        if fault.kind != "straggler_rank":
+            continue
+        rank = int(fault.target.get("rank", -1))
+        if "factor" in fault.params:
+            lags[rank] = PERIOD * (float(fault.params["factor"]) - 1.0)
+        else:
+            lags[rank] = float(fault.params.get("lag_seconds", DEFAULT_LAG))
+    return {rank: lag for rank, lag in lags.items() if lag > 0}
+
+
+def rank_period(rank: int, faults: list[Fault]) -> float:
+    """Seconds between a rank's calls: the same for every rank, since each step waits for
+    the latest one (a straggler slows the whole job, not only itself)."""
+    return PERIOD + max(rank_lags(faults).values(), default=0.0)
 
 
 def ring_allreduce_bytes(nranks: int) -> int:
     """Bytes each rank sends (and receives) per ring AllReduce of GRADIENT_BYTES."""
     return 0 if nranks < 2 else GRADIENT_BYTES * 2 * (nranks - 1) // nranks
-
-
-class _Rank:
-    __slots__ = ("rank", "next_call", "blocked_token", "stopped")
-
-    def __init__(self, rank: int, first_call: float) -> None:
-        self.rank = rank
-        self.next_call = first_call
-        self.blocked_token = None     # the call this rank is stuck inside (nccl_hang)
-        self.stopped = False
 
 
 class NcclSimSource:
@@ -73,18 +81,18 @@ class NcclSimSource:
         self.comm = job_comm(cluster)
         self.rng = rng
         # Simulated seconds are mapped onto wall-clock time from this instant.
-        self.epoch = time.time() if epoch is None else epoch
+        self.epoch = _EPOCHS.setdefault((cluster.name, cluster.seed), time.time()) if epoch is None else epoch
         self.now = 0.0
         self.tracker = None
         self._serial = 0
-        # Ranks start a little apart, as real ones do.
-        self.ranks = [_Rank(node.index * node.gpus + gpu, first_call=(gpu * 0.003) % PERIOD)
-                      for gpu in range(node.gpus)]
+        self.ranks = [node.index * node.gpus + gpu for gpu in range(node.gpus)]
+        self.next_step = 0.0            # simulated time the next step starts
+        self.waiting: set[int] | None = None   # during a hang: the local ranks still to enter
 
     def attach(self, tracker) -> None:
         self.tracker = tracker
         for rank in self.ranks:
-            tracker.register_comm(self.comm, rank.rank, self.nranks)
+            tracker.register_comm(self.comm, rank, self.nranks)
 
     def clock(self) -> float:
         """Wall-clock time of the simulation: what 'now' means to the tracker."""
@@ -95,44 +103,38 @@ class NcclSimSource:
         if self.tracker is None:
             return
         hangs = hang_faults(faults)
-        hung_ranks = {int(fault.target.get("rank", -1)) for fault in hangs}
-        hang_start = min((f.start for f in hangs), default=None)
-        for rank in self.ranks:
-            if not hangs and (rank.stopped or rank.blocked_token is not None):
-                self._resume(rank)
-            if rank.stopped:
-                continue
-            if now - rank.next_call > MAX_CATCH_UP_CALLS * PERIOD:
-                rank.next_call = now - PERIOD
-            period = rank_period(rank.rank, faults)
-            while rank.next_call <= now and not rank.stopped:
-                if rank.rank in hung_ranks and hang_start is not None and rank.next_call >= hang_start:
-                    rank.stopped = True          # the faulty rank never issues again
-                    break
-                blocks = hang_start is not None and rank.next_call >= hang_start
-                self._issue(rank, rank.next_call, blocks)
-                rank.next_call += period
-                if blocks:
-                    rank.stopped = True          # waits inside NCCL for the missing rank
+        if self.waiting is not None:
+            if hangs:
+                return                  # the job is stuck in the collective
+            for rank in sorted(self.waiting):
+                self._enter(rank, now)  # the stopped rank comes back and enters
+            self.waiting = None
+            self.next_step = now + PERIOD
+        if now - self.next_step > MAX_CATCH_UP_CALLS * PERIOD:
+            self.next_step = now - PERIOD
+        hung = {int(fault.target.get("rank", -1)) for fault in hangs}
+        hang_start = min((fault.start for fault in hangs), default=None)
+        lags = rank_lags(faults)
+        late = max(lags.values(), default=0.0)
+        # A step is issued once its last rank's entry time has passed.
+        while self.next_step + late <= now:
+            start = self.next_step
+            stopping = hang_start is not None and start >= hang_start
+            for rank in self.ranks:
+                if stopping and rank in hung:
+                    continue
+                self._enter(rank, start + lags.get(rank, 0.0) + self.rng.uniform(0.0, ENTRY_JITTER))
+            if stopping:
+                self.waiting = set(self.ranks) & hung
+                return
+            self.next_step = start + PERIOD + late
 
-    def _issue(self, rank: _Rank, at: float, blocks: bool) -> None:
+    def _enter(self, rank: int, at: float) -> None:
         self._serial += 1
-        token = ("demo", rank.rank, self._serial)
-        start = self.epoch + at
-        self.tracker.call_entered(NcclCall(op="AllReduce", comm=self.comm, rank=rank.rank, nranks=self.nranks,
-                                           nbytes=GRADIENT_BYTES, start=start), token=token)
-        if blocks:
-            rank.blocked_token = (token, start)
-        else:
-            self.tracker.call_returned(token, ENQUEUE_SECONDS * self.rng.uniform(0.8, 1.2))
-
-    def _resume(self, rank: _Rank) -> None:
-        if rank.blocked_token is not None:
-            token, start = rank.blocked_token
-            self.tracker.call_returned(token, self.clock() - start)
-            rank.blocked_token = None
-        rank.stopped = False
-        rank.next_call = max(rank.next_call, self.now)
+        token = ("demo", rank, self._serial)
+        self.tracker.call_entered(NcclCall(op="AllReduce", comm=self.comm, rank=rank, nranks=self.nranks,
+                                           nbytes=GRADIENT_BYTES, start=self.epoch + at), token=token)
+        self.tracker.call_returned(token, ENQUEUE_SECONDS * self.rng.uniform(0.8, 1.2))
 
 
 def make_source(node: NodeSpec, cluster: ClusterSpec, rng: random.Random) -> NcclSimSource:

@@ -1,0 +1,452 @@
+"""The exporter's GPU-side cost on a real host: NVLink before and after, and the whole
+exporter's CPU share and RSS during a busy PyTorch job.
+
+Part 1, NVML (no job yet):
+  * per-call cost on GPU 0 of every call the nvlink sampler may make (wall and CPU), and
+    which batched fields the driver answers;
+  * "before": the old synchronous collector's call pattern (link states, one throughput
+    batch, one error-counter call per link and type, GPU after GPU), timed directly;
+  * "after": one sampler round per GPU (exporter/nvml/sampler.py), all GPUs in parallel,
+    its wall time, CPU, and how it read the error counters.
+Part 2, a 4-rank DDP job (one GPU each; an MLP whose 64 MB of gradients DDP all-reduces in
+4 MB buckets, ~20 steps a second; 8 DataLoader workers per rank), with one exporter process per collector set running side
+by side ("all", "all but nccl", "nvlink only"), each scraped every --scrape-interval
+seconds. After a warm-up, over --seconds: CPU share (/proc/<pid>/stat), RSS, scrape and
+nvlink-collector durations, the age of the NVLink samples served, the CPU of the sampling
+threads, NCCL calls counted per second, and the node's process count.
+
+    bench/device/gpu_cost.sh        # as root on the GPU host; $OUT/gpu_cost.{json,txt} when OUT is set
+    sudo .venv/bin/python bench/device/gpu_cost.py --simulate --seconds 30   # here: the orchestration only
+
+Needs root, PyTorch with NCCL, nvidia-ml-py, kernel BTF, libbpf, and the BPF objects
+(built elsewhere: bench/device/README.md lists what to carry). About 5 minutes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+
+from nccl_straggler import free_port, import_exporter, pick, scrape  # noqa: E402
+
+WORLD = 4
+ALL = ["ebpf", "infiniband", "kmsg", "nccl", "netdev", "nvlink", "tcp"]
+SETS = {"all": ALL, "all but nccl": [c for c in ALL if c != "nccl"], "nvlink only": ["nvlink"]}
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+lines: list[str] = []
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+    lines.append(text)
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] if ordered else float("nan")
+
+
+# ---- part 1: NVML ------------------------------------------------------------------------------
+
+def timed(function, *args) -> tuple[float, float, object]:
+    """(wall s, CPU s of this thread, result or the exception) of one call."""
+    wall, cpu = time.perf_counter(), time.thread_time()
+    try:
+        result = function(*args)
+    except Exception as exc:                   # NOT_SUPPORTED etc.: the cost still counts
+        result = exc
+    return time.perf_counter() - wall, time.thread_time() - cpu, result
+
+
+def simulated_nvml():
+    """--simulate: the demo's simulated NVML (H200 per-call costs), 4 GPUs."""
+    import random
+
+    from fabricscope.demo.plugin import ClusterSpec, NodeSpec
+    from fabricscope.demo.sources.nvml import NvmlSimSource
+
+    node = NodeSpec("sim", 0, WORLD, 1, Path("/nonexistent"))
+    return NvmlSimSource(node, ClusterSpec("sim", (node,), 1), random.Random(1))
+
+
+def nvml_part(results: dict, simulate: bool) -> None:
+    from fabricscope.exporter.nvml import open_backend
+    from fabricscope.exporter.nvml.backend import (ERROR_TYPES, FI_NVLINK_ERROR_DL_CRC, FI_NVLINK_ERROR_DL_RECOVERY,
+                                                   FI_NVLINK_ERROR_DL_REPLAY, FI_NVLINK_THROUGHPUT_DATA_RX,
+                                                   FI_NVLINK_THROUGHPUT_DATA_TX, error_field)
+    from fabricscope.exporter.nvml.sampler import GpuSampler
+
+    backend = simulated_nvml() if simulate else open_backend()
+    gpus = backend.gpus()
+    gpu = gpus[0]
+    links = sorted(backend.link_states(gpu))
+    say(f"NVML: {len(gpus)} GPUs ({gpu.name}), GPU 0 has {len(links)} NVLinks")
+    calls: dict[str, dict] = {}
+
+    def record(name: str, samples: list[tuple[float, float, object]], values: int = 1) -> None:
+        ok = sum(1 for _, _, r in samples if not isinstance(r, Exception))
+        calls[name] = {"calls": len(samples), "values_per_call": values, "answered": ok,
+                       "wall_ms_median": statistics.median(s[0] for s in samples) * 1e3,
+                       "cpu_ms_median": statistics.median(s[1] for s in samples) * 1e3}
+
+    record("nvmlDeviceGetNvLinkState (all links)", [timed(backend.link_states, gpu) for _ in range(5)], len(links))
+    record("version + remote PCI + remote type", [timed(backend.link_static, gpu, link) for link in links])
+    for kind in ERROR_TYPES:
+        record(f"nvmlDeviceGetNvLinkErrorCounter {kind}",
+               [timed(backend.error_counter, gpu, link, kind) for link in links])
+    batches = {
+        "field values: throughput TX+RX per link": [(f, link) for f in (FI_NVLINK_THROUGHPUT_DATA_TX,
+                                                                        FI_NVLINK_THROUGHPUT_DATA_RX) for link in links],
+        "field values: throughput TX+RX GPU total": [(FI_NVLINK_THROUGHPUT_DATA_TX, 0xFFFFFFFF),
+                                                     (FI_NVLINK_THROUGHPUT_DATA_RX, 0xFFFFFFFF)],
+        "field values: DL CRC/replay/recovery per link": [(f, link) for f in (FI_NVLINK_ERROR_DL_CRC,
+                                                          FI_NVLINK_ERROR_DL_REPLAY, FI_NVLINK_ERROR_DL_RECOVERY)
+                                                          for link in links],
+        "field values: legacy CRC-data per link (0-11)": [ids for ids in (error_field("crc_data", link)
+                                                                          for link in links) if ids],
+        "field values: legacy error totals (38,45,52,59)": [(38, 0), (45, 0), (52, 0), (59, 0)],
+    }
+    for name, fields in batches.items():
+        samples = [timed(backend.field_values, gpu, fields) for _ in range(3)]
+        answered = [r for _, _, r in samples if isinstance(r, list)]
+        record(name, samples, len(fields))
+        calls[name]["fields_answered"] = sum(v is not None for v in answered[0]) if answered else 0
+    say(f"{'call (GPU 0)':<50} {'values':>6} {'answered':>8} {'wall ms':>8} {'CPU ms':>7}")
+    for name, c in calls.items():
+        answered = c.get("fields_answered", c["answered"])
+        say(f"{name:<50} {c['values_per_call']:>6} {answered:>8} {c['wall_ms_median']:8.3f} {c['cpu_ms_median']:7.3f}")
+
+    def old_path() -> tuple[float, float]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        for g in gpus:
+            present = sorted(backend.link_states(g))
+            backend.field_values(g, [(FI_NVLINK_THROUGHPUT_DATA_TX, link) for link in present]
+                                 + [(FI_NVLINK_THROUGHPUT_DATA_RX, link) for link in present])
+            for link in present:
+                for kind in ERROR_TYPES:
+                    backend.error_counter(g, link, kind)
+        return time.perf_counter() - wall, time.process_time() - cpu
+
+    before = [old_path() for _ in range(3)]
+    samplers = [GpuSampler(backend, g, 10.0) for g in gpus]
+    rounds: dict[int, list[tuple[float, float]]] = {g.index: [] for g in gpus}
+
+    def sample(s: GpuSampler) -> None:
+        for _ in range(3):
+            cpu = time.thread_time()
+            out = s.sample_once()
+            rounds[s.gpu.index].append((out.duration, time.thread_time() - cpu))
+            s.latest = out
+
+    wall = time.perf_counter()
+    threads = [threading.Thread(target=sample, args=(s,)) for s in samplers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    parallel = (time.perf_counter() - wall) / 3
+    reads = {g.index: samplers[i].latest.error_reads for i, g in enumerate(gpus)}
+    after_round = statistics.median(d for r in rounds.values() for d, _ in r)
+    after_cpu = statistics.median(c for r in rounds.values() for _, c in r)
+    say(f"before: old synchronous path, {len(gpus)} GPUs one after another: "
+        f"{statistics.median(b[0] for b in before) * 1e3:.0f} ms wall, {statistics.median(b[1] for b in before) * 1e3:.0f} ms "
+        f"CPU per scrape")
+    say(f"after: one sampler round per GPU {after_round * 1e3:.0f} ms wall, {after_cpu * 1e3:.1f} ms CPU; "
+        f"all {len(gpus)} GPUs in parallel {parallel * 1e3:.0f} ms, off the scrape path; error counters read per "
+        f"GPU: {reads[gpus[0].index]}")
+    results["nvml"] = {"gpus": len(gpus), "gpu_name": gpu.name, "links": len(links), "calls": calls,
+                       "old_path_wall_s": [b[0] for b in before], "old_path_cpu_s": [b[1] for b in before],
+                       "round_wall_s": {i: [d for d, _ in r] for i, r in rounds.items()},
+                       "round_cpu_s": {i: [c for _, c in r] for i, r in rounds.items()},
+                       "all_gpus_parallel_s": parallel, "error_reads": reads}
+    backend.close()
+
+
+# ---- part 2: the job ------------------------------------------------------------------------------
+
+def fake_rank_main(rank: int, port: int, stop, steps, step_seconds: float) -> None:
+    """--simulate: a rank over the fake libnccl (tests/nccl_fake), forking 8 idle "DataLoader
+    workers" that map the library, calling ncclAllReduce ~200 times a second."""
+    import ctypes
+
+    library = os.environ["GPU_COST_FAKE_NCCL"]
+    lib = ctypes.CDLL(library)
+    workers = []
+    for _ in range(8):
+        pid = os.fork()
+        if pid == 0:
+            signal.pause()
+            os._exit(0)
+        workers.append(pid)
+
+    class UniqueId(ctypes.Structure):
+        _fields_ = [("internal", ctypes.c_char * 128)]
+
+    uid, comm = UniqueId(), ctypes.c_void_p()
+    lib.ncclGetUniqueId(ctypes.byref(uid))
+    lib.ncclCommInitRank(ctypes.byref(comm), WORLD, uid, rank)
+    buf = (ctypes.c_float * 1024)()
+    while not stop.is_set():
+        time.sleep(0.005)
+        lib.ncclAllReduce(buf, buf, ctypes.c_size_t(1024), 7, 0, comm, None)
+        with steps.get_lock():
+            steps.value += 1
+    lib.ncclCommDestroy(comm)
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+class SyntheticSamples:
+    """A map-style data set of random samples. At module level: DataLoader workers are
+    spawned processes, which unpickle the data set by its qualified name."""
+
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def __getitem__(self, index: int):
+        import torch
+        return torch.randn(1024), torch.randn(1024)
+
+
+def rank_main(rank: int, port: int, stop, steps, step_seconds: float) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader
+
+    torch.cuda.set_device(rank)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("nccl", rank=rank, world_size=WORLD)
+    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(16)]).cuda()
+    # Small buckets: several all-reduces per step, as a larger model's backward makes.
+    ddp = DistributedDataParallel(model, device_ids=[rank], bucket_cap_mb=4)
+    optimiser = torch.optim.SGD(ddp.parameters(), lr=1e-4)
+    loader = DataLoader(SyntheticSamples(), batch_size=256, num_workers=8, persistent_workers=True, prefetch_factor=4)
+    for x, y in loader:
+        if stop.is_set():
+            break
+        # The rest of a real step's compute: a training job runs a few steps a second, not
+        # as many as an MLP allows (that would be a collective-rate stress, not a busy node).
+        time.sleep(step_seconds)
+        loss = torch.nn.functional.mse_loss(ddp(x.cuda(non_blocking=True)), y.cuda(non_blocking=True))
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+        loss.item()                                   # the per-step synchronisation
+        with steps.get_lock():
+            steps.value += 1
+    dist.destroy_process_group()
+
+
+def exporter_child(argv: list[str]) -> int:
+    """`gpu_cost.py --exporter-child ...`: the exporter CLI from the source tree."""
+    import argparse as ap
+
+    import_exporter()
+    from fabricscope.exporter.main import add_arguments, run
+
+    parser = ap.ArgumentParser()
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+class Exporter:
+    def __init__(self, name: str, collectors: list[str], work: Path, config: Path) -> None:
+        self.name, self.port = name, free_port()
+        slug = name.replace(" ", "-")
+        self.log = open(work / f"exporter-{slug}.log", "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--exporter-child",
+             f"--web.listen-address=127.0.0.1:{self.port}", f"--path.state={work / ('state-' + slug)}",
+             f"--config.file={config}", "--node-name=gpu-cost",
+             *[f"--{'' if c in collectors else 'no-'}collector.{c}" for c in ALL]],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.scrapes: list[dict] = []
+        self.scrape_seconds: list[float] = []
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"exporter {self.name} exited with {self.proc.returncode}: see {self.log.name}")
+            try:
+                scrape(self.base)
+                return
+            except OSError:
+                time.sleep(0.3)
+        raise SystemExit(f"exporter {self.name} never answered")
+
+    def scrape(self) -> dict:
+        start = time.perf_counter()
+        samples = scrape(self.base)
+        self.scrape_seconds.append(time.perf_counter() - start)
+        self.scrapes.append(samples)
+        return samples
+
+    def cpu(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+    def memory_mb(self) -> dict[str, float]:
+        out = {}
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
+                out[key] = int(value.split()[0]) / 1024
+        return out
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def values(samples: dict, name: str, **labels) -> list[float]:
+    return list(pick(samples, name, **labels).values())
+
+
+def job_part(args, results: dict, work: Path) -> None:
+    config = work / "exporter.yml"
+    config.write_text(f"nvlink:\n  sample_interval_seconds: {args.nvlink_interval}\n")
+    ctx = mp.get_context("spawn")
+    stop, steps = ctx.Event(), ctx.Value("q", 0)
+    port = free_port()
+    if args.simulate:
+        sys.path.insert(0, str(ROOT))
+        from tests.nccl_fake.build import build_fake_nccl
+
+        os.environ["GPU_COST_FAKE_NCCL"] = str(build_fake_nccl(work)[0])
+    target = fake_rank_main if args.simulate else rank_main
+    ranks = [ctx.Process(target=target, args=(rank, port, stop, steps, args.step_seconds)) for rank in range(WORLD)]
+    exporters = [Exporter(name, collectors, work, config) for name, collectors in SETS.items()]
+    try:
+        for exporter in exporters:
+            exporter.wait_ready()
+        for rank in ranks:
+            rank.start()
+        deadline = time.monotonic() + 240
+        while steps.value < 50:
+            if time.monotonic() > deadline or not all(r.is_alive() for r in ranks):
+                raise SystemExit("the PyTorch job did not start training (see the ranks' output above)")
+            time.sleep(0.5)
+        time.sleep(args.warmup)                       # probes attached, samples taken, workers up
+        for exporter in exporters:
+            exporter.scrape()
+        processes = sum(1 for entry in os.scandir("/proc") if entry.name.isdigit())
+        maps_kb = 0.0
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                try:
+                    maps_kb += len(Path(f"/proc/{entry.name}/maps").read_bytes()) / 1024
+                except OSError:
+                    pass
+        cpu0 = {e.name: e.cpu() for e in exporters}
+        steps0, started = steps.value, time.monotonic()
+        next_scrape = started + args.scrape_interval
+        while time.monotonic() < started + args.seconds:
+            time.sleep(max(0.0, min(next_scrape, started + args.seconds) - time.monotonic()))
+            if time.monotonic() >= next_scrape:
+                for exporter in exporters:
+                    exporter.scrape()
+                next_scrape += args.scrape_interval
+        wall = time.monotonic() - started
+        cpu = {e.name: e.cpu() - cpu0[e.name] for e in exporters}
+        memory = {e.name: e.memory_mb() for e in exporters}
+        job_steps = steps.value - steps0
+    finally:
+        stop.set()
+        for rank in ranks:
+            rank.join(timeout=10)
+            if rank.is_alive():
+                rank.kill()
+        for exporter in exporters:
+            exporter.stop()
+    say(f"\nnode during the job: {processes} processes, {maps_kb / 1024:.1f} MB of /proc/*/maps text; "
+        f"{WORLD} ranks x 8 DataLoader workers, {job_steps / wall:.1f} training steps/s; scrape every "
+        f"{args.scrape_interval:g} s; CPU over {wall:.0f} s; NVLink sampled every {args.nvlink_interval:g} s")
+    say(f"{'collectors':<13} {'CPU s':>6} {'% core':>7} {'RSS MB':>7} {'anon':>6} {'file':>6} {'scrape p50/max ms':>18} "
+        f"{'nvlink p50/max ms':>18} {'age p50/max s':>14} {'NCCL calls/s':>13}")
+    results["job"] = {"processes": processes, "maps_mb": maps_kb / 1024, "steps_per_second": job_steps / wall,
+                      "seconds": wall, "scrape_interval": args.scrape_interval,
+                      "nvlink_interval": args.nvlink_interval, "sets": {}}
+    for exporter in exporters:
+        first, last = exporter.scrapes[0], exporter.scrapes[-1]
+        nvlink = [v for s in exporter.scrapes[1:]
+                  for v in values(s, "fabric_scrape_collector_duration_seconds", collector="nvlink")]
+        ages = [v for s in exporter.scrapes[1:] for v in values(s, "fabric_nvlink_sample_age_seconds")]
+        sampling_cpu = sum(values(last, "fabric_nvlink_sample_cpu_seconds_total")) - \
+            sum(values(first, "fabric_nvlink_sample_cpu_seconds_total"))
+        calls = sum(values(last, "fabric_nccl_calls_total")) - sum(values(first, "fabric_nccl_calls_total"))
+        scrape_ms = [t * 1e3 for t in exporter.scrape_seconds[1:]]
+        mem = memory[exporter.name]
+        row = {"cpu_s": cpu[exporter.name], "core_share": cpu[exporter.name] / wall, "memory_mb": mem,
+               "scrape_ms": scrape_ms, "nvlink_collector_ms": [v * 1e3 for v in nvlink], "sample_age_s": ages,
+               "sampling_cpu_share": sampling_cpu / wall, "nccl_calls_per_second": calls / wall,
+               "error_reads": {dict(k[1])["method"]: v for k, v in
+                               pick(last, "fabric_nvlink_error_counter_reads", gpu="0").items()}}
+        results["job"]["sets"][exporter.name] = row
+        say(f"{exporter.name:<13} {row['cpu_s']:6.2f} {row['core_share'] * 100:6.2f}% {mem['VmRSS']:7.1f} "
+            f"{mem['RssAnon']:6.1f} {mem['RssFile']:6.1f} {quantile(scrape_ms, .5):8.1f}/{max(scrape_ms):<8.1f} "
+            f"{quantile(row['nvlink_collector_ms'], .5):8.2f}/{max(row['nvlink_collector_ms'] or [0]):<8.2f} "
+            f"{quantile(ages, .5):6.1f}/{max(ages or [0]):<6.1f} {row['nccl_calls_per_second']:13.0f}")
+        if "nvlink" in SETS[exporter.name]:
+            say(f"{'':<13} NVLink sampling threads: {row['sampling_cpu_share'] * 100:.3f}% of a core")
+    say("targets: scrape p99 <= 25 ms; exporter <= 0.5% of one core at a 15 s scrape interval, RSS <= 70 MB; "
+        "NVLink samples no older than the interval (+ one round)")
+    say("before (issue 14/17, same kind of host): nvlink collector 0.20-0.80 s per scrape; all collectors "
+        "10.0% of a core and 96 MB, all but nccl 3.7% and 83 MB")
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--exporter-child":
+        return exporter_child(sys.argv[2:])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=120.0)
+    parser.add_argument("--warmup", type=float, default=25.0)
+    parser.add_argument("--scrape-interval", type=float, default=15.0)
+    parser.add_argument("--nvlink-interval", type=float, default=10.0)
+    parser.add_argument("--step-seconds", type=float, default=0.05,
+                        help="extra compute per training step (default 0.05: ~20 steps/s, ~17 all-reduces each)")
+    parser.add_argument("--skip-job", action="store_true", help="part 1 only")
+    parser.add_argument("--simulate", action="store_true", help="no GPUs: simulated NVML and fake-libnccl "
+                        "ranks (to try the orchestration here; the figures mean nothing)")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("needs root (uprobes, eBPF)")
+    import_exporter()
+    results: dict = {"host": socket.gethostname()}
+    started = time.monotonic()
+    nvml_part(results, args.simulate)
+    if not args.skip_job:
+        with tempfile.TemporaryDirectory(prefix="fabricscope-gpu-cost-") as tmp:
+            job_part(args, results, Path(tmp))
+    say(f"\ntotal {time.monotonic() - started:.0f} s")
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, "gpu_cost.json").write_text(json.dumps(results, indent=1, default=str))
+        Path(out, "gpu_cost.txt").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

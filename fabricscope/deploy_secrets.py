@@ -1,0 +1,66 @@
+"""Secrets and generated configs for deploy/compose: run once into a shared volume.
+
+    python -m fabricscope.deploy_secrets /secrets [--sidecar-url https://sidecar:19500]
+
+Writes, each only if missing (so a restart keeps the key Grafana already uses):
+  tls/ca.pem, tls/server.pem, tls/server-key.pem   the sidecar's certificate (local CA)
+  ca.pem                                            the CA again, for Grafana and Prometheus
+  keys.yaml                                         the sidecar's key file (hashes only)
+  sidecar-token                                     the key Grafana's Infinity datasource and
+                                                    Alertmanager's webhook present (read,write)
+and, every run, alertmanager.yml: the repository's routing with its sidecar webhook
+pointed at the sidecar over TLS with that token.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+from .devcerts import ensure_dev_certs
+from .stack import SIDECAR_WEBHOOK_PATH, StackError, alertmanager_config, write_yaml
+
+GRAFANA_KEY_ID = "grafana"
+
+
+def write_secrets(directory: Path, sidecar_url: str) -> dict[str, Path]:
+    from fabricscope.queryapi.keys import add_key
+
+    directory = Path(directory)
+    host = urlparse(sidecar_url).hostname or "sidecar"
+    certs = ensure_dev_certs(directory / "tls", hosts=tuple(dict.fromkeys((host, "localhost", "127.0.0.1"))))
+    shutil.copyfile(certs.ca, directory / "ca.pem")
+    token_file = directory / "sidecar-token"
+    if not token_file.exists():
+        token = add_key(directory / "keys.yaml", GRAFANA_KEY_ID, ["read", "write"])
+        token_file.write_text(token)
+        os.chmod(token_file, 0o640)
+    config = alertmanager_config(sidecar_url.rstrip("/") + SIDECAR_WEBHOOK_PATH)
+    for receiver in config.get("receivers") or []:
+        for webhook in receiver.get("webhook_configs") or []:
+            webhook["http_config"] = {"tls_config": {"ca_file": "/secrets/ca.pem"},
+                                      "authorization": {"credentials_file": "/secrets/sidecar-token"}}
+    alertmanager = write_yaml(directory / "alertmanager.yml", config)
+    return {"ca": directory / "ca.pem", "token": token_file, "keys": directory / "keys.yaml",
+            "alertmanager": alertmanager}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fabricscope.deploy_secrets", description=__doc__.splitlines()[0])
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--sidecar-url", default="https://sidecar:19500")
+    args = parser.parse_args(argv)
+    try:
+        for name, path in write_secrets(args.directory, args.sidecar_url).items():
+            print(f"{name}: {path}")
+    except (StackError, OSError) as exc:
+        print(f"deploy_secrets: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

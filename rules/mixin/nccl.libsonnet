@@ -1,0 +1,317 @@
+// NCCL: recording rules and alerts (hang, its culprit, stragglers by arrival lag).
+//
+// Signals (docs/nccl.md):
+// - fabric_nccl_arrival_lag_seconds{comm, rank}: per collective, the rank's entry time
+//   minus the earliest entry among the comm's ranks on the same node.
+// - fabric_nccl_sequence_boundary / _entry_timestamp_seconds{comm, rank}: the entry time of
+//   the rank's latest op whose sequence number is a multiple of boundary_ops. Ranks on
+//   several nodes are joined on the same op here, so a late *node* shows too (this needs
+//   the nodes' clocks in step: NTP to a few ms, PTP to microseconds).
+// - fabric_nccl_operation_sequence{comm, rank}: collectives entered; during a hang the
+//   rank that is behind never entered the op its peers wait in.
+local util = import 'util.libsonnet';
+
+{
+  local cfg = $._config,
+  local th = cfg.thresholds,
+  local w = cfg.windows,
+  local forOf = cfg['for'],
+  local sev = cfg.severities,
+  local by = function(labels) util.by(cfg, labels),
+  local num = util.num,
+  local node = cfg.nodeLabel,
+  local rankBy = by([node, 'comm', 'rank']),
+  local commBy = by(['comm']),
+  local nodeBy = by(['comm', node]),
+  // Query templates in annotations select one comm of one cluster.
+  local commSel = cfg.clusterLabel + '="%s",comm="%s"',
+  local commArgs = '$labels.' + cfg.clusterLabel + ' $labels.comm',
+
+  local alert(name, severity, expr, forDuration, summary, description, extra={}) = {
+    alert: name,
+    expr: expr,
+    'for': forDuration,
+    labels: { severity: severity },
+    annotations: {
+      summary: summary,
+      description: description,
+      runbook_url: cfg.runbookUrlBase + name + '.md',
+    } + extra,
+  },
+
+  prometheusRules+:: {
+    groups+: [
+      {
+        name: 'fabric-nccl.rules',
+        interval: cfg.intervals.nccl,
+        rules: [
+          // ---- hang ----------------------------------------------------------------
+          {
+            // Per rank: the in-flight operation's elapsed time, where it exceeds
+            // ncclHangMultiplier x the rolling average of completed ops (seed §14.3) and
+            // the floor. The per-rank detail of FabricNcclHang (which pages per comm).
+            record: 'comm_rank:fabric_nccl_inflight_elapsed_seconds:hanging',
+            expr: |||
+              max by (%(rank)s) (
+                fabric_nccl_inflight_elapsed_seconds
+                > %(m)s * (fabric_nccl_completed_average_seconds > 0)
+                and
+                fabric_nccl_inflight_elapsed_seconds > %(floor)s
+              )
+            ||| % { rank: rankBy, m: num(th.ncclHangMultiplier), floor: num(th.ncclHangMinElapsedSeconds) },
+          },
+          {
+            // The ranks holding a hung comm up: what the exporters name (they see the
+            // ranks of their node), or, across nodes, a rank whose sequence number is
+            // behind the comm's newest (it never entered the op its peers wait in).
+            record: 'comm_rank:fabric_nccl_hang_culprit',
+            expr: |||
+              max by (%(rankReason)s) (fabric_nccl_hang_culprit == 1)
+              or
+              max by (%(rankReason)s) (
+                label_replace(
+                  0 * (
+                    (
+                      max by (%(comm)s) (fabric_nccl_operation_sequence)
+                      - on (%(comm)s) group_right
+                      fabric_nccl_operation_sequence
+                    ) > 0
+                  ) + 1,
+                  "reason", "not_entered", "", ""
+                )
+                and on (%(comm)s)
+                comm_rank:fabric_nccl_inflight_elapsed_seconds:hanging
+              )
+            ||| % { rankReason: by([node, 'comm', 'rank', 'reason']), comm: commBy },
+          },
+          // ---- arrival lag -------------------------------------------------------------
+          {
+            // Mean lag behind the node's earliest rank, per rank.
+            record: 'comm_rank:fabric_nccl_arrival_lag_seconds:local_mean1m',
+            expr: |||
+              sum by (%(rank)s) (rate(fabric_nccl_arrival_lag_seconds_sum[%(w)s]))
+              /
+              (sum by (%(rank)s) (rate(fabric_nccl_arrival_lag_seconds_count[%(w)s])) > 0)
+            ||| % { rank: rankBy, w: w.ncclLag },
+          },
+          {
+            // Cross-node join: each rank's entry into the same boundary op minus the
+            // comm's earliest, taken only when every reporting rank is at the same
+            // boundary (scrapes of different nodes land at different times).
+            record: 'comm_rank:fabric_nccl_sequence_boundary_lag_seconds',
+            expr: |||
+              (
+                max by (%(rank)s) (fabric_nccl_sequence_boundary_entry_timestamp_seconds)
+                - on (%(comm)s) group_left
+                min by (%(comm)s) (fabric_nccl_sequence_boundary_entry_timestamp_seconds)
+              )
+              and on (%(comm)s)
+              (max by (%(comm)s) (fabric_nccl_sequence_boundary) == min by (%(comm)s) (fabric_nccl_sequence_boundary))
+              and on (%(comm)s)
+              (count by (%(comm)s) (fabric_nccl_sequence_boundary) > 1)
+            ||| % { rank: rankBy, comm: commBy },
+          },
+          {
+            // How late a node's earliest rank enters, against the comm's earliest rank
+            // anywhere: 0 for the first node, a clock offset's worth of noise for others.
+            record: 'comm_node:fabric_nccl_arrival_offset_seconds',
+            expr: 'min by (%s) (comm_rank:fabric_nccl_sequence_boundary_lag_seconds)' % nodeBy,
+          },
+          {
+            // Averaged over the evaluations where the boundaries lined up.
+            record: 'comm_node:fabric_nccl_arrival_offset_seconds:avg5m',
+            expr: 'avg_over_time(comm_node:fabric_nccl_arrival_offset_seconds[%s])' % w.ncclNodeOffset,
+          },
+          {
+            // The rank's mean lag behind the comm's earliest rank: the local lag plus its
+            // node's offset; the local lag alone where the comm has one node (or the
+            // boundaries never lined up); the boundary lag where the rank is alone on
+            // its node.
+            record: 'comm_rank:fabric_nccl_arrival_lag_seconds:mean1m',
+            expr: |||
+              (
+                comm_rank:fabric_nccl_arrival_lag_seconds:local_mean1m
+                + on (%(node)s) group_left
+                comm_node:fabric_nccl_arrival_offset_seconds:avg5m
+              )
+              or
+              comm_rank:fabric_nccl_arrival_lag_seconds:local_mean1m
+              or
+              avg_over_time(comm_rank:fabric_nccl_sequence_boundary_lag_seconds[%(w)s])
+            ||| % { node: nodeBy, w: w.ncclLag },
+          },
+          {
+            // The same over 5 minutes: panels and the straggler cost read this one.
+            record: 'comm_rank:fabric_nccl_arrival_lag_seconds:mean5m',
+            expr: 'avg_over_time(comm_rank:fabric_nccl_arrival_lag_seconds:mean1m[5m])',
+          },
+          {
+            // Collectives per second per rank (Send/Recv excluded): every one of them
+            // waits for the late rank, so lag x this rate is the share of time lost.
+            record: 'comm_rank:fabric_nccl_collectives:rate1m',
+            expr: 'sum by (%s) (rate(%s[%s]))'
+                  % [rankBy, util.selector('fabric_nccl_calls_total', cfg.selectors.stragglerOps), w.ncclLag],
+          },
+          // MAD across the comm's ranks (seed 002), on the lag.
+          {
+            record: 'comm:fabric_nccl_arrival_lag_seconds:median1m',
+            expr: 'quantile by (%s) (0.5, comm_rank:fabric_nccl_arrival_lag_seconds:mean1m)' % commBy,
+          },
+          {
+            record: 'comm_rank:fabric_nccl_arrival_lag_seconds:deviation1m',
+            expr: |||
+              comm_rank:fabric_nccl_arrival_lag_seconds:mean1m
+              - on (%(comm)s) group_left
+              comm:fabric_nccl_arrival_lag_seconds:median1m
+            ||| % { comm: commBy },
+          },
+          {
+            record: 'comm:fabric_nccl_arrival_lag_seconds:mad1m',
+            expr: 'quantile by (%s) (0.5, abs(comm_rank:fabric_nccl_arrival_lag_seconds:deviation1m))' % commBy,
+          },
+          {
+            record: 'comm:fabric_nccl_arrival_lag_seconds:ranks1m',
+            expr: 'count by (%s) (comm_rank:fabric_nccl_arrival_lag_seconds:mean1m)' % commBy,
+          },
+          {
+            // Share of the job's time its other ranks spend waiting for this rank.
+            record: 'comm_rank:fabric_nccl_arrival_lag:step_share1m',
+            expr: |||
+              clamp_min(comm_rank:fabric_nccl_arrival_lag_seconds:deviation1m, 0)
+              * on (%(rank)s)
+              comm_rank:fabric_nccl_collectives:rate1m
+            ||| % { rank: rankBy },
+          },
+          {
+            record: 'comm_node:fabric_nccl_arrival_offset:step_share5m',
+            expr: |||
+              comm_node:fabric_nccl_arrival_offset_seconds:avg5m
+              * on (%(node)s)
+              max by (%(node)s) (comm_rank:fabric_nccl_collectives:rate1m)
+            ||| % { node: nodeBy },
+          },
+          // ---- a rank that stopped calling while its peers go on ------------------
+          {
+            record: 'comm_rank:fabric_nccl_last_call_timestamp_seconds:max',
+            expr: 'max by (%s) (fabric_nccl_last_call_timestamp_seconds)' % by(['comm', 'rank', node]),
+          },
+          {
+            record: 'comm:fabric_nccl_last_call_timestamp_seconds:max',
+            expr: 'max by (%s) (comm_rank:fabric_nccl_last_call_timestamp_seconds:max)' % commBy,
+          },
+        ],
+      },
+    ],
+  },
+
+  local culpritList = |||
+    {{ range $i, $c := printf `comm_rank:fabric_nccl_hang_culprit{%(sel)s}` %(args)s | query | sortByLabel "rank" }}{{ if $i }}, {{ end }}rank {{ $c.Labels.rank }} on {{ $c.Labels.%(node)s }} ({{ $c.Labels.reason }}){{ else }}none identified{{ end }}
+  ||| % { sel: commSel, args: commArgs, node: node },
+  local waitingCount = |||
+    {{ with printf `count(comm_rank:fabric_nccl_inflight_elapsed_seconds:hanging{%(sel)s} unless on (%(rank)s) comm_rank:fabric_nccl_hang_culprit)` %(args)s | query }}{{ . | first | value }}{{ else }}0{{ end }}
+  ||| % { sel: commSel, args: commArgs, rank: by(['comm', 'rank']) },
+  local stepShare(metric, labels) =
+    '{{ with printf `%s{%s}` %s | query }}{{ . | first | value | humanizePercentage }}{{ end }}'
+    % [metric, std.join(',', [l + '="%s"' for l in labels]), std.join(' ', ['$labels.' + l for l in labels])],
+
+  prometheusAlerts+:: {
+    groups+: [
+      {
+        name: 'fabric-nccl.alerts',
+        interval: cfg.intervals.nccl,
+        rules: [
+          alert(
+            'FabricNcclHang',
+            sev.ncclHang,
+            // One alert per communicator (a hung job of 8,192 ranks is one incident);
+            // the value is the longest elapsed time among its ranks.
+            'max by (%s) (comm_rank:fabric_nccl_inflight_elapsed_seconds:hanging)' % commBy,
+            forOf.ncclHang,
+            'An NCCL communicator is hung: its collectives have been in flight far longer than their recent average.',
+            'Comm {{ $labels.comm }} has been hung for {{ $value | humanizeDuration }} (more than '
+            + num(th.ncclHangMultiplier) + 'x the average of the last 20 completed operations): '
+            + std.rstripChars(waitingCount, '\n') + ' rank(s) waiting for ' + std.rstripChars(culpritList, '\n') + '.',
+            extra={ culprit: std.rstripChars(culpritList, '\n') },
+          ),
+        ] + [
+          alert(
+            'FabricNcclRankStalled',
+            tier.severity,
+            |||
+              (time() - comm_rank:fabric_nccl_last_call_timestamp_seconds:max) > %(stalled)s
+              and on (%(comm)s)
+              (time() - comm:fabric_nccl_last_call_timestamp_seconds:max) < %(peers)s
+            ||| % { stalled: num(tier.seconds), comm: commBy, peers: num(th.ncclPeersActiveSeconds) },
+            forOf.ncclRankStalled,
+            'An NCCL rank stopped issuing collectives while the other ranks of its communicator continue.',
+            'Rank {{ $labels.rank }} of comm {{ $labels.comm }} on {{ $labels.node }} has issued no NCCL call for '
+            + '{{ $value | humanizeDuration }} (alert at ' + num(tier.seconds)
+            + 's) while other ranks of the communicator called within the last '
+            + num(th.ncclPeersActiveSeconds) + 's.',
+          )
+          for tier in [
+            { severity: sev.ncclRankStalled, seconds: th.ncclRankStalledSeconds },
+            { severity: sev.ncclRankStalledCritical, seconds: th.ncclRankStalledCriticalSeconds },
+          ]
+        ] + [
+          alert(
+            'FabricNcclStragglerNode',
+            sev.straggler,
+            // Every rank of the node enters late against the comm's earliest rank
+            // elsewhere. The floor is above what NTP keeps between nodes.
+            |||
+              comm_node:fabric_nccl_arrival_offset_seconds:avg5m > %(abs)s
+              and
+              comm_node:fabric_nccl_arrival_offset:step_share5m > %(share)s
+            ||| % { abs: num(th.stragglerNodeMinOffsetSeconds), share: num(th.stragglerMinStepShare) },
+            forOf.straggler,
+            'Every NCCL rank on one node enters its collectives late: the whole job waits for this node.',
+            'The ranks of comm {{ $labels.comm }} on {{ $labels.node }} enter each collective {{ $value | humanizeDuration }} '
+            + 'after the earliest rank elsewhere (mean over ' + w.ncclNodeOffset + '); every step waits that long: '
+            + stepShare('comm_node:fabric_nccl_arrival_offset:step_share5m', [cfg.clusterLabel, 'comm', node])
+            + ' of the job\'s time.',
+          ),
+          alert(
+            'FabricNcclStragglerRank',
+            sev.straggler,
+            // Late against the comm's median rank by many median absolute deviations,
+            // by more than the floors, in a cohort of enough ranks; a late node is
+            // FabricNcclStragglerNode, not one alert per rank.
+            |||
+              comm_rank:fabric_nccl_arrival_lag_seconds:deviation1m
+                > on (%(comm)s) group_left ()
+              (%(k)s * comm:fabric_nccl_arrival_lag_seconds:mad1m)
+              and
+              comm_rank:fabric_nccl_arrival_lag_seconds:deviation1m > %(abs)s
+              and
+              comm_rank:fabric_nccl_arrival_lag:step_share1m > %(share)s
+              and on (%(comm)s)
+              (comm:fabric_nccl_arrival_lag_seconds:ranks1m >= %(ranks)s)
+              unless on (%(node)s)
+              (
+                comm_node:fabric_nccl_arrival_offset_seconds:avg5m > %(nodeAbs)s
+                and
+                comm_node:fabric_nccl_arrival_offset:step_share5m > %(share)s
+              )
+            ||| % {
+              comm: commBy,
+              node: nodeBy,
+              k: num(th.stragglerMadMultiplier),
+              abs: num(th.stragglerMinDeviationSeconds),
+              share: num(th.stragglerMinStepShare),
+              ranks: num(th.stragglerMinRanks),
+              nodeAbs: num(th.stragglerNodeMinOffsetSeconds),
+            },
+            forOf.straggler,
+            'One NCCL rank enters its collectives late: every other rank of the communicator waits for it.',
+            'Rank {{ $labels.rank }} ({{ $labels.node }}) of comm {{ $labels.comm }} enters each collective '
+            + '{{ $value | humanizeDuration }} later than the median rank (mean over ' + w.ncclLag + '); its peers wait '
+            + 'that long every time: '
+            + stepShare('comm_rank:fabric_nccl_arrival_lag:step_share1m', [cfg.clusterLabel, 'comm', 'rank'])
+            + ' of the job\'s step time.',
+          ),
+        ],
+      },
+    ],
+  },
+}

@@ -1,0 +1,140 @@
+"""deploy/: the files an operator copies must agree with the code they start. Every
+exporter and sidecar command line parses with the real argument parsers, the Grafana
+provisioning names the datasources the dashboards default to, the compose file mounts
+files that exist, its Prometheus config passes promtool, and the generated Alertmanager
+config passes amtool. (No container engine or Kubernetes here: what can be checked
+without them is.)"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fabricscope.dashboards import model
+from fabricscope.exporter import main as exporter_main
+from fabricscope.queryapi import server as sidecar_main
+from tests import procs
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOY = REPO / "deploy"
+COMPOSE = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
+EXPORTER_PORT = 19400
+
+
+def parse(add_arguments, argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_arguments(parser)
+    try:
+        return parser.parse_args(argv)
+    except SystemExit as exc:   # argparse reports unknown flags by exiting
+        raise AssertionError(f"rejected: {argv}") from exc
+
+
+def test_grafana_datasources_are_the_ones_the_dashboards_default_to():
+    provisioned = yaml.safe_load((DEPLOY / "grafana/provisioning/datasources/fabricscope.yaml").read_text())
+    by_type = {d["type"]: d for d in provisioned["datasources"]}
+    for name, board in model.load_all().items():
+        for variable in board["templating"]["list"]:
+            if variable["type"] == "datasource":
+                assert variable["query"] in by_type, f"{name}: no {variable['query']} datasource provisioned"
+                assert by_type[variable["query"]]["name"] == variable["current"]["value"], (name, variable["name"])
+    infinity = by_type["yesoreyeram-infinity-datasource"]
+    assert infinity["jsonData"]["auth_method"] == "bearerToken"
+    assert infinity["jsonData"]["allowedHosts"] == [infinity["url"]]
+
+
+def test_dashboards_are_provisioned_from_where_compose_mounts_them():
+    provider = yaml.safe_load((DEPLOY / "grafana/provisioning/dashboards/fabricscope.yaml").read_text())
+    path = provider["providers"][0]["options"]["path"]
+    mounts = dict(v.rsplit(":", 2)[:2] if v.count(":") == 2 else v.split(":") for v in COMPOSE["services"]["grafana"]["volumes"])
+    assert (DEPLOY / "compose" / {target: host for host, target in mounts.items()}[path]).resolve() == \
+        REPO / "dashboards" / "json"
+    assert COMPOSE["services"]["grafana"]["environment"]["GF_INSTALL_PLUGINS"] == "yesoreyeram-infinity-datasource"
+
+
+def test_compose_runs_the_whole_stack_from_files_that_exist():
+    assert set(COMPOSE["services"]) == {"exporter", "prometheus", "alertmanager", "sidecar-init", "sidecar", "grafana"}
+    for name, service in COMPOSE["services"].items():
+        for volume in service.get("volumes", []):
+            host = volume.split(":")[0]
+            if host.startswith("."):
+                assert (DEPLOY / "compose" / host).exists(), f"{name} mounts missing {host}"
+    exporter = COMPOSE["services"]["exporter"]["command"]
+    assert exporter[0] == "exporter"
+    args = parse(exporter_main.add_arguments, exporter[1:])
+    assert args.listen.endswith(f":{EXPORTER_PORT}")
+    sidecar = COMPOSE["services"]["sidecar"]["command"]
+    assert sidecar[0] == "sidecar"
+    parse(sidecar_main.add_arguments, sidecar[1:])
+
+
+def test_compose_prometheus_config_passes_promtool(tmp_path):
+    promtool = procs.require_binary("promtool")
+    config = yaml.safe_load((DEPLOY / "compose" / "prometheus.yml").read_text())
+    (tmp_path / "ca.pem").write_text("")
+    for job in config["scrape_configs"]:
+        if "tls_config" in job:
+            job["tls_config"]["ca_file"] = str(tmp_path / "ca.pem")
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    shutil.copytree(REPO / "rules", tmp_path / "rules", ignore=shutil.ignore_patterns("mixin", "tests"))
+    check = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert {j["job_name"] for j in config["scrape_configs"]} >= {"fabricscope", "fabricscope-sidecar"}
+
+
+def test_systemd_unit_starts_the_exporter_with_flags_it_accepts():
+    unit = (DEPLOY / "systemd" / "fabricscope-exporter.service").read_text()
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    argv = exec_start.removeprefix("ExecStart=").split()
+    assert argv[0].endswith("/fabricscope") and argv[1] == "exporter"
+    args = parse(exporter_main.add_arguments, argv[2:])
+    assert args.listen.endswith(f":{EXPORTER_PORT}")
+    assert "StateDirectory=fabricscope-exporter" in unit and args.state_dir == "/var/lib/fabricscope-exporter"
+
+
+def test_kubernetes_daemonset_service_and_servicemonitor_agree():
+    docs = {d["kind"]: d for d in yaml.safe_load_all((DEPLOY / "kubernetes" / "exporter.yaml").read_text())}
+    assert set(docs) == {"Namespace", "DaemonSet", "Service", "ServiceMonitor"}
+    pod = docs["DaemonSet"]["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    assert container["args"][0] == "exporter"
+    args = parse(exporter_main.add_arguments, container["args"][1:])
+    assert args.listen.endswith(f":{EXPORTER_PORT}")
+    assert container["ports"][0]["containerPort"] == EXPORTER_PORT
+    labels = pod["metadata"]["labels"]
+    assert docs["DaemonSet"]["spec"]["selector"]["matchLabels"] == labels
+    service = docs["Service"]
+    assert service["spec"]["selector"] == labels
+    assert service["spec"]["ports"][0]["targetPort"] == container["ports"][0]["name"]
+    monitor = docs["ServiceMonitor"]["spec"]
+    assert monitor["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    endpoint = monitor["endpoints"][0]
+    assert endpoint["port"] == service["spec"]["ports"][0]["name"]
+    assert endpoint["honorLabels"] is True
+    relabeled = {r["targetLabel"]: r for r in endpoint["relabelings"]}
+    assert relabeled["job"]["replacement"] == "fabricscope"      # the rules' exporter selector
+    assert {"node", "cluster"} <= set(relabeled)
+
+
+def test_compose_secrets_are_written_once_and_alertmanager_config_passes_amtool(tmp_path):
+    from fabricscope import deploy_secrets
+    from fabricscope.queryapi.keys import hash_key, parse_key_file
+
+    paths = deploy_secrets.write_secrets(tmp_path, "https://sidecar:19500")
+    token = paths["token"].read_text()
+    keys = parse_key_file(paths["keys"])
+    entry = next(k for k in keys.values() if k.id == "grafana")
+    assert entry.sha256 == hash_key(token) and set(entry.scopes) == {"read", "write"}
+    assert deploy_secrets.write_secrets(tmp_path, "https://sidecar:19500")["token"].read_text() == token
+    amtool = procs.require_binary("amtool")
+    check = subprocess.run([amtool, "check-config", str(paths["alertmanager"])], capture_output=True, text=True,
+                           timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    config = yaml.safe_load(paths["alertmanager"].read_text())
+    webhooks = [w for r in config["receivers"] for w in r.get("webhook_configs") or []]
+    assert webhooks and all(w["url"] == "https://sidecar:19500/alerts/webhook" for w in webhooks)
