@@ -25,7 +25,7 @@ local util = import 'util.libsonnet';
     },
   } + (if keepFiringFor == null then {} else { keep_firing_for: keepFiringFor }),
 
-  // ---- TCP microbursts (seed §14.2) --------------------------------------------------
+  // ---- TCP microbursts -------------------------------------------------------------
   // The warning tier stands down while the critical tier is raised: both are held by
   // keep_firing_for after the burst, and a warning outliving the critical by a few
   // evaluations would notify a burst that is already over (an inhibition only holds
@@ -54,7 +54,7 @@ local util = import 'util.libsonnet';
     keepFiringFor=cfg.keepFiringFor.microburst,
   ),
 
-  // ---- InfiniBand (seed 003) ---------------------------------------------------------
+  // ---- InfiniBand ---------------------------------------------------------------------
   local port = by([cfg.nodeLabel, 'device', 'port']),
 
   // A port that stopped working after it worked. Codes 4 (ACTIVE) and 5 (ACTIVE_DEFER)
