@@ -2,6 +2,10 @@
 
 Workloads (each run with and without the programs attached, alternating rounds so
 drift on a noisy machine hits both sides equally):
+  mix      the realistic mix the default configuration is held to (within 1%):
+             bulk    1 MiB messages over loopback TCP (a checkpoint or data transfer)
+             loader  a data-loader-shaped loop: open, fstat, read in 64 KiB, close, over
+                     64 cached files of 256 KiB (one epoch after another)
   tcp      loopback request/response, TCP_NODELAY, one echo server process: 64 B / 64 B
            ping-pong (the worst case) and 512 B / 32 KiB; tcp_probe, sys_enter and
            sched_switch all fire on this path
@@ -13,7 +17,8 @@ adjacent off/on pairs), and, from one extra round with kernel run-time accountin
 events counted per second and ns per event (that accounting itself adds cost, so the
 measured rounds run without it).
 
-    sudo .venv/bin/python bench/ebpf_overhead.py [--rounds 12] [--seconds 1] [--objects tcp,sched]
+    sudo .venv/bin/python bench/ebpf_overhead.py [--rounds 12] [--seconds 1] [--objects default|all|tcp,sched]
+                                                 [--workloads mix,tcp,syscall]
 Needs root, kernel BTF and the objects (`make -C exporter/bpf`).
 """
 from __future__ import annotations
@@ -107,6 +112,32 @@ def syscall_round(count: int) -> tuple[int, float, float]:
     return 2 * count, wall, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
 
 
+def loader_files(directory: Path, count: int = 64, size: int = 256 * 1024) -> list[str]:
+    paths = []
+    for i in range(count):
+        path = directory / f"sample-{i:03d}.bin"
+        path.write_bytes(os.urandom(size))
+        paths.append(str(path))
+    return paths
+
+
+def loader_round(paths: list[str], seconds: float) -> tuple[int, float, float]:
+    """(files read, wall seconds, CPU seconds) of a data-loader-shaped syscall loop."""
+    cpu0 = _cpu_self()
+    start = time.perf_counter()
+    end = start + seconds
+    done = 0
+    while time.perf_counter() < end:
+        for path in paths:
+            fd = os.open(path, os.O_RDONLY)
+            os.fstat(fd)
+            while os.read(fd, 65536):
+                pass
+            os.close(fd)
+        done += len(paths)
+    return done, time.perf_counter() - start, _cpu_self() - cpu0
+
+
 def calibrate_dd(seconds: float) -> int:
     """Byte count that makes one dd round take about `seconds`."""
     ops, wall, _cpu = syscall_round(200_000)
@@ -173,11 +204,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--seconds", type=float, default=1.0)
-    parser.add_argument("--objects", default=None, help="comma-separated subset (tcp,sched,syscalls)")
-    parser.add_argument("--workloads", default="tcp,syscall")
+    parser.add_argument("--objects", default="default",
+                        help="default (what the exporter loads without an ebpf.objects setting), all, "
+                             "or a comma-separated subset (tcp,sched,syscalls)")
+    parser.add_argument("--workloads", default="mix,tcp,syscall")
     args = parser.parse_args()
     global OBJECTS
-    OBJECTS = set(args.objects.split(",")) if args.objects else None
+    from fabricscope.exporter.collectors.ebpf import DEFAULT_OBJECTS
+    OBJECTS = (set(DEFAULT_OBJECTS) if args.objects == "default" else None if args.objects == "all"
+               else set(args.objects.split(",")))
     workloads = set(args.workloads.split(","))
     if os.geteuid() != 0:
         print("needs root (CAP_BPF + CAP_PERFMON)")
@@ -186,7 +221,11 @@ def main() -> int:
     if not ok:
         print(f"cannot build BPF objects: {output}")
         return 1
-    print(f"objects: {args.objects or 'all'}; {os.cpu_count()} CPUs, kernel {os.uname().release}; {args.rounds} rounds x {args.seconds:g} s per mode")
+    shown = ",".join(sorted(OBJECTS)) if OBJECTS else "all"
+    print(f"objects: {args.objects} ({shown}); {os.cpu_count()} CPUs, kernel {os.uname().release}; "
+          f"{args.rounds} rounds x {args.seconds:g} s per mode")
+    if "mix" in workloads:
+        run_mix(args)
     if "tcp" in workloads:
         run_tcp(args)
     if "syscall" in workloads:
@@ -194,6 +233,25 @@ def main() -> int:
         measure("syscall-heavy: dd bs=1 /dev/zero -> /dev/null (worst case for sys_enter)",
                 lambda: syscall_round(count), args.rounds)
     return 0
+
+
+def run_mix(args) -> None:
+    import tempfile
+
+    server = subprocess.Popen([sys.executable, "-c", ECHO_SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())
+        tcp_round(port, 0.5, 1 << 20, 8)   # warm-up
+        measure("mix: bulk TCP, 1 MiB messages over loopback",
+                lambda: tcp_round(port, args.seconds, 1 << 20, 8), args.rounds)
+    finally:
+        server.kill()
+        server.wait()
+    with tempfile.TemporaryDirectory(prefix="fabricscope-loader-") as directory:
+        paths = loader_files(Path(directory))
+        loader_round(paths, 0.5)           # warm the page cache
+        measure("mix: data-loader loop (open, fstat, 64 KiB reads, close; 256 KiB files)",
+                lambda: loader_round(paths, args.seconds), args.rounds)
 
 
 def run_tcp(args) -> None:

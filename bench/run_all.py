@@ -15,7 +15,7 @@ BENCH = Path(__file__).resolve().parent
 RUNS = [
     ("scrape latency vs node_exporter (host collectors)", ["scrape_latency.py"], False),
     ("scrape latency, all collectors, simulated 8-GPU node", ["scrape_latency.py", "--gpu"], False),
-    ("eBPF overhead (TCP and syscall workloads)", ["ebpf_overhead.py"], True),
+    ("eBPF overhead of the default programs (realistic mix, TCP and syscall worst cases)", ["ebpf_overhead.py"], True),
     ("NCCL uprobe cost per call", ["nccl_uprobe_cost.py"], True),
     ("demo tick cost", ["demo_tick.py"], False),
     ("rule evaluation on a 1,024-GPU cluster", ["rule_eval_cost.py", "--duration", "120"], False),

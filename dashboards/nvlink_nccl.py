@@ -46,10 +46,10 @@ def link_rate(metric: str) -> str:
 # The topology graph: GPUs and the NVSwitches (or peer GPUs) their links reach, per node.
 # Node ids are node/PCI address, so the same bus id on two hosts stays two graph nodes.
 TOPOLOGY_NODES = f"""
-  label_join(label_replace(max by (node, gpu, pci_bus_id) (fabric_gpu_info{{{GPU_SEL}}}),
-    "title", "GPU $1", "gpu", "(.*)"), "id", "/", "node", "pci_bus_id")
+  label_join(label_join(label_replace(max by (node, gpu, pci_bus_id) (fabric_gpu_info{{{GPU_SEL}}}),
+    "device", "GPU $1", "gpu", "(.*)"), "title", " ", "node", "device"), "id", "/", "node", "pci_bus_id")
   or label_join(label_join(count by (node, remote_pci_bus_id, remote_type) (fabric_nvlink_info{{{GPU_SEL}, remote_type!="gpu"}}),
-    "title", " ", "remote_type", "remote_pci_bus_id"), "id", "/", "node", "remote_pci_bus_id")"""
+    "title", " ", "node", "remote_type", "remote_pci_bus_id"), "id", "/", "node", "remote_pci_bus_id")"""
 TOPOLOGY_EDGES = f"""
   label_join(label_join(label_join(
     sum by (node, gpu, pci_bus_id, remote_pci_bus_id) (

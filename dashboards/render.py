@@ -117,7 +117,7 @@ def timeseries(panel: dict, results: list[tuple[dict, list[Series]]], start: flo
     unit = unit_of(panel)
     pairs = [(target, series) for target, found in results for series in found]
     fig = figure(panel)
-    ax = fig.add_axes([0.07, 0.14, 0.62, 0.74])
+    ax = fig.add_axes([0.12, 0.14, 0.57, 0.74])
     bars = panel.get("fieldConfig", {}).get("defaults", {}).get("custom", {}).get("drawStyle") == "bars"
     for target, series in _strongest(pairs):
         times, values = points(series)
@@ -261,7 +261,7 @@ def node_graph(panel: dict, results: list[tuple[dict, list[Series]]], path: Path
     edges = [(s["metric"].get("source"), s["metric"].get("target"), last_value(s)) for s in frames.get("edges", [])]
     if not nodes:
         return message(panel, "no topology at the end of the range", path)
-    sources = sorted({a for a, _, _ in edges} | {n for n, t in nodes.items() if t.startswith("GPU")})
+    sources = sorted({a for a, _, _ in edges} | {n for n, t in nodes.items() if "GPU" in t.split()})
     targets = sorted(set(nodes) - set(sources))
     fig = figure(panel)
     ax = fig.add_axes([0.02, 0.02, 0.96, 0.86])
@@ -279,4 +279,36 @@ def node_graph(panel: dict, results: list[tuple[dict, list[Series]]], path: Path
                 ha="right" if name in sources else "left", va="center")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
+    return save(fig, path)
+
+
+def _cell(value: Any, kind: str) -> str:
+    if value is None:
+        return ""
+    if kind == "timestamp_epoch" and isinstance(value, (int, float)):
+        return datetime.fromtimestamp(value / 1000, tz=timezone.utc).strftime("%H:%M:%S")
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, dict)):
+        import json
+
+        text = json.dumps(value, separators=(",", ":"))
+        return text if len(text) <= 40 else text[:39] + "…"
+    return str(value)
+
+
+def sidecar_table(panel: dict, columns: list[dict], rows: list[dict], path: Path) -> Path:
+    """Rows of a sidecar response with the columns the panel maps (Infinity's table)."""
+    if not rows:
+        return message(panel, "no rows in the time range", path)
+    fig = figure(panel)
+    ax = fig.add_axes([0.01, 0.02, 0.98, 0.86])
+    ax.axis("off")
+    cells = [[_cell(row.get(c["selector"]), c["type"]) for c in columns] for row in rows[:MAX_TABLE_ROWS]]
+    drawn = ax.table(cellText=cells, colLabels=[c["text"] for c in columns], loc="upper center", cellLoc="left")
+    drawn.auto_set_font_size(False)
+    drawn.set_fontsize(6.5)
+    drawn.scale(1, 1.15)
+    if len(rows) > MAX_TABLE_ROWS:
+        fig.text(0.01, 0.01, f"{MAX_TABLE_ROWS} of {len(rows)} rows", fontsize=7, color="#666666")
     return save(fig, path)

@@ -6,8 +6,8 @@ Prometheus server's data, for post-mortems and for people without Grafana at han
 It reads the committed dashboard JSON (what Grafana provisions), resolves the template
 variables against Prometheus as Grafana does ("All" unless --var pins one), runs every
 panel's queries over the range and draws each panel with matplotlib (no display needed).
-Panels served by the sidecar through the Infinity datasource are listed with their
-request, not drawn: the report reads Prometheus only.
+Panels served by the sidecar through the Infinity datasource are drawn as tables when
+--sidecar-url is given (GET requests only), and listed with their request otherwise.
 """
 from __future__ import annotations
 
@@ -96,7 +96,33 @@ class Prometheus:
 
 
 class QueryError(Exception):
-    """Prometheus refused one query (the panel shows the message; the report goes on)."""
+    """Prometheus or the sidecar refused one query (the panel shows the message; the
+    report goes on)."""
+
+
+class Sidecar:
+    """The sidecar's HTTP API, read as the Infinity datasource reads it (bearer token,
+    the sidecar's CA). Only GET requests are sent: the report never submits anything."""
+
+    def __init__(self, url: str, token: str, ca_file: Path | None, timeout: float = 30.0) -> None:
+        import ssl
+
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self.context = ssl.create_default_context(cafile=str(ca_file)) if ca_file else None
+
+    def fetch(self, request: model.InfinityRequest) -> object:
+        query = urllib.parse.urlencode(request.params)
+        http = urllib.request.Request(f"{request.url}?{query}" if query else request.url,
+                                      headers={"Authorization": f"Bearer {self.token}", "Accept": "application/json"})
+        try:
+            with urllib.request.urlopen(http, timeout=self.timeout, context=self.context) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            raise QueryError(f"sidecar answered HTTP {exc.code} for {request.url}") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise QueryError(f"sidecar at {self.url}: {getattr(exc, 'reason', exc)}") from None
 
 
 @dataclass
@@ -121,7 +147,8 @@ def step_for(start: float, end: float, scrape_seconds: float) -> float:
 
 
 def render_dashboard(name: str, board: dict, prometheus: Prometheus, start: float, end: float,
-                     out_dir: Path, scrape_seconds: float, chosen: dict[str, list[str]]) -> DashboardSection:
+                     out_dir: Path, scrape_seconds: float, chosen: dict[str, list[str]],
+                     sidecar: Sidecar | None = None) -> DashboardSection:
     from . import render
 
     step = step_for(start, end, scrape_seconds)
@@ -137,9 +164,9 @@ def render_dashboard(name: str, board: dict, prometheus: Prometheus, start: floa
         targets = [t for t in panel.get("targets", [])
                    if model.datasource_type(board, model.target_datasource(panel, t)) == "prometheus"]
         if not targets:
-            entry.problem = "served by the sidecar (Infinity datasource): see docs/dashboards.md for its request"
-            entry.queries = [f"{t.get('url_options', {}).get('method', 'GET')} {t.get('url', '')}"
-                             for t in panel.get("targets", [])]
+            render_sidecar_panel(board, panel, entry, variables, sidecar, out_dir / name / f"panel-{panel['id']}.png")
+            if entry.image:
+                entry.image = f"{name}/panel-{panel['id']}.png"
             continue
         if kind not in DRAWN:
             entry.problem = f"panel type {kind} is not drawn in the report"
@@ -172,6 +199,43 @@ def render_dashboard(name: str, board: dict, prometheus: Prometheus, start: floa
         if problems:
             entry.problem = "; ".join(problems)
     return section
+
+
+def render_sidecar_panel(board: dict, panel: dict, entry: PanelImage, variables: model.Variables,
+                         sidecar: Sidecar | None, path: Path) -> None:
+    """A table of what the sidecar answers to the panel's Infinity request, when the
+    request is a GET whose variables all have values (the chaos submit panel POSTs a
+    simulation and its result panels need a simulation id: listed, not run)."""
+    from . import render
+
+    targets = [t for t in panel.get("targets", [])
+               if model.datasource_type(board, model.target_datasource(panel, t)) == "yesoreyeram-infinity-datasource"]
+    base = sidecar.url if sidecar else ""
+    requests = [model.infinity_request(t, variables, base) for t in targets]
+    entry.queries = [f"{r.method} {r.url}" + (f"?{urllib.parse.urlencode(r.params)}" if r.params else "")
+                     for r in requests]
+    if sidecar is None:
+        entry.problem = "served by the sidecar (Infinity datasource): give --sidecar-url to draw it"
+        return
+    if any(r.method != "GET" for r in requests):
+        entry.problem = "not run: this request submits a simulation (POST)"
+        return
+    empty = sorted({name for t in targets for name in model.referenced_variables(t["url"]) if not variables.format(name)})
+    if empty:
+        entry.problem = f"not run: ${', $'.join(empty)} is empty (chosen in Grafana by a click on a submitted simulation)"
+        return
+    tables = []
+    for request in requests:
+        try:
+            tables.append((request.columns, model.infinity_rows(sidecar.fetch(request), request.root_selector)))
+        except (QueryError, model.DashboardModelError) as exc:
+            entry.problem = str(exc)
+            entry.image = str(render.message(panel, str(exc), path))
+            return
+    columns = [column for cols, _ in tables for column in cols]
+    rows = [row for _, found in tables for row in found]
+    render.sidecar_table(panel, columns, rows, path)
+    entry.image = str(path)
 
 
 def write_html(sections: list[DashboardSection], out_dir: Path, prometheus_url: str, start: float, end: float) -> Path:
@@ -235,6 +299,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only this dashboard (file stem: fleet, node_network, ...); repeatable")
     parser.add_argument("--var", action="append", default=[],
                         help="pin a template variable, e.g. --var node=gpu-node-1 (repeatable; default All)")
+    parser.add_argument("--sidecar-url", default=None,
+                        help="the query sidecar, to draw the panels it serves (GET requests only); default: list them only")
+    parser.add_argument("--sidecar-ca", type=Path, default=None, help="CA certificate of the sidecar's TLS")
+    parser.add_argument("--sidecar-token-file", type=Path, default=None,
+                        help="file holding a sidecar API key with the read scope")
     parser.add_argument("--scrape-interval", default="15s",
                         help="the Prometheus scrape interval (15s, 1m, or seconds), for $__rate_interval "
                              "as Grafana computes it (default 15s)")
@@ -242,6 +311,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        try:
+            import matplotlib  # noqa: F401  (the one dependency beyond the core install)
+        except ImportError:
+            raise ReportError("drawing needs matplotlib: pip install 'fabricscope[dashboards]'") from None
         start, end = parse_time(args.start), parse_time(args.end)
         if end <= start:
             raise ReportError(f"--to ({args.end}) must be after --from ({args.start})")
@@ -252,11 +325,22 @@ def run(args: argparse.Namespace) -> int:
         if unknown:
             raise ReportError(f"unknown dashboard(s) {', '.join(unknown)}; known: {', '.join(boards)}")
         chosen = parse_vars(args.var)
+        sidecar = None
+        if args.sidecar_url:
+            if not args.sidecar_token_file:
+                raise ReportError("--sidecar-url needs --sidecar-token-file (an API key with the read scope)")
+            try:
+                token = args.sidecar_token_file.read_text().strip()
+            except OSError as exc:
+                raise ReportError(f"--sidecar-token-file {args.sidecar_token_file}: {exc.strerror}") from None
+            if args.sidecar_ca is not None and not args.sidecar_ca.is_file():
+                raise ReportError(f"--sidecar-ca {args.sidecar_ca}: no such file")
+            sidecar = Sidecar(args.sidecar_url, token, args.sidecar_ca)
         prometheus = Prometheus(args.prometheus_url)
         prometheus.label_values("__name__", None, start, end)   # fail early and clearly if unreachable
         args.out.mkdir(parents=True, exist_ok=True)
         sections = [render_dashboard(name, boards[name], prometheus, start, end, args.out,
-                                     scrape_seconds, chosen) for name in wanted]
+                                     scrape_seconds, chosen, sidecar) for name in wanted]
         page = write_html(sections, args.out, args.prometheus_url, start, end)
     except (ReportError, model.DashboardModelError) as exc:
         print(f"fabricscope report: {exc}", file=sys.stderr)

@@ -23,6 +23,10 @@ compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
 have victoria-metrics || need+=(victoria-metrics)
 have nft || need+=(nftables)
 have ip || need+=(iproute2)
+# The fake libnccl the uprobe tests trace, the ELF checks, test certificates.
+have gcc || need+=(gcc)
+have readelf || need+=(binutils)
+have openssl || need+=(openssl)
 have chromium || need+=(chromium)
 
 if [ ${#need[@]} -eq 0 ]; then

@@ -29,9 +29,11 @@ class Context:
     sources: dict[str, Any] = field(default_factory=dict)
     # Parsed argparse namespace, for collector-specific flags.
     args: Any = None
+    # Where `config` came from, for error messages.
+    config_source: str = "config"
 
     def section(self, name: str) -> dict[str, Any]:
-        value = self.config.get(name) or {}
-        if not isinstance(value, dict):
-            raise ValueError(f"config section {name!r} must be a mapping, got {type(value).__name__}")
-        return value
+        """The collector's section, validated against the one schema (exporter/config.py):
+        only the keys that were set, so defaults stay with the code that uses them."""
+        from .config import section
+        return section(self.config, name, self.config_source)

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Callable
 from pathlib import Path
 
-import yaml
 from prometheus_client.core import GaugeMetricFamily
 
 from . import __version__
@@ -19,7 +18,8 @@ from .exposition import Renderer
 from .framework import (COLLECTORS, DEFAULT_COLLECTOR_TIMEOUT, Collector, ScrapeCollector, build_collectors,
                         load_collector_modules)
 from .web import serve
-from .schema import ConfigError
+from .config import validate_config
+from .schema import ConfigError, load_yaml
 from .webconfig import load_web_config
 
 log = logging.getLogger("fabricscope.exporter")
@@ -129,16 +129,16 @@ def enabled_collectors(args: argparse.Namespace) -> list[str]:
 
 
 def context_from_args(args: argparse.Namespace) -> Context:
-    config = {}
+    config, source = {}, "config"
     if args.config_file:
+        source = args.config_file
         try:
-            config = yaml.safe_load(Path(args.config_file).read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise SystemExit(f"--config.file {args.config_file}: {exc}") from None
-        if not isinstance(config, dict):
-            raise SystemExit(f"--config.file {args.config_file}: top level must be a mapping")
+            config = validate_config(load_yaml(args.config_file), source)
+        except ConfigError as exc:
+            raise SystemExit(f"fabricscope exporter: --config.file {exc}") from None
     ctx = Context(sysfs=Path(args.sysfs), procfs=Path(args.procfs), rootfs=Path(args.rootfs),
-                  kmsg=Path(args.kmsg), state_dir=Path(args.state_dir), config=config, args=args)
+                  kmsg=Path(args.kmsg), state_dir=Path(args.state_dir), config=config, args=args,
+                  config_source=source)
     if args.node is not None:
         ctx.node = args.node
     return ctx

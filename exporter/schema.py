@@ -49,24 +49,29 @@ def _message(error: dict) -> str:
         return "unknown key"
     if kind == "missing":
         return "required key is missing"
+    if kind == "value_error":   # our own validators: the message says it all
+        return message.removeprefix("Value error, ")
     value = error.get("input")
     message = message[0].lower() + message[1:] if message else message
     return f"{message}, got {shown(value)}"
 
 
-def format_errors(source: str, exc: ValidationError) -> str:
+def format_errors(source: str, exc: ValidationError, at: tuple = ()) -> str:
     lines = []
     for error in exc.errors(include_url=False):
-        loc = tuple(part for part in error["loc"] if not (isinstance(part, str) and part.startswith("function-")))
+        loc = at + tuple(part for part in error["loc"]
+                         if not (isinstance(part, str) and part.startswith("function-")))
         lines.append(f"{source}: {_path(loc)}: {_message(error)}")
     return "\n".join(lines)
 
 
-def validate(model: type[Model], data: Any, source: str) -> Model:
+def validate(model: type[Model], data: Any, source: str, at: tuple = ()) -> Model:
+    """`data` as a `model`, or a ConfigError naming `source` and each key path (prefixed
+    with `at` when `data` is part of a larger file)."""
     try:
         return model.model_validate({} if data is None else data)
     except ValidationError as exc:
-        raise ConfigError(format_errors(source, exc)) from None
+        raise ConfigError(format_errors(source, exc, at)) from None
 
 
 def load_yaml(path: str | Path) -> Any:

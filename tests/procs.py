@@ -21,11 +21,11 @@ HOST = "127.0.0.1"
 
 
 def require_binary(name: str) -> str:
-    """Path of a Debian-packaged binary; skips the test with the reason when absent."""
+    """Path of a Debian-packaged binary; fails the test when absent (make setup installs it)."""
     try:
         return stack.find_binary(name)
     except stack.StackError as exc:
-        pytest.skip(str(exc))
+        pytest.fail(str(exc))
 
 
 class Server:
@@ -121,7 +121,7 @@ def postgres_bin(name: str) -> str:
                         key=lambda p: int(p.split("/")[4]) if p.split("/")[4].isdigit() else 0)
     found = candidates[-1] if candidates else shutil.which(name)
     if not found:
-        pytest.skip(f"{name} not found; run `make setup` (installs the Debian package postgresql)")
+        pytest.fail(f"{name} not found; run `make setup` (installs the Debian package postgresql)")
     return found
 
 

@@ -294,15 +294,19 @@ def report(run, tmp_path_factory):
     # No display: the report must render on a headless machine.
     env_display = os.environ.pop("DISPLAY", None)
     try:
+        token_file = out.parent / "sidecar-token"
+        token_file.write_text(run.token)
         code = cli.main(["report", "--prometheus-url", run.prometheus.url, "--from", str(run.start),
-                         "--to", str(run.end), "--scrape-interval", str(SCRAPE_SECONDS), "--out", str(out)])
+                         "--to", str(run.end), "--scrape-interval", str(SCRAPE_SECONDS), "--out", str(out),
+                         "--sidecar-url", run.sidecar_url, "--sidecar-ca", str(run.ca),
+                         "--sidecar-token-file", str(token_file)])
     finally:
         if env_display is not None:
             os.environ["DISPLAY"] = env_display
     return code, out
 
 
-def test_report_draws_every_prometheus_panel(report):
+def test_report_draws_every_prometheus_panel_and_the_sidecar_tables(report):
     code, out = report
     assert code == 0, "some panel query failed (see stderr)"
     page = (out / "index.html").read_text()
@@ -310,9 +314,16 @@ def test_report_draws_every_prometheus_panel(report):
     drawable = [(name, p) for name, board in DASHBOARDS.items() for p in model.panels(board)
                 if any(model.datasource_type(board, model.target_datasource(p, t)) == "prometheus"
                        for t in p.get("targets", []))]
-    assert len(images) == len(drawable)
+    # Sidecar panels are drawn from their GET requests; the chaos submit panel POSTs a
+    # simulation and its result panels need the id a click picks, so those are listed.
+    sidecar_tables = [(name, p) for name, p, t in INFINITY
+                      if t["url_options"]["method"] == "GET" and "simulation_id" not in model.referenced_variables(t["url"])]
+    assert {name for name, _ in sidecar_tables} == {"tracing", "chaos"}
+    assert len(images) == len(drawable) + len(sidecar_tables)
     for image in images:
         assert (out / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", image
+    for name, panel in sidecar_tables:
+        assert f'src="{name}/panel-{panel["id"]}.png"' in page, panel["title"]
 
 
 def test_report_opens_in_headless_chromium_with_every_image_loaded(report, tmp_path):

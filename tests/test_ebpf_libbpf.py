@@ -16,6 +16,7 @@ import pytest
 
 from fabricscope.exporter.ebpf import elfsym, objects, reasons
 from fabricscope.exporter.ebpf.reasons import BpfUnavailable, reason_for_errno
+from tests.conftest import could_not_run, require_tool
 
 BTF = Path("/sys/kernel/btf/vmlinux")
 needs_bpf = pytest.mark.skipif(os.geteuid() != 0 or not BTF.exists(),
@@ -27,7 +28,7 @@ LIBC = ctypes.CDLL("libc.so.6")
 def bpf_objects() -> Path:
     ok, output = objects.build()
     if not ok:
-        pytest.skip(f"BPF objects could not be built: {output}")
+        could_not_run(f"BPF objects could not be built: {output}")
     return objects.default_object_dir()
 
 
@@ -38,7 +39,7 @@ SELFTEST_DIR = Path(__file__).resolve().parent / "bpf"
 def selftest_object(bpf_objects) -> Path:
     ok, output = objects.build(SELFTEST_DIR)
     if not ok:
-        pytest.skip(f"the loader's test program could not be built: {output}")
+        could_not_run(f"the loader's test program could not be built: {output}")
     return SELFTEST_DIR / "selftest.bpf.o"
 
 
@@ -92,8 +93,9 @@ def test_elf_symbol_offset_matches_the_dynamic_symbol():
     libc = Path("/lib/x86_64-linux-gnu/libc.so.6")
     if not libc.exists():
         libc = Path("/lib/aarch64-linux-gnu/libc.so.6")
-    if shutil.which("readelf") is None or not libc.exists():
-        pytest.skip("needs readelf and the system libc")
+    require_tool("readelf", "binutils")
+    if not libc.exists():
+        pytest.fail("no system libc at /lib/<arch>-linux-gnu/libc.so.6")
     out = subprocess.run(["readelf", "-W", "--dyn-syms", str(libc)], capture_output=True, text=True).stdout
     value = next(int(line.split()[1], 16) for line in out.splitlines()
                  if line.split()[-1:] == ["labs"] or line.split()[-1:] == ["labs@@GLIBC_2.2.5"])
@@ -131,8 +133,7 @@ def test_garbage_object_is_bad_object(tmp_path):
 @needs_bpf
 def test_verifier_rejection_is_load_failed_with_the_log(tmp_path, bpf_objects):
     from fabricscope.exporter.ebpf.libbpf import BpfObject
-    if shutil.which("clang") is None:
-        pytest.skip("needs clang to build the rejected program")
+    require_tool("clang")
     src = tmp_path / "reject.bpf.c"
     # Reads a map value without the NULL check the verifier insists on.
     src.write_text("""
@@ -263,3 +264,35 @@ def test_closed_object_refuses_reads(bpf_objects):
     obj.close()   # idempotent
     with pytest.raises(ValueError, match="closed"):
         counter.items()
+
+
+# ---- malformed ELF files: a per-file, counted refusal ------------------------------------
+
+def _libc_bytes() -> bytes:
+    import ctypes.util
+    for candidate in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6",
+                      "/lib/aarch64-linux-gnu/libc.so.6", "/usr/lib/aarch64-linux-gnu/libc.so.6"):
+        if Path(candidate).is_file():
+            return Path(candidate).read_bytes()
+    pytest.fail("no system libc to corrupt")
+
+
+@pytest.mark.parametrize("corrupt", [
+    lambda b: b[:0x30],                                        # truncated inside the header
+    lambda b: b[:len(b) // 3],                                 # section headers cut off
+    lambda b: b[:0x28] + (2 ** 63).to_bytes(8, "little") + b[0x30:],   # e_shoff far outside
+    lambda b: b[:0x3A] + (1).to_bytes(2, "little") + b[0x3C:],         # section header size 1
+    lambda b: b"\x7fELF\x02\x01" + b"\0" * 10,                 # a header and nothing else
+    lambda b: b"\x7fELF\x01\x01" + b"\0" * 100,                # ELF32
+])
+def test_malformed_elf_is_an_elf_error_and_counted(tmp_path, corrupt):
+    from fabricscope.exporter.nccl import discovery
+
+    bad = tmp_path / "libnccl.so.2"
+    bad.write_bytes(corrupt(_libc_bytes()))
+    before = sum(elfsym.MALFORMED_FILES.values())
+    with pytest.raises(elfsym.ElfError):
+        discovery.exported_functions(str(bad))
+    with pytest.raises(elfsym.ElfError):
+        elfsym.symbol_file_offset(bad, "labs")
+    assert sum(elfsym.MALFORMED_FILES.values()) == before + 2

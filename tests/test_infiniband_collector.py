@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from fabricscope.exporter.collectors.infiniband import InfiniBandCollector
 from fabricscope.exporter.context import Context
 from fabricscope.exporter.framework import build_collectors, load_collector_modules
-from fabricscope.exporter.health.thresholds import ThresholdConfigError
+from fabricscope.exporter.schema import ConfigError
 from fabricscope.exporter.main import start_exporter
 
 FIXTURE_SYS = Path(__file__).parent / "fixtures" / "node" / "sys"
@@ -253,7 +253,7 @@ def test_configured_threshold_applies(node):
 
 def test_bad_threshold_config_is_a_clear_startup_error(node):
     node.config = {"infiniband": {"thresholds": [{"counter": "x", "type": "rate", "threshold": 1}]}}
-    with pytest.raises(ThresholdConfigError, match=r"thresholds\[0\]: type must be delta or velocity"):
+    with pytest.raises(ConfigError, match=r"infiniband\.thresholds\[0\]\.type: input should be 'delta' or 'velocity'"):
         node.collector()
     load_collector_modules()
     ctx = Context(sysfs=node.sys, procfs=node.proc, state_dir=node.state_dir, config=node.config)

@@ -4,7 +4,9 @@ from __future__ import annotations
 import pytest
 
 from fabricscope.exporter.health.counter_monitor import CounterMonitor
-from fabricscope.exporter.health.thresholds import (DEFAULT_THRESHOLDS, CounterThreshold, ThresholdConfigError,
+from fabricscope.exporter.config import section
+from fabricscope.exporter.schema import ConfigError
+from fabricscope.exporter.health.thresholds import (DEFAULT_THRESHOLDS, CounterThreshold,
                                         load_thresholds)
 
 
@@ -41,20 +43,23 @@ def test_config_overrides_adds_and_disables():
 
 
 @pytest.mark.parametrize("entry, message", [
-    ({"counter": "x", "type": "rate", "threshold": 1}, "type must be delta or velocity"),
-    ({"counter": "x", "type": "delta", "threshold": -1}, "threshold must be a number >= 0"),
-    ({"counter": "x", "type": "delta", "threshold": "10"}, "threshold must be a number >= 0"),
-    ({"counter": "x", "type": "velocity", "threshold": 1, "unit": "day"}, "unit must be second, minute or hour"),
+    ({"counter": "x", "type": "rate", "threshold": 1}, "[0].type: input should be 'delta' or 'velocity', got 'rate'"),
+    ({"counter": "x", "type": "delta", "threshold": -1}, "[0].threshold: input should be greater than or equal to 0"),
+    ({"counter": "x", "type": "delta", "threshold": "10"}, "[0].threshold: input should be a valid number, got '10'"),
+    ({"counter": "x", "type": "velocity", "threshold": 1, "unit": "day"}, "[0].unit: input should be 'second'"),
     ({"counter": "x", "type": "delta", "threshold": 1, "unit": "second"}, "only applies to velocity"),
-    ({"counter": "x", "type": "delta", "threshold": 1, "severity": "critical"}, "severity must be fatal or non_fatal"),
-    ({"type": "delta", "threshold": 1}, "`counter` must be a counter file name"),
-    ({"counter": "../etc/passwd", "type": "delta", "threshold": 1}, "`counter` must be a counter file name"),
-    ({"counter": "x", "type": "delta", "threshold": 1, "isFatal": True}, "unknown keys"),
-    ("symbol_error", "must be a mapping"),
+    ({"counter": "x", "type": "delta", "threshold": 1, "severity": "critical"},
+     "[0].severity: input should be 'fatal' or 'non_fatal'"),
+    ({"type": "delta", "threshold": 1}, "[0].counter: required key is missing"),
+    ({"counter": "../etc/passwd", "type": "delta", "threshold": 1}, "[0].counter: string should match pattern"),
+    ({"counter": "x", "type": "delta", "threshold": 1, "isFatal": True}, "[0].isFatal: unknown key"),
+    ({"counter": "x", "threshold": 1}, "`type` (delta or velocity) is required"),
+    ("symbol_error", "[0]: input should be a valid dictionary"),
 ])
 def test_config_errors_are_specific(entry, message):
-    with pytest.raises(ThresholdConfigError, match=message):
-        load_thresholds({"thresholds": [entry]})
+    with pytest.raises(ConfigError) as info:
+        section({"infiniband": {"thresholds": [entry]}}, "infiniband", "c.yml")
+    assert str(info.value).startswith("c.yml: infiniband.thresholds[0]") and message in str(info.value)
 
 
 def monitor(*thresholds):

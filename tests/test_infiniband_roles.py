@@ -82,8 +82,11 @@ def test_default_route_makes_management_and_overrides_win(tmp_path):
 
 
 def test_role_overrides_are_validated():
-    assert nic_roles.load_role_overrides({"roles": {"mlx5_4": "storage"}}) == {"mlx5_4": "storage"}
-    with pytest.raises(ValueError, match="unknown roles"):
-        nic_roles.load_role_overrides({"roles": {"mlx5_4": "backup"}})
-    with pytest.raises(ValueError, match="must be a mapping"):
-        nic_roles.load_role_overrides({"roles": ["mlx5_4"]})
+    from fabricscope.exporter.config import section
+
+    assert nic_roles.load_role_overrides(section({"infiniband": {"roles": {"mlx5_4": "storage"}}}, "infiniband")) \
+        == {"mlx5_4": "storage"}
+    with pytest.raises(ValueError, match=r"infiniband\.roles\.mlx5_4: input should be 'compute', 'storage'"):
+        section({"infiniband": {"roles": {"mlx5_4": "backup"}}}, "infiniband")
+    with pytest.raises(ValueError, match=r"infiniband\.roles: input should be a valid dictionary"):
+        section({"infiniband": {"roles": ["mlx5_4"]}}, "infiniband")

@@ -20,6 +20,7 @@ import requests
 from fabricscope.exporter.context import Context
 from fabricscope.exporter.nccl.discovery import PROC_DLOPEN, PROC_EVENT, PROC_EXEC, ProcessWatch, may_map_nccl
 from tests.nccl_fake.build import build_fake_nccl
+from tests.conftest import could_not_run, require_tool
 
 
 class Clock:
@@ -99,8 +100,7 @@ sys.stdin.readline()
 
 @pytest.fixture(scope="module")
 def fake_nccl(tmp_path_factory):
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is not installed")
+    require_tool("gcc")
     return build_fake_nccl(tmp_path_factory.mktemp("nccl_fake"))
 
 
@@ -117,14 +117,14 @@ def hinted_exporter(port, tmp_path):
     if not objects.object_path("procwatch").is_file():
         ok, output = objects.build()
         if not ok:
-            pytest.skip(f"cannot build the BPF objects: {output[-300:]}")
+            could_not_run(f"cannot build the BPF objects: {output[-300:]}")
     ctx = Context(state_dir=tmp_path, node="n1", config={"nccl": {"rescan_seconds": 3600}})
     running = start_exporter(ctx, ["nccl"], f"127.0.0.1:{port}")
     [collector] = running.collectors
     source = collector.uprobes
     if source is None or source.reason != "ok":
         running.stop()
-        pytest.skip(f"NCCL uprobes could not load: {getattr(source, 'reason', 'none')}")
+        could_not_run(f"NCCL uprobes could not load: {getattr(source, 'reason', 'none')}")
     assert source.watch_reason == "ok", source.watch_reason
     yield f"http://127.0.0.1:{port}", source
     running.stop()

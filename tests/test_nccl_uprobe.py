@@ -19,6 +19,7 @@ from fabricscope.exporter.nccl.tracker import NcclTracker
 from tests.nccl_fake.build import build_fake_nccl, build_step_driver
 from fabricscope.exporter.nccl.uprobe import (EV_COLL_ENTER, EV_COLL_RETURN, EV_COMM_END, EV_COMM_INIT, EVENT, INIT_ALL,
                                   INIT_RANK, INIT_SPLIT, EventHandler, decode_event)
+from tests.conftest import could_not_run, require_tool
 
 FAKE_UNIQUE_ID = bytes((i * 37 + 11) & 0xFF for i in range(128))    # ncclGetUniqueId in fake_nccl.c
 
@@ -135,8 +136,7 @@ def test_maps_parsing_and_static_fallback():
 
 @pytest.fixture(scope="module")
 def fake_nccl(tmp_path_factory):
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is not installed")
+    require_tool("gcc")
     return build_fake_nccl(tmp_path_factory.mktemp("nccl_fake"))
 
 
@@ -156,7 +156,7 @@ def bpf_object() -> Path:
     if not path.is_file():
         ok, output = objects.build()
         if not ok or not path.is_file():
-            pytest.skip(f"cannot build nccl.bpf.o: {output[-300:]}")
+            could_not_run(f"cannot build nccl.bpf.o: {output[-300:]}")
     return path
 
 
@@ -177,7 +177,7 @@ def uprobe_exporter(port, tmp_path):
     [collector] = running.collectors
     if collector.uprobes is None or collector.uprobes.reason != "ok":
         running.stop()
-        pytest.skip(f"NCCL uprobes could not load: {getattr(collector.uprobes, 'reason', 'none')}")
+        could_not_run(f"NCCL uprobes could not load: {getattr(collector.uprobes, 'reason', 'none')}")
     yield f"http://127.0.0.1:{port}", collector
     running.stop()
 

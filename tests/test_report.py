@@ -29,6 +29,9 @@ def test_unreachable_prometheus_is_named(capsys, tmp_path):
     (["--var", "node"], "expected NAME=VALUE"),
     (["--scrape-interval", "0"], "expected a positive interval"),
     (["--scrape-interval", "fast"], "expected a positive interval"),
+    (["--sidecar-url", "https://127.0.0.1:19500"], "--sidecar-url needs --sidecar-token-file"),
+    (["--sidecar-url", "https://127.0.0.1:19500", "--sidecar-token-file", "/nonexistent/token"],
+     "--sidecar-token-file /nonexistent/token: No such file or directory"),
 ])
 def test_bad_arguments_get_a_specific_error(capsys, tmp_path, args, message):
     code, err = run(capsys, "--prometheus-url", f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path), *args)

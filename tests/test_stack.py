@@ -236,10 +236,11 @@ def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path
         assert am["cluster"]["status"] == "disabled"
         ams = requests.get(f"{prometheus_url}/api/v1/alertmanagers", timeout=5).json()["data"]["activeAlertmanagers"]
         assert [a["url"] for a in ams] == [f"{alertmanager_url}/api/v2/alerts"]
-        # The report command the banner prints draws this very stack's fleet dashboard.
+        # The report command the banner prints draws this very stack's fleet and tracing
+        # dashboards (the latter partly from the sidecar).
         report_command = shlex.split(re.search(r"^\s+(fabricscope report .*)$", text, re.M).group(1))
         assert report_command[report_command.index("--prometheus-url") + 1] == prometheus_url
-        assert cli.main([*report_command[1:], "--dashboard", "fleet"]) == 0
+        assert cli.main([*report_command[1:], "--dashboard", "fleet", "--dashboard", "tracing"]) == 0
         assert (tmp_path / "work" / "report" / "index.html").exists()
 
         # The sidecar: TLS with the demo CA; the printed curl example works as written.

@@ -19,6 +19,7 @@ from typing import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from ..ebpf import elfsym
 from ..framework import Collector, register
 from ..nccl.ingest import IngestRoutes
 from ..nccl.tracker import NcclTracker
@@ -27,7 +28,6 @@ log = logging.getLogger("fabricscope.exporter.nccl")
 
 DEFAULT_OBJECT = Path(__file__).resolve().parent.parent / "bpf" / "nccl.bpf.o"
 LABELS = ["comm", "rank", "op"]
-CONFIG_KEYS = NcclTracker.CONFIG_KEYS | {"uprobes", "rescan_seconds", "bpf_object", "ingest"}
 
 
 def _optional_seconds(value) -> float | None:
@@ -41,16 +41,11 @@ class NcclCollector(Collector):
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
-        section = ctx.section("nccl")
-        unknown = sorted(set(section) - CONFIG_KEYS)
-        if unknown:                                   # a typo would silently keep a default
-            log.warning("nccl config: ignoring unknown keys %s (known: %s)", unknown, sorted(CONFIG_KEYS))
+        section = ctx.section("nccl")   # validated: exporter/config.py NcclSection
         self.source = ctx.sources.get("nccl")
         clock = getattr(self.source, "clock", time.time)
         self.tracker = NcclTracker.from_config(section, clock=clock)
         ingest = section.get("ingest", False)
-        if not isinstance(ingest, bool):
-            raise ValueError(f"nccl.ingest must be true or false, got {ingest!r}")
         self.ingest = IngestRoutes(self.tracker, enabled=ingest)
         self.uprobes = None
         if self.source is not None:
@@ -175,4 +170,9 @@ class NcclCollector(Collector):
                                       labels=["reason"])
         for reason, count in sorted(status.invalid.items()):
             invalid.add_metric([reason], count)
-        yield from (available, attached, traced, exited, lost, invalid)
+        skipped = CounterMetricFamily("fabric_nccl_library_files_skipped", "Mapped library files whose ELF "
+                                      "symbols could not be read (truncated, not ELF64, malformed).",
+                                      labels=["reason"])
+        for reason, count in sorted(elfsym.MALFORMED_FILES.items()):
+            skipped.add_metric([reason], count)
+        yield from (available, attached, traced, exited, lost, invalid, skipped)

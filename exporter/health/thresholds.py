@@ -36,10 +36,6 @@ UNITS = {"second": 1.0, "1s": 1.0, "s": 1.0, "minute": 60.0, "1m": 60.0, "m": 60
          "hour": 3600.0, "1h": 3600.0, "h": 3600.0}
 
 
-class ThresholdConfigError(ValueError):
-    pass
-
-
 @dataclass(frozen=True)
 class CounterThreshold:
     counter: str
@@ -68,7 +64,7 @@ DEFAULT_THRESHOLDS: tuple[CounterThreshold, ...] = (
     _delta("local_link_integrity_errors", 0, "fatal"),
     _delta("rnr_nak_retry_err", 0, "fatal"),
     # Non-fatal: degradation, the workload continues. Symbol errors are never fatal here
-    # (seed 003: non-fatal, "elevated rate"); the IBTA BER boundary (120 an hour) is judged
+    # (an elevated rate is degradation, not failure); the IBTA BER boundary (120 an hour) is judged
     # once, by FabricInfinibandPreFailureBER over Prometheus' hour of samples
     # (rules/mixin/config.libsonnet, ibSymbolErrorsPerHour), not a second time here.
     _velocity("symbol_error", 10, "second"),
@@ -82,53 +78,19 @@ DEFAULT_THRESHOLDS: tuple[CounterThreshold, ...] = (
     _delta("carrier_changes", 2),
 )
 
-_KEYS = {"counter", "type", "threshold", "unit", "severity", "enabled"}
-
-
-def _parse_entry(index: int, entry: Any) -> tuple[str, CounterThreshold | None]:
-    where = f"infiniband.thresholds[{index}]"
-    if not isinstance(entry, dict):
-        raise ThresholdConfigError(f"{where}: must be a mapping, got {type(entry).__name__}")
-    unknown = set(entry) - _KEYS
-    if unknown:
-        raise ThresholdConfigError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_KEYS)}")
-    counter = entry.get("counter")
-    if not isinstance(counter, str) or not counter or "/" in counter:
-        raise ThresholdConfigError(f"{where}: `counter` must be a counter file name")
-    severity = entry.get("severity", "non_fatal")
-    if severity not in ("fatal", "non_fatal"):
-        raise ThresholdConfigError(f"{where}: severity must be fatal or non_fatal, got {severity!r}")
-    key = f"{counter}:{severity}"
-    if entry.get("enabled", True) is False:
-        return key, None
-    kind = entry.get("type")
-    if kind not in ("delta", "velocity"):
-        raise ThresholdConfigError(f"{where}: type must be delta or velocity, got {kind!r}")
-    limit = entry.get("threshold")
-    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit < 0:
-        raise ThresholdConfigError(f"{where}: threshold must be a number >= 0, got {limit!r}")
-    unit_seconds = 0.0
-    if kind == "velocity":
-        unit = entry.get("unit", "second")
-        if unit not in UNITS:
-            raise ThresholdConfigError(f"{where}: unit must be second, minute or hour, got {unit!r}")
-        unit_seconds = UNITS[unit]
-    elif "unit" in entry:
-        raise ThresholdConfigError(f"{where}: `unit` only applies to velocity thresholds")
-    return key, CounterThreshold(counter, kind, float(limit), severity, unit_seconds)
-
-
 def load_thresholds(section: dict[str, Any] | None) -> tuple[CounterThreshold, ...]:
-    """Defaults merged with the `infiniband` config section; raises ThresholdConfigError."""
+    """Defaults merged with the `infiniband` section, already validated by the config
+    schema (exporter/config.py: ThresholdEntry)."""
     section = section or {}
-    entries = section.get("thresholds", [])
-    if entries is None:
-        entries = []
-    if not isinstance(entries, list):
-        raise ThresholdConfigError("infiniband.thresholds must be a list")
     replace = section.get("replace_default_thresholds", False)
     merged: dict[str, CounterThreshold | None] = {} if replace else {t.key: t for t in DEFAULT_THRESHOLDS}
-    for index, entry in enumerate(entries):
-        key, threshold = _parse_entry(index, entry)
-        merged[key] = threshold
+    for entry in section.get("thresholds") or []:
+        severity = entry.get("severity", "non_fatal")
+        key = f"{entry['counter']}:{severity}"
+        if not entry.get("enabled", True):
+            merged[key] = None
+            continue
+        kind = entry["type"]
+        unit_seconds = UNITS[entry.get("unit") or "second"] if kind == "velocity" else 0.0
+        merged[key] = CounterThreshold(entry["counter"], kind, float(entry["threshold"]), severity, unit_seconds)
     return tuple(t for t in merged.values() if t is not None)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..atomicfile import write_atomically
 from .binaries import ensure_port_free, find_binary, free_port
 from .configs import (FAST_ALERT_OVERRIDES, alertmanager_config, prometheus_config, render_rules, rule_files,
                       write_yaml)
@@ -168,6 +169,9 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
     prometheus_url = f"http://{host}:{prometheus_port}"
     keys_file = sidecar_dir / "keys.yaml"
     demo_key = mint_key(keys_file, "demo", "admin")
+    # For `fabricscope report --sidecar-token-file` (a key is never put on a command line).
+    demo_key_file = sidecar_dir / "demo-key"
+    write_atomically(demo_key_file, demo_key, mode=0o600)
     alertmanager_key = mint_key(keys_file, "alertmanager", "write")
     # The sidecar simulates failures on the demo cluster's generated topology, merged with
     # the demo's live metrics (link and NVLink faults, the NCCL job) every 15 s.
@@ -241,7 +245,9 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
         "",
         "Report (the dashboards drawn to PNG and one HTML page; run it while the stack runs):",
         f"  fabricscope report --prometheus-url {prometheus_url} --from now-30m --to now "
-        f"--scrape-interval {args.scrape_interval} --out {workdir / 'report'}",
+        f"--scrape-interval {args.scrape_interval} --out {workdir / 'report'} "
+        f"--sidecar-url {stack.sidecar.url} --sidecar-token-file {demo_key_file}"
+        + (f" --sidecar-ca {stack.sidecar.certs.ca}" if stack.sidecar.certs else ""),
         "",
         "Fault timeline (seconds since start" + (f", repeating every {scenario.repeat:g}s):" if scenario.repeat else "):"),
         *describe_faults(scenario),
