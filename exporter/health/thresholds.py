@@ -64,7 +64,7 @@ DEFAULT_THRESHOLDS: tuple[CounterThreshold, ...] = (
     _delta("local_link_integrity_errors", 0, "fatal"),
     _delta("rnr_nak_retry_err", 0, "fatal"),
     # Non-fatal: degradation, the workload continues. Symbol errors are never fatal here
-    # (seed 003: non-fatal, "elevated rate"); the IBTA BER boundary (120 an hour) is judged
+    # (an elevated rate is degradation, not failure); the IBTA BER boundary (120 an hour) is judged
     # once, by FabricInfinibandPreFailureBER over Prometheus' hour of samples
     # (rules/mixin/config.libsonnet, ibSymbolErrorsPerHour), not a second time here.
     _velocity("symbol_error", 10, "second"),

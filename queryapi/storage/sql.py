@@ -10,7 +10,7 @@ import json
 import time
 from typing import Any, Iterator
 
-from .base import Correlation, SpanRow, Storage, StorageError, migration_files
+from .base import SpanRow, Storage, StorageError, migration_files
 
 SPAN_COLUMNS = ("pk", "trace_id", "span_id", "service", "operation", "start_ms", "end_ms", "duration_ms",
                 "network_path", "attributes", "received_ms", "slo_ms", "ingest_format")

@@ -49,7 +49,7 @@
     // Range windows used inside expressions.
     windows: {
       tcpRate: '1m',  // p99 RTT is computed over this rate window
-      tcpBaseline: '5m',  // rolling average of the p99 (seed §14.2: 5 minutes)
+      tcpBaseline: '5m',  // rolling average of the p99 over 5 minutes
       ncclLag: '1m',  // per-rank mean arrival lag and collective rate (straggler detection)
       ncclNodeOffset: '5m',  // a node's offset against the comm's earliest rank (cross-node join)
       ibBer: '1h',  // IBTA BER boundary is expressed per hour
@@ -66,7 +66,7 @@
     },
 
     thresholds: {
-      // Seed §14.2 EBPF_MICROBURST_MULTIPLIER: p99 > 3.0 × rolling 5-minute average.
+      // A microburst: p99 > 3.0 × its rolling 5-minute average.
       microburstMultiplier: 3.0,
       microburstCriticalMultiplier: 6.0,
       // Below this p99 (seconds) a multiple of a tiny baseline is jitter, not a burst: a
@@ -75,7 +75,7 @@
       // healthy) an order of magnitude; it lets a 150 us -> 960 us data-centre burst
       // alert, which a 1 ms floor would mute (docs/rules.md).
       microburstMinP99Seconds: 0.0005,
-      // Seed §14.3: hanging when elapsed > 3 × rolling average of the last 20 completed ops.
+      // A hang: elapsed > 3 × the rolling average of the last 20 completed ops.
       ncclHangMultiplier: 3.0,
       // An op in flight for less than this is never called a hang, however small the
       // average (a scrape that lands mid-operation sees a few milliseconds).
@@ -182,7 +182,7 @@
       ibDegraded: 'warning',
       ibBer: 'warning',
       ibFlap: 'critical',
-      // Seed 003: repeated non-fatal events are escalated to fatal by the analyzer.
+      // Repeated non-fatal events are escalated to fatal.
       ibRepeatedDegradation: 'critical',
       ibAnomaly: 'warning',
       // Detection on that counter is blind until someone clears it: a ticket.

@@ -48,7 +48,7 @@ local util = import 'util.libsonnet';
           // ---- hang ----------------------------------------------------------------
           {
             // Per rank: the in-flight operation's elapsed time, where it exceeds
-            // ncclHangMultiplier x the rolling average of completed ops (seed §14.3) and
+            // ncclHangMultiplier x the rolling average of completed ops and
             // the floor. The per-rank detail of FabricNcclHang (which pages per comm).
             record: 'comm_rank:fabric_nccl_inflight_elapsed_seconds:hanging',
             expr: |||
@@ -152,7 +152,7 @@ local util = import 'util.libsonnet';
             expr: 'sum by (%s) (rate(%s[%s]))'
                   % [rankBy, util.selector('fabric_nccl_calls_total', cfg.selectors.stragglerOps), w.ncclLag],
           },
-          // MAD across the comm's ranks (seed 002), on the lag.
+          // MAD across the comm's ranks, on the lag.
           {
             record: 'comm:fabric_nccl_arrival_lag_seconds:median1m',
             expr: 'quantile by (%s) (0.5, comm_rank:fabric_nccl_arrival_lag_seconds:mean1m)' % commBy,

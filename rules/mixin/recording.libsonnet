@@ -35,7 +35,7 @@ local util = import 'util.libsonnet';
           {
             // The baseline a burst is compared with: the average p99 over the 5 minutes
             // *before* the current rate window, so a burst never inflates its own
-            // baseline (seed §14.2: p99 > 3× the rolling 5-minute average).
+            // baseline (p99 > 3× the rolling 5-minute average).
             record: 'node:fabric_tcp_rtt_seconds_p99:avg5m',
             expr: 'avg_over_time(node:fabric_tcp_rtt_seconds:p99_1m[%s] offset %s)'
                   % [cfg.windows.tcpBaseline, cfg.windows.tcpRate],
