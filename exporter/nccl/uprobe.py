@@ -200,6 +200,12 @@ class EventHandler:
         if rank >= 0:
             self.tracker.register_comm(label, rank, nranks)
 
+    def rank_processes(self) -> list[tuple[str, int, int, int]]:
+        """(comm, rank, nranks, pid) of every communicator seen initialised."""
+        # list() copies in one step under the GIL: the poller thread adds and removes comms.
+        return [(ref.label, ref.rank, ref.nranks, pid) for (pid, _), ref in list(self.comms.items())
+                if ref.rank >= 0]
+
     def process_exited(self, pid: int) -> int:
         """Forget the process; returns how many of its calls were still inside NCCL."""
         blocked = [k for k in self.open_calls if k[0] == pid]
@@ -581,6 +587,9 @@ class UprobeSource:
     def traced_pids(self) -> frozenset[int]:
         with self._lock:
             return frozenset(self._pids)
+
+    def rank_processes(self) -> list[tuple[str, int, int, int]]:
+        return self._handler.rank_processes() if self._handler is not None else []
 
     def status(self) -> UprobeStatus:
         lost = 0

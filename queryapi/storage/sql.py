@@ -25,8 +25,9 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+# One encoder for every row: json.dumps with non-default arguments builds a new encoder per
+# call, which was most of the cost of storing a 1,000-span batch.
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 class SqlStorage(Storage):
