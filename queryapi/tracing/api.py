@@ -1,7 +1,6 @@
 """Tracing endpoints: span ingest (seed format and OTLP/HTTP), SLO violations, correlations."""
 from __future__ import annotations
 
-import json
 import time
 import zlib
 from typing import Any
@@ -10,6 +9,7 @@ from apiflask import APIBlueprint
 from flask import Response, request
 from pydantic import BaseModel, Field
 
+from .. import jsonbody
 from ..auth import require_scope
 from ..context import sidecar
 from ..docs import documented_body
@@ -85,7 +85,7 @@ def _body() -> bytes:
         responses={422: "no span of the batch was valid, or the body is not a batch"})
 def ingest_spans():
     try:
-        body = json.loads(_body())
+        body = jsonbody.loads(_body())
     except ValueError as exc:
         raise ApiError(400, f"body is not JSON: {exc}", code="bad_json") from None
     if not isinstance(body, dict) or not isinstance(body.get("spans"), list):
