@@ -18,7 +18,7 @@ from ..storage import SpanRow
 from ..workers import PeriodicWorker
 from . import otlp
 from .correlate import Correlator
-from .spans import MAX_BATCH_SPANS, IngestOut, SpanBatchIn, validate_batch
+from .spans import ID_PATTERN, MAX_BATCH_SPANS, NAME_PATTERN, IngestOut, SpanBatchIn, validate_batch
 
 bp = APIBlueprint("tracing", __name__, tag="Tracing")
 
@@ -132,8 +132,8 @@ def otlp_traces():
 
 
 class ViolationsQuery(BaseModel):
-    service: str | None = Field(None, max_length=128)
-    operation: str | None = Field(None, max_length=256)
+    service: str | None = Field(None, max_length=128, pattern=NAME_PATTERN)
+    operation: str | None = Field(None, max_length=256, pattern=NAME_PATTERN)
     window_seconds: int = Field(3600, ge=1, le=31 * 86400, description="trailing window (default 1 h)")
     limit: int = Field(500, ge=1, le=5000)
 
@@ -170,7 +170,7 @@ def slo_violations(query_data: ViolationsQuery):
 
 
 class CorrelationsQuery(BaseModel):
-    trace_id: str | None = Field(None, max_length=128)
+    trace_id: str | None = Field(None, max_length=128, pattern=ID_PATTERN)
     window_seconds: int | None = Field(None, ge=1, le=31 * 86400)
     limit: int = Field(500, ge=1, le=5000)
 
