@@ -140,3 +140,17 @@ def test_replicas_share_one_postgresql_database(tmp_path, prometheus, database):
     finally:
         for replica in replicas:
             replica.stop()
+
+
+@pytest.mark.parametrize("path, matched", [
+    ([ANOMALOUS_NODE], {ANOMALOUS_NODE}),
+    ([".*"], set()),                                            # a regex in a device name is literal text
+    (["gpu-node-.", "gpu-node-9|x"], set()),
+    ([f'{ANOMALOUS_NODE}"}} or vector(1) # ', "ib\\sw\n"], set()),   # quotes, backslashes, newlines
+])
+def test_device_names_reach_prometheus_only_as_literal_values(prometheus, path, matched):
+    from fabricscope.queryapi.prom import PrometheusClient
+    from fabricscope.queryapi.tracing.correlate import anomalies_on_path
+
+    found = anomalies_on_path(PrometheusClient(prometheus), path, time.time())
+    assert set(found) == matched

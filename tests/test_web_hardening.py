@@ -28,6 +28,10 @@ def basic(user: str, password: str) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
 
+# POST /nccl/operations is the body-taking route these attacks need; it is off by default.
+INGEST_ON = {"nccl": {"ingest": True}}
+
+
 @pytest.fixture(scope="module")
 def tls_exporter(tmp_path_factory):
     """One TLS + basic-auth exporter (with the NCCL ingest route) for the module."""
@@ -40,7 +44,7 @@ def tls_exporter(tmp_path_factory):
                                   f"basic_auth_users:\n  prom: '{hashed}'\n")
     from tests.conftest import free_port
     port = free_port()
-    exporter = start_exporter(Context(node="n", state_dir=work / "state"), ["nccl"], f"127.0.0.1:{port}",
+    exporter = start_exporter(Context(node="n", state_dir=work / "state", config=INGEST_ON), ["nccl"], f"127.0.0.1:{port}",
                               str(work / "web.yml"))
     yield exporter, f"https://127.0.0.1:{port}", str(work / "cert.pem")
     exporter.stop()
@@ -51,7 +55,7 @@ def plain_exporter(tmp_path_factory):
     work = tmp_path_factory.mktemp("plain")
     from tests.conftest import free_port
     port = free_port()
-    exporter = start_exporter(Context(node="n", state_dir=work / "state"), ["nccl"], f"127.0.0.1:{port}")
+    exporter = start_exporter(Context(node="n", state_dir=work / "state", config=INGEST_ON), ["nccl"], f"127.0.0.1:{port}")
     yield exporter, port
     exporter.stop()
 

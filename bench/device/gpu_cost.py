@@ -411,6 +411,8 @@ def job_part(args, results: dict, work: Path) -> None:
             f"{quantile(ages, .5):6.1f}/{max(ages or [0]):<6.1f} {row['nccl_calls_per_second']:13.0f}")
         if "nvlink" in SETS[exporter.name]:
             say(f"{'':<13} NVLink sampling threads: {row['sampling_cpu_share'] * 100:.3f}% of a core")
+    say("(each exporter runs under this script's launcher, which adds ~2.4 MB of RSS to what "
+        "`fabricscope exporter` would use)")
     say("targets: scrape p99 <= 25 ms; exporter <= 0.5% of one core at a 15 s scrape interval, RSS <= 70 MB; "
         "NVLink samples no older than the interval (+ one round)")
     say("before (issue 14/17, same kind of host): nvlink collector 0.20-0.80 s per scrape; all collectors "

@@ -27,7 +27,7 @@ def now_ms() -> int:
 
 # One encoder for every row: json.dumps with non-default arguments builds a new encoder per
 # call, which was most of the cost of storing a 1,000-span batch.
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class SqlStorage(Storage):
