@@ -406,7 +406,7 @@ def job_part(args, results: dict, work: Path) -> None:
                                pick(last, "fabric_nvlink_error_counter_reads", gpu="0").items()}}
         results["job"]["sets"][exporter.name] = row
         say(f"{exporter.name:<13} {row['cpu_s']:6.2f} {row['core_share'] * 100:6.2f}% {mem['VmRSS']:7.1f} "
-            f"{mem['RssAnon']:6.1f} {mem['RssFile']:6.1f} {quantile(scrape_ms, .5):8.1f}/{max(scrape_ms):<8.1f} "
+            f"{mem['RssAnon']:6.1f} {mem['RssFile']:6.1f} {quantile(scrape_ms, .5):8.1f}/{max(scrape_ms or [0]):<8.1f} "
             f"{quantile(row['nvlink_collector_ms'], .5):8.2f}/{max(row['nvlink_collector_ms'] or [0]):<8.2f} "
             f"{quantile(ages, .5):6.1f}/{max(ages or [0]):<6.1f} {row['nccl_calls_per_second']:13.0f}")
         if "nvlink" in SETS[exporter.name]:
