@@ -311,6 +311,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        try:
+            import matplotlib  # noqa: F401  (the one dependency beyond the core install)
+        except ImportError:
+            raise ReportError("drawing needs matplotlib: pip install 'fabricscope[dashboards]'") from None
         start, end = parse_time(args.start), parse_time(args.end)
         if end <= start:
             raise ReportError(f"--to ({args.end}) must be after --from ({args.start})")

@@ -453,3 +453,38 @@ def test_plugin_faults_with_nested_targets_do_not_disturb_the_nodes(tmp_path, mo
     for _ in range(3):
         engine.step()
     assert engine.tick_index == 3 and engine.nodes[0].writer.writes > before
+
+
+def test_a_repaired_port_gets_its_counters_cleared_and_its_fatal_breach_recovers(tmp_path):
+    """counters_cleared_after: the latched link_downed breach (fatal) of a port that went
+    down clears through the exporter's own reset handling once the repair clears the
+    counters; without the param it stays latched, as on a real HCA."""
+    repaired = {"kind": "link_down", "node": 0, "at": 2, "duration": 4, "target": {"device": "mlx5_0"},
+                "params": {"counters_cleared_after": 2}}
+    latched = {"kind": "link_down", "node": 0, "at": 2, "duration": 4, "target": {"device": "mlx5_1"}}
+    engine = engine_at(tmp_path, small(repaired, latched))
+    scraper = Scraper(engine, ["infiniband"])
+    breach = dict(port="1", counter="link_downed", severity="fatal")
+    for _ in range(7):
+        engine.step()
+        scraper.samples("fabric_infiniband_port_counter_breached")
+    assert scraper.value("fabric_infiniband_port_counter_breached", device="mlx5_0", **breach) == 1, "up, not yet cleared"
+    for _ in range(3):
+        engine.step()
+        scraper.samples("fabric_infiniband_port_counter_breached")
+    assert scraper.value("fabric_infiniband_port_counter_total", device="mlx5_0", port="1", counter="link_downed") == 0
+    assert scraper.value("fabric_infiniband_port_counter_breached", device="mlx5_0", **breach) == 0
+    assert scraper.value("fabric_infiniband_port_health_events_total", device="mlx5_0", port="1",
+                         severity="recovery") >= 1
+    assert scraper.value("fabric_infiniband_port_counter_breached", device="mlx5_1", **breach) == 1
+
+
+def test_counters_cleared_after_is_for_port_faults_only():
+    from fabricscope.demo.scenario import ScenarioError, load_scenario
+
+    with pytest.raises(ScenarioError, match="counters_cleared_after applies to port faults only"):
+        load_scenario({"cluster": {"nodes": 1}, "faults": [
+            {"kind": "microburst", "node": 0, "at": 1, "params": {"counters_cleared_after": 5}}]})
+    with pytest.raises(ScenarioError, match="counters_cleared_after must be a non-negative number"):
+        load_scenario({"cluster": {"nodes": 1}, "faults": [
+            {"kind": "link_down", "node": 0, "at": 1, "params": {"counters_cleared_after": -1}}]})

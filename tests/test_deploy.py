@@ -11,7 +11,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
 from fabricscope.dashboards import model

@@ -28,6 +28,7 @@ CLUSTER = "c1"
 LAGS = {"job-a": [0.001, 0.002, 0.012, 0.0015, 0.002, 0.080, 0.001, 0.0025],
         "job-b": [0.001, 0.0012, 0.0011, 0.0013]}
 CALLS_PER_SECOND = 10.0
+JOBS = {"job-a": "pretrain-70b", "job-b": "finetune-8b"}
 WINDOW = 10          # seconds: the cost window the tests ask for
 RULES = {"groups": [{"name": "test", "interval": "1s", "rules": [
     {"alert": "TestSlowRank", "expr": "comm_rank:fabric_nccl_arrival_lag_seconds:mean5m > 0.05",
@@ -41,12 +42,14 @@ class NcclShapedSeries(BaseHTTPRequestHandler):
     by hand: prometheus_client rewrites the colons of a recording-rule name."""
     def do_GET(self) -> None:  # noqa: N802 (http.server naming)
         lines = ["# TYPE comm_rank:fabric_nccl_arrival_lag_seconds:mean5m gauge",
-                 "# TYPE comm_rank:fabric_nccl_collectives:rate1m gauge"]
+                 "# TYPE comm_rank:fabric_nccl_collectives:rate1m gauge", "# TYPE fabric_nccl_rank_info gauge"]
         for comm, lags in LAGS.items():
             for rank, value in enumerate(lags):
                 labels = f'cluster="{CLUSTER}",node="gpu-node-{rank // 2}",comm="{comm}",rank="{rank}"'
                 lines.append(f"comm_rank:fabric_nccl_arrival_lag_seconds:mean5m{{{labels}}} {value}")
                 lines.append(f"comm_rank:fabric_nccl_collectives:rate1m{{{labels}}} {CALLS_PER_SECOND}")
+                lines.append(f'fabric_nccl_rank_info{{{labels},nranks="{len(lags)}",gpu="{rank % 2}",'
+                             f'job="{JOBS[comm]}"}} 1')
         body = ("\n".join(lines) + "\n").encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -107,6 +110,9 @@ def test_the_threshold_and_filters_narrow_the_answer(sidecar):
     assert [o["rank"] for o in strict["outliers"]] == ["5"]
     assert sidecar("/api/v1/cluster/outlier-ranks", comm="job-b")["outliers"] == []
     assert sidecar("/api/v1/cluster/outlier-ranks", cluster="elsewhere")["outliers"] == []
+    # By job: the communicators with a rank of that job (fabric_nccl_rank_info).
+    assert [o["rank"] for o in sidecar("/api/v1/cluster/outlier-ranks", job="pretrain-70b")["outliers"]] == ["5", "2"]
+    assert sidecar("/api/v1/cluster/outlier-ranks", job="finetune-8b")["outliers"] == []
     # A hostile label value is a matcher value, never query text.
     assert sidecar("/api/v1/cluster/outlier-ranks", comm='job-a"} or vector(1) #')["outliers"] == []
 

@@ -22,12 +22,14 @@ from fabricscope.exporter.main import start_exporter
 from fabricscope.exporter.webconfig import WebConfigError, load_web_config
 
 ROUNDS = 10   # ~60 ms a check here: long enough to see who pays for a bcrypt computation
-# The NCCL ingest route (opt-in) is the exporter's one route that takes a body.
-INGEST = {"nccl": {"ingest": True, "uprobes": False}}
 
 
 def basic(user: str, password: str) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+# POST /nccl/operations is the body-taking route these attacks need; it is off by default.
+INGEST_ON = {"nccl": {"ingest": True}}
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +44,8 @@ def tls_exporter(tmp_path_factory):
                                   f"basic_auth_users:\n  prom: '{hashed}'\n")
     from tests.conftest import free_port
     port = free_port()
-    exporter = start_exporter(Context(node="n", state_dir=work / "state", config=INGEST), ["nccl"],
-                              f"127.0.0.1:{port}", str(work / "web.yml"))
+    exporter = start_exporter(Context(node="n", state_dir=work / "state", config=INGEST_ON), ["nccl"], f"127.0.0.1:{port}",
+                              str(work / "web.yml"))
     yield exporter, f"https://127.0.0.1:{port}", str(work / "cert.pem")
     exporter.stop()
 
@@ -53,8 +55,7 @@ def plain_exporter(tmp_path_factory):
     work = tmp_path_factory.mktemp("plain")
     from tests.conftest import free_port
     port = free_port()
-    exporter = start_exporter(Context(node="n", state_dir=work / "state", config=INGEST), ["nccl"],
-                              f"127.0.0.1:{port}")
+    exporter = start_exporter(Context(node="n", state_dir=work / "state", config=INGEST_ON), ["nccl"], f"127.0.0.1:{port}")
     yield exporter, port
     exporter.stop()
 

@@ -88,3 +88,15 @@ def test_no_generic_top_level_package_in_the_wheel(installed):
     site_packages = next((bin_dir.parent / "lib").glob("python*/site-packages"))
     for generic in ("exporter", "rules", "alertmanager", "queryapi", "chaos", "dashboards", "tests"):
         assert not (site_packages / generic).exists(), generic
+
+
+def test_installed_wheel_carries_the_dashboards_the_report_draws(installed):
+    """The generated dashboard JSON ships in the package; without the dashboards extra
+    the report says what to install instead of failing on an import."""
+    bin_dir, outside = installed
+    probe = "from fabricscope.dashboards import model; print(sorted(model.load_all()))"
+    found = run([str(bin_dir / "python"), "-c", probe], cwd=outside).stdout
+    assert found.strip() == str(sorted(p.stem for p in (REPO / "dashboards" / "json").glob("*.json")))
+    result = subprocess.run([str(bin_dir / "fabricscope"), "report", "--prometheus-url", "http://127.0.0.1:1"],
+                            cwd=outside, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "pip install 'fabricscope[dashboards]'" in result.stderr, result.stderr

@@ -406,11 +406,13 @@ def job_part(args, results: dict, work: Path) -> None:
                                pick(last, "fabric_nvlink_error_counter_reads", gpu="0").items()}}
         results["job"]["sets"][exporter.name] = row
         say(f"{exporter.name:<13} {row['cpu_s']:6.2f} {row['core_share'] * 100:6.2f}% {mem['VmRSS']:7.1f} "
-            f"{mem['RssAnon']:6.1f} {mem['RssFile']:6.1f} {quantile(scrape_ms, .5):8.1f}/{max(scrape_ms):<8.1f} "
+            f"{mem['RssAnon']:6.1f} {mem['RssFile']:6.1f} {quantile(scrape_ms, .5):8.1f}/{max(scrape_ms or [0]):<8.1f} "
             f"{quantile(row['nvlink_collector_ms'], .5):8.2f}/{max(row['nvlink_collector_ms'] or [0]):<8.2f} "
             f"{quantile(ages, .5):6.1f}/{max(ages or [0]):<6.1f} {row['nccl_calls_per_second']:13.0f}")
         if "nvlink" in SETS[exporter.name]:
             say(f"{'':<13} NVLink sampling threads: {row['sampling_cpu_share'] * 100:.3f}% of a core")
+    say("(each exporter runs under this script's launcher, which adds ~2.4 MB of RSS to what "
+        "`fabricscope exporter` would use)")
     say("targets: scrape p99 <= 25 ms; exporter <= 0.5% of one core at a 15 s scrape interval, RSS <= 70 MB; "
         "NVLink samples no older than the interval (+ one round)")
     say("before (issue 14/17, same kind of host): nvlink collector 0.20-0.80 s per scrape; all collectors "

@@ -149,8 +149,11 @@ class NvlinkCollector(Collector):
 
     def close(self) -> None:
         with self._lock:
+            for sampler in self.samplers:          # all at once: hung GPUs must not add up
+                sampler.signal_stop()
+            deadline = time.monotonic() + 2.0
             for sampler in self.samplers:
-                sampler.stop()
+                sampler.stop(max(0.0, deadline - time.monotonic()))
             self.samplers = []
             if self._backend is not None and "nvml" not in self.ctx.sources:
                 self._backend.close()

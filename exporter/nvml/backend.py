@@ -110,5 +110,10 @@ class NvmlBackend(Protocol):
         """One nvmlDeviceGetNvLinkErrorCounter call; None where NOT_SUPPORTED.
         Raises NvmlDeviceError when the GPU cannot be read."""
 
+    def running_processes(self, gpu: GpuInfo) -> list[tuple[int, int | None]]:
+        """(pid, used GPU memory in bytes or None) of each process with a compute context on
+        the GPU (nvmlDeviceGetComputeRunningProcesses): NCCL ranks -> GPUs. Raises
+        NvmlDeviceError when the GPU cannot be read."""
+
     def close(self) -> None:
         """Release NVML."""

@@ -93,10 +93,14 @@ class GpuSampler:
 
     def stop(self, timeout: float = 2.0) -> None:
         """Ends the thread; one stuck in NVML is left behind (a daemon, it cannot hold the exit)."""
-        self._stop.set()
-        self._wake.set()
+        self.signal_stop()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def signal_stop(self) -> None:
+        """Ask the thread to end after its current round, without waiting."""
+        self._stop.set()
+        self._wake.set()
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -213,7 +213,10 @@ def _parse_fault(index: int, raw: Any, cluster: dict, kinds: set[str], repeat: f
             raise ScenarioError(f"{where}: params.period_seconds must be a number >= 2, got {period!r}")
         if end is None:
             end = start + count * period
-    for name in ("rate_per_second", "retrans_fraction", "timeouts_per_second"):
+    if "counters_cleared_after" in params and kind not in PORT_FAULTS:
+        raise ScenarioError(f"{where}: params.counters_cleared_after applies to port faults only "
+                            f"({', '.join(sorted(PORT_FAULTS))})")
+    for name in ("rate_per_second", "retrans_fraction", "timeouts_per_second", "counters_cleared_after"):
         value = params.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
             raise ScenarioError(f"{where}: params.{name} must be a non-negative number, got {value!r}")

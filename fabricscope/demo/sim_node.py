@@ -62,6 +62,8 @@ class SimNode:
         self.procfs: SimProcfs | None = None
         self.kmsg: SimKmsg | None = None
         self._seen_onsets: set[tuple] = set()
+        # Port faults whose repair ends with the counters cleared: fault key -> (device, when).
+        self._counter_clears: dict[tuple, tuple[str, float]] = {}
         self.now = 0.0
 
     @property
@@ -101,6 +103,7 @@ class SimNode:
         records are appended either way, as they happen."""
         self.now = now
         self._apply_link_state(now, faults)
+        self._clear_repaired_counters(now, faults)
         self.sysfs.tick(dt)
         microburst = next((f.params for f in faults if f.kind == "microburst"), None)
         self.procfs.advance(dt, microburst)
@@ -144,6 +147,20 @@ class SimNode:
             phys, flap = down if down else (None, False)
             if self.sysfs.set_port_link(device, down is None, phys, flap):
                 self._log_link(device, port.netdev, up=down is None, now=now)
+
+    def _clear_repaired_counters(self, now: float, faults: list[Fault]) -> None:
+        """`counters_cleared_after: S` on a port fault: S seconds after the fault ends, the
+        port's counters are cleared, as a technician does with `perfquery -R` after
+        reseating a cable, so a latched fatal breach clears instead of lingering."""
+        for fault in faults:
+            delay = fault.params.get("counters_cleared_after")
+            device = fault.target.get("device")
+            if delay is not None and fault.end is not None and device in self.sysfs.ports:
+                self._counter_clears.setdefault(_fault_key(fault), (device, fault.end + float(delay)))
+        for key, (device, when) in list(self._counter_clears.items()):
+            if now >= when:
+                self.sysfs.clear_port_counters(device)
+                del self._counter_clears[key]
 
     def _log_link(self, device: str, netdev: str | None, up: bool, now: float) -> None:
         bdf = self.sysfs.bdf(device)

@@ -252,6 +252,11 @@ class SimSysfs:
                 dev.carrier_down += 1
         return True
 
+    def clear_port_counters(self, device: str) -> None:
+        """What `perfquery -R` does after a repair: the port's PortCounters start again from 0."""
+        port = self.ports[device]
+        port.counters = dict.fromkeys(port.counters, 0)
+
     def bdf(self, device: str) -> str:
         return self._bdf_of[device]
 

@@ -130,6 +130,13 @@ class Stack:
                     log.exception("stopping %s", name)
 
 
+def fabricscope_command() -> str:
+    """The `fabricscope` script beside this interpreter (e.g. .venv/bin/fabricscope under
+    `make run`), so a printed command works without the virtualenv on PATH."""
+    script = Path(sys.executable).with_name("fabricscope")
+    return shlex.quote(str(script)) if script.exists() else "fabricscope"
+
+
 def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
     """Start every part into `stack` (so the caller can always stop what did start)."""
     host = "127.0.0.1"
@@ -249,7 +256,7 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
         f"Workdir:        {workdir}  (configs, logs, TSDB)",
         "",
         "Report (the dashboards drawn to PNG and one HTML page; run it while the stack runs):",
-        f"  fabricscope report --prometheus-url {prometheus_url} --from now-30m --to now "
+        f"  {fabricscope_command()} report --prometheus-url {prometheus_url} --from now-30m --to now "
         f"--scrape-interval {args.scrape_interval} --out {workdir / 'report'} "
         f"--sidecar-url {stack.sidecar.url} --sidecar-token-file {demo_key_file}"
         + (f" --sidecar-ca {stack.sidecar.certs.ca}" if stack.sidecar.certs else ""),

@@ -21,13 +21,15 @@ SCRAPE_JOB = "fabricscope"
 # would see few alerts. These keep every threshold and range window and only shorten how
 # long a condition must hold, how often each rule group runs, and how long one kernel-log
 # line keeps its alert raised (so the next pass of a repeating timeline pages again).
+# NVLink error-rate and throughput-collapse alerts keep their production `for:` (10m):
+# the few seconds of CRC errors before a link drops are a symptom of the link-down
+# fault, which pages, and would otherwise ticket again after the link is back.
 FAST_ALERT_OVERRIDES: dict[str, Any] = {
     "intervals": {group: "15s" for group in ("tcp", "nccl", "infiniband", "nvlink", "kernel", "pipeline")},
     "for": {"ncclHang": "30s", "ncclRankStalled": "30s", "straggler": "1m", "ibPortDown": "30s",
             "ibDeviceMissing": "30s", "ibPortFatal": "30s", "ibFatalCounter": "30s", "ibDegraded": "1m",
             "ibBer": "1m", "ibAnomaly": "2m", "ibCounterSaturated": "1m", "nvlinkDown": "30s",
-            "nvlinkErrors": "1m", "nvlinkCollapse": "1m", "exporterDown": "1m", "collectorFailing": "1m",
-            "ebpfUnavailable": "1m"},
+            "exporterDown": "1m", "collectorFailing": "1m", "ebpfUnavailable": "1m"},
     "windows": {"kernelLogFatal": "5m", "kernelLogNonFatal": "5m"},
 }
 

@@ -26,7 +26,11 @@ local util = import 'util.libsonnet';
   } + (if keepFiringFor == null then {} else { keep_firing_for: keepFiringFor }),
 
   // ---- TCP microbursts -------------------------------------------------------------
-  local microburst(multiplier, severity) = alert(
+  // The warning tier stands down while the critical tier is raised: both are held by
+  // keep_firing_for after the burst, and a warning outliving the critical by a few
+  // evaluations would notify a burst that is already over (an inhibition only holds
+  // while its source fires).
+  local microburst(multiplier, severity, unlessTier=null) = alert(
     'FabricTcpMicroburst',
     severity,
     |||
@@ -37,7 +41,11 @@ local util = import 'util.libsonnet';
       ) > %(m)s
       and on (%(host)s)
       node:fabric_tcp_rtt_seconds:p99_1m > %(floor)s
-    ||| % { host: host, m: num(multiplier), floor: num(th.microburstMinP99Seconds) },
+    ||| % { host: host, m: num(multiplier), floor: num(th.microburstMinP99Seconds) }
+    + (if unlessTier == null then '' else |||
+      unless on (%(host)s)
+      ALERTS{alertname="FabricTcpMicroburst", severity="%(tier)s"}
+    ||| % { host: host, tier: unlessTier }),
     forOf.microburst,
     'TCP round-trip latency on a GPU node jumped far above its recent baseline.',
     'p99 TCP RTT on {{ $labels.node }} is {{ printf "%.2f" $value }}x its average over the previous '
@@ -103,7 +111,7 @@ local util = import 'util.libsonnet';
         name: 'fabric-tcp.alerts',
         interval: cfg.intervals.tcp,
         rules: [
-          microburst(th.microburstMultiplier, sev.microburst),
+          microburst(th.microburstMultiplier, sev.microburst, unlessTier=sev.microburstCritical),
           microburst(th.microburstCriticalMultiplier, sev.microburstCritical),
         ],
       },

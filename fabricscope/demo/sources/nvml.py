@@ -31,9 +31,10 @@ from fabricscope.exporter.nvml.backend import (ERROR_TYPES, FI_NVLINK_ERROR_DL_C
                                                FI_NVLINK_THROUGHPUT_DATA_TX, GpuInfo, LinkStatic,
                                                NvmlDeviceError)
 from ..plugin import ClusterSpec, Fault, NodeSpec
-from .nccl import hang_faults, rank_period, ring_allreduce_bytes
+from .nccl import hang_faults, rank_pid, rank_period, ring_allreduce_bytes
 
 LINKS_PER_GPU = 18
+RANK_MEMORY_BYTES = 60 * 2**30     # what a training rank holds on its GPU
 NVLINK_VERSION = "4.0"
 # Links per NVSwitch on an HGX H100 board: 5 + 4 + 4 + 5 = 18.
 SWITCH_LINKS = (5, 4, 4, 5)
@@ -188,6 +189,11 @@ class NvmlSimSource:
 
     def gpus(self) -> list[GpuInfo]:
         return list(self._gpus)
+
+    def running_processes(self, gpu: GpuInfo) -> list[tuple[int, int | None]]:
+        """The demo job's rank process of this GPU (fabricscope/demo/sources/nccl.py)."""
+        self._call(gpu, "nvmlDeviceGetComputeRunningProcesses", 0.0)
+        return [(rank_pid(gpu.index), RANK_MEMORY_BYTES)]
 
     def link_states(self, gpu: GpuInfo) -> dict[int, bool]:
         self._call(gpu, "nvmlDeviceGetNvLinkState", LINKS_PER_GPU * self.costs.link_state)
