@@ -13,7 +13,8 @@ noise. Prints p50/p99 over N scrapes, series counts, RSS and the p99 ratio.
 
 With --gpu, it instead measures the in-process exporter with every collector, the GPU-side
 ones fed by the demo's simulated NVML, eBPF maps and NCCL stream for one 8-GPU node. The
-simulated NVML costs what an H200 costs per call (0.85 ms an error counter), and the nvlink
+simulated NVML costs what an H200 costs per call, as CPU (0.79 ms an error counter, 0.82 ms
+each per-link field value; fabricscope/demo/sources/nvml.py), and the nvlink
 collector samples it in its own threads every --nvlink-interval seconds while the scrapes
 run. Beside the scrape figures it prints what the same node's NVML reads would have added
 to every scrape on the old synchronous path (the old call pattern, timed directly), how
@@ -222,7 +223,7 @@ def measure_gpu_side(args: argparse.Namespace, tree: Path, node: SimNode) -> int
               f"(interval {args.nvlink_interval:g} s); one GPU's sampling round: "
               f"{statistics.median(rounds) * 1e3:.0f} ms of NVML time")
         print(f"CPU of the sampling threads: {sampling_cpu:.3f} s over {wall:.1f} s = "
-              f"{sampling_cpu / wall * 100:.2f}% of one core (simulated NVML calls sleep: Python work only)")
+              f"{sampling_cpu / wall * 100:.2f}% of one core (simulated NVML calls burn the CPU the driver's do)")
         return 0
     finally:
         exporter.stop()

@@ -20,6 +20,8 @@ ERROR_TYPES = ("crc_flit", "crc_data", "replay", "recovery")
 # simulation and the sampler need no NVML bindings.
 FI_NVLINK_THROUGHPUT_DATA_TX = 138          # KiB, scopeId = link
 FI_NVLINK_THROUGHPUT_DATA_RX = 139
+# scopeId for a field's GPU total over all links (the throughput fields answer it on an H200).
+SCOPE_ALL_LINKS = 0xFFFFFFFF
 FI_NVLINK_ERROR_DL_REPLAY = 161             # scopeId = link
 FI_NVLINK_ERROR_DL_RECOVERY = 162
 FI_NVLINK_ERROR_DL_CRC = 163                # the flit CRC counter (NVML_NVLINK_ERROR_DL_CRC_FLIT)
