@@ -155,3 +155,30 @@ def test_demo_ranks_map_to_their_gpus_as_on_a_rail_optimised_node(tmp_path):
         collector.close()
     comm = demo_nccl.job_comm(spec)
     assert rows == [{"comm": comm, "rank": str(4 + i), "nranks": "8", "gpu": str(i), "job": ""} for i in range(4)]
+
+
+# ---- ingest: a job that reports its own operations names its process ------------------------
+
+def test_ingested_records_with_a_pid_place_their_rank(tmp_path):
+    import json
+
+    driver = tmp_path / "driver" / "nvidia" / "gpus" / "0000:18:00.0"
+    driver.mkdir(parents=True)
+    (driver / "information").write_text("Device Minor: 0\n")
+    fake_process(tmp_path, 50, {"TORCHELASTIC_RUN_ID": "ft-3"}, devices=(0,))
+    load_collector_modules()
+    ctx = Context(node="n", procfs=tmp_path, config={"nccl": {"ingest": True, "uprobes": False}})
+    [collector] = build_collectors(ctx, ["nccl"])
+    try:
+        record = {"op": "AllReduce", "comm": "job-42", "rank": 1, "nranks": 2, "bytes": 4, "start": 1.8e9}
+        status, _, body = collector.ingest.post_operations(json.dumps({**record, "pid": 1 << 22}).encode(), {})
+        assert status == 400 and json.loads(body)["field"] == "pid", body
+        status, _, body = collector.ingest.post_operations(json.dumps({**record, "pid": "50"}).encode(), {})
+        assert status == 400 and json.loads(body)["field"] == "pid", body
+        assert samples(registry_of(collector), "fabric_nccl_rank_info") == []      # nothing stored
+        status, _, _ = collector.ingest.post_operations(json.dumps({**record, "pid": 50}).encode(), {})
+        assert status == 202
+        rows = [dict(r) for r in samples(registry_of(collector), "fabric_nccl_rank_info")]
+    finally:
+        collector.close()
+    assert rows == [{"comm": "job-42", "rank": "1", "nranks": "2", "gpu": "0", "job": "torchelastic:ft-3"}]

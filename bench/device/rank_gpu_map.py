@@ -58,7 +58,9 @@ def worker(rank: int, backend: str, library: str, port: int, ready, go, done, re
         props = torch.cuda.get_device_properties(current)
         bus = "%04x:%02x:%02x.0" % (getattr(props, "pci_domain_id", 0), getattr(props, "pci_bus_id", -1),
                                     getattr(props, "pci_device_id", -1))
+        uuid = getattr(props, "uuid", None)
         reports[rank] = {"pid": os.getpid(), "current_device": current, "pci_bus_id": bus,
+                         "uuid": f"GPU-{uuid}" if uuid is not None else None,
                          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
         grad = torch.ones(4 * 1024 * 1024, device=f"cuda:{current}")
         while not done.is_set():
@@ -84,7 +86,7 @@ def worker(rank: int, backend: str, library: str, port: int, ready, go, done, re
 
 
 def nvml_indices() -> dict[str, int]:
-    """PCI bus id (lower case, 0000:xx:yy.0) -> NVML index."""
+    """PCI bus id (lower case, 0000:xx:yy.0) and UUID (GPU-...) -> NVML index."""
     try:
         import pynvml
 
@@ -97,6 +99,8 @@ def nvml_indices() -> dict[str, int]:
         bus = pynvml.nvmlDeviceGetPciInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).busId
         bus = bus.decode() if isinstance(bus, bytes) else bus
         out[bus.lower()[-12:]] = index            # NVML gives an 8-digit domain: 00000000:18:00.0
+        uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))
+        out[uuid.decode() if isinstance(uuid, bytes) else uuid] = index
     return out
 
 
@@ -193,7 +197,7 @@ def main() -> int:
         checks = []
         for rank in range(WORLD):
             job = dict(reports[rank])
-            expected = buses.get((job["pci_bus_id"] or "").lower())
+            expected = buses.get((job["pci_bus_id"] or "").lower(), buses.get(job.get("uuid") or ""))
             row = rows.get(rank, {})
             minors = sorted(device_minors(Path("/proc"), job["pid"]))
             checks.append({"rank": rank, "torch_current_device": job["current_device"],
