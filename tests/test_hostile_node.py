@@ -240,3 +240,11 @@ def test_symlink_loop_counter_is_a_read_error_and_healthy_devices_keep_every_ser
     r = node.scrape(col)
     assert read_errors(r, "mlx5_1") == {"io_error": 1}
     assert series(r) == healthy - 1 + 1
+
+
+def test_procfs_file_beyond_the_size_limit_is_a_read_error(tmp_path):
+    from fabricscope.exporter.parsers.files import MAX_FILE_BYTES, read_text
+    big = tmp_path / "route"
+    big.write_bytes(b"x" * (MAX_FILE_BYTES + 1))
+    assert read_text(big).reason == "too_large"
+    assert read_text(Path("/proc/sys/kernel/random/boot_id")).count("-") == 4   # /proc/sys refuses big reads
