@@ -184,8 +184,9 @@ def main() -> int:
         while time.time() < deadline:
             samples = scrape(base)
             rows = {int(label(k, "rank")): dict(k[1]) for k in pick(samples, "fabric_nccl_rank_info", nranks=WORLD)}
-            if len(reports) == WORLD and len(rows) >= WORLD and (args.backend == "fake"
-                                                                or all(r["gpu"] for r in rows.values())):
+            # Placed once the exporter's worker looked the processes up (job, and GPU with CUDA).
+            if len(reports) == WORLD and len(rows) >= WORLD and all(
+                    r["job"] and (args.backend == "fake" or r["gpu"]) for r in rows.values()):
                 break
             time.sleep(1)
         else:
