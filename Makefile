@@ -35,8 +35,13 @@ $(STAMP): pyproject.toml
 run: setup
 	$(VENV)/bin/fabricscope stack
 
+# Test files run in parallel (--dist loadfile: a file's tests, and the real servers its
+# module fixtures start, stay in one worker), one worker per core: several tests time
+# real processes (uprobe arrival lag, alert delivery) and need the CPU they ask for.
+# TEST_JOBS=0 runs serially.
+TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
 
 bench: setup
 	$(PY) bench/run_all.py

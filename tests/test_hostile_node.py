@@ -229,3 +229,22 @@ def test_a_failed_first_listing_of_ports_is_reported_and_recovers(node):
     r = node.scrape(col)
     assert read_errors(r, "mlx5_1") == {}
     assert value(r, "fabric_infiniband_port_state", **port1("mlx5_1"), state="ACTIVE") == 4
+
+
+def test_symlink_loop_counter_is_a_read_error_and_healthy_devices_keep_every_series(node):
+    col = node.collector()
+    healthy = series(node.scrape(col))
+    loop = counters(node) / "port_rcv_packets"
+    loop.unlink()
+    os.symlink(loop.name, loop)            # points at itself: ELOOP
+    r = node.scrape(col)
+    assert read_errors(r, "mlx5_1") == {"io_error": 1}
+    assert series(r) == healthy - 1 + 1
+
+
+def test_procfs_file_beyond_the_size_limit_is_a_read_error(tmp_path):
+    from fabricscope.exporter.parsers.files import MAX_FILE_BYTES, read_text
+    big = tmp_path / "route"
+    big.write_bytes(b"x" * (MAX_FILE_BYTES + 1))
+    assert read_text(big).reason == "too_large"
+    assert read_text(Path("/proc/sys/kernel/random/boot_id")).count("-") == 4   # /proc/sys refuses big reads

@@ -14,7 +14,7 @@ from fabricscope.exporter.context import Context
 from fabricscope.exporter.framework import ScrapeCollector, build_collectors, load_collector_modules
 from fabricscope.exporter.health.gpu_nic_affinity import NicCandidate, nearest_nics, path_type
 from fabricscope.exporter.health.nic_roles import Gpu
-from fabricscope.exporter.nccl.placement import RankPlacement, RankProcess, job_of
+from fabricscope.exporter.nccl.placement import RankInfo, RankPlacement, RankProcess, job_of
 from fabricscope.exporter.nvml import GpuInfo
 from test_nccl_demo import cluster
 
@@ -97,6 +97,35 @@ def test_job_from_slurm_then_torchelastic_then_kubernetes_pod(tmp_path):
         "slurm:81234", "torchelastic:run-7", "k8s-pod:1b2c3d4e-0f1a-4b5c-8d9e-0123456789ab", ""]
 
 
+class HungNvml:
+    """A GPU that never answers (NVML blocks for as long as the fault lasts)."""
+
+    def __init__(self):
+        self.release = __import__("threading").Event()
+
+    def gpus(self):
+        return [GpuInfo(0, "u0", "H100", "0000:18:00.0")]
+
+    def running_processes(self, gpu):
+        self.release.wait(30)
+        return [(60, 1 << 30)]
+
+
+def test_a_hung_gpu_never_blocks_the_scrape(tmp_path):
+    import time
+
+    fake_process(tmp_path, 60, {"SLURM_JOB_ID": "9"})
+    nvml = HungNvml()
+    placement = RankPlacement(tmp_path, nvml=lambda: nvml)
+    started = time.monotonic()
+    assert placement.resolve([RankProcess("c", 0, 1, 60)])[0].gpu == ""
+    assert placement.resolve([RankProcess("c", 0, 1, 60)])[0].gpu == ""      # still stuck: served at once
+    assert time.monotonic() - started < 1.0
+    nvml.release.set()
+    placement.wait()
+    assert placement.resolve([RankProcess("c", 0, 1, 60)]) == [RankInfo("c", 0, 1, "0", "slurm:9")]
+
+
 def test_hostile_job_values_are_dropped_not_exported(tmp_path):
     fake_process(tmp_path, 20, {"SLURM_JOB_ID": "1 2\"}", "TORCHELASTIC_RUN_ID": "r" * 200})
     assert job_of(tmp_path, 20) == ""
@@ -110,7 +139,7 @@ def test_gpu_from_the_one_device_node_a_process_holds(tmp_path):
         (driver / bus / "information").write_text(f"Model: H100\nIRQ: 1\nDevice Minor: {minor}\n")
     fake_process(tmp_path, 30, devices=(0,))
     fake_process(tmp_path, 31, devices=(0, 1))                 # every visible GPU open: cannot tell
-    placement = RankPlacement(tmp_path, nvml=lambda: None)
+    placement = RankPlacement(tmp_path, nvml=lambda: None, background=False)
     got = placement.resolve([RankProcess("c", 0, 2, 30), RankProcess("c", 1, 2, 31)])
     assert [(r.rank, r.gpu) for r in got] == [(0, "1"), (1, "")]
 
@@ -133,7 +162,7 @@ def test_nvml_picks_the_gpu_holding_most_memory_and_is_asked_once(tmp_path):
     fake_process(tmp_path, 40, {"SLURM_JOB_ID": "5"})
     fake_process(tmp_path, 41)
     nvml = TwoGpuNvml()
-    placement = RankPlacement(tmp_path, nvml=lambda: nvml)
+    placement = RankPlacement(tmp_path, nvml=lambda: nvml, background=False)
     ranks = [RankProcess("c", 0, 2, 40), RankProcess("c", 1, 2, 41)]
     first = placement.resolve(ranks)
     assert [(r.rank, r.gpu, r.job) for r in first] == [(0, "1", "slurm:5"), (1, "0", "")]
@@ -150,8 +179,41 @@ def test_demo_ranks_map_to_their_gpus_as_on_a_rail_optimised_node(tmp_path):
     load_collector_modules()
     [collector] = build_collectors(Context(node=node.name, procfs=tmp_path, sources={"nccl": nccl, "nvml": nvml}), ["nccl"])
     try:
+        registry = registry_of(collector)
+        first = [dict(r) for r in samples(registry, "fabric_nccl_rank_info")]
+        collector.placement.wait()                    # looked up off the scrape path
+        rows = [dict(r) for r in samples(registry, "fabric_nccl_rank_info")]
+    finally:
+        collector.close()
+    assert {r["gpu"] for r in first} <= {"", *map(str, range(4))}
+    comm = demo_nccl.job_comm(spec)
+    assert rows == [{"comm": comm, "rank": str(4 + i), "nranks": "8", "gpu": str(i), "job": ""} for i in range(4)]
+
+
+# ---- ingest: a job that reports its own operations names its process ------------------------
+
+def test_ingested_records_with_a_pid_place_their_rank(tmp_path):
+    import json
+
+    driver = tmp_path / "driver" / "nvidia" / "gpus" / "0000:18:00.0"
+    driver.mkdir(parents=True)
+    (driver / "information").write_text("Device Minor: 0\n")
+    fake_process(tmp_path, 50, {"TORCHELASTIC_RUN_ID": "ft-3"}, devices=(0,))
+    load_collector_modules()
+    ctx = Context(node="n", procfs=tmp_path, config={"nccl": {"ingest": True, "uprobes": False}})
+    [collector] = build_collectors(ctx, ["nccl"])
+    try:
+        record = {"op": "AllReduce", "comm": "job-42", "rank": 1, "nranks": 2, "bytes": 4, "start": 1.8e9}
+        status, _, body = collector.ingest.post_operations(json.dumps({**record, "pid": 1 << 22}).encode(), {})
+        assert status == 400 and json.loads(body)["field"] == "pid", body
+        status, _, body = collector.ingest.post_operations(json.dumps({**record, "pid": "50"}).encode(), {})
+        assert status == 400 and json.loads(body)["field"] == "pid", body
+        assert samples(registry_of(collector), "fabric_nccl_rank_info") == []      # nothing stored
+        status, _, _ = collector.ingest.post_operations(json.dumps({**record, "pid": 50}).encode(), {})
+        assert status == 202
+        samples(registry_of(collector), "fabric_nccl_rank_info")
+        collector.placement.wait()
         rows = [dict(r) for r in samples(registry_of(collector), "fabric_nccl_rank_info")]
     finally:
         collector.close()
-    comm = demo_nccl.job_comm(spec)
-    assert rows == [{"comm": comm, "rank": str(4 + i), "nranks": "8", "gpu": str(i), "job": ""} for i in range(4)]
+    assert rows == [{"comm": "job-42", "rank": "1", "nranks": "2", "gpu": "0", "job": "torchelastic:ft-3"}]

@@ -58,12 +58,20 @@ def worker(rank: int, backend: str, library: str, port: int, ready, go, done, re
         props = torch.cuda.get_device_properties(current)
         bus = "%04x:%02x:%02x.0" % (getattr(props, "pci_domain_id", 0), getattr(props, "pci_bus_id", -1),
                                     getattr(props, "pci_device_id", -1))
+        uuid = getattr(props, "uuid", None)
         reports[rank] = {"pid": os.getpid(), "current_device": current, "pci_bus_id": bus,
+                         "uuid": f"GPU-{uuid}" if uuid is not None else None,
                          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
         grad = torch.ones(4 * 1024 * 1024, device=f"cuda:{current}")
-        while not done.is_set():
+        stop = torch.zeros(1, device=f"cuda:{current}")
+        while True:
             dist.all_reduce(grad)
-            grad[0].item()
+            # Every rank leaves after the same step: one that left early would leave its
+            # peers waiting in an all_reduce forever.
+            stop.fill_(1.0 if done.is_set() else 0.0)
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+            if stop.item():
+                break
             time.sleep(0.01)
         dist.destroy_process_group()
     else:
@@ -84,7 +92,7 @@ def worker(rank: int, backend: str, library: str, port: int, ready, go, done, re
 
 
 def nvml_indices() -> dict[str, int]:
-    """PCI bus id (lower case, 0000:xx:yy.0) -> NVML index."""
+    """PCI bus id (lower case, 0000:xx:yy.0) and UUID (GPU-...) -> NVML index."""
     try:
         import pynvml
 
@@ -97,6 +105,8 @@ def nvml_indices() -> dict[str, int]:
         bus = pynvml.nvmlDeviceGetPciInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).busId
         bus = bus.decode() if isinstance(bus, bytes) else bus
         out[bus.lower()[-12:]] = index            # NVML gives an 8-digit domain: 00000000:18:00.0
+        uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))
+        out[uuid.decode() if isinstance(uuid, bytes) else uuid] = index
     return out
 
 
@@ -180,8 +190,9 @@ def main() -> int:
         while time.time() < deadline:
             samples = scrape(base)
             rows = {int(label(k, "rank")): dict(k[1]) for k in pick(samples, "fabric_nccl_rank_info", nranks=WORLD)}
-            if len(reports) == WORLD and len(rows) >= WORLD and (args.backend == "fake"
-                                                                or all(r["gpu"] for r in rows.values())):
+            # Placed once the exporter's worker looked the processes up (job, and GPU with CUDA).
+            if len(reports) == WORLD and len(rows) >= WORLD and all(
+                    r["job"] and (args.backend == "fake" or r["gpu"]) for r in rows.values()):
                 break
             time.sleep(1)
         else:
@@ -193,7 +204,7 @@ def main() -> int:
         checks = []
         for rank in range(WORLD):
             job = dict(reports[rank])
-            expected = buses.get((job["pci_bus_id"] or "").lower())
+            expected = buses.get((job["pci_bus_id"] or "").lower(), buses.get(job.get("uuid") or ""))
             row = rows.get(rank, {})
             minors = sorted(device_minors(Path("/proc"), job["pid"]))
             checks.append({"rank": rank, "torch_current_device": job["current_device"],
@@ -238,8 +249,9 @@ def main() -> int:
         status = 1
     finally:
         done.set()
+        deadline = time.time() + 20
         for proc in procs:
-            proc.join(timeout=20)
+            proc.join(timeout=max(0.1, deadline - time.time()))
             if proc.is_alive():
                 proc.kill()
         exporter.stop()

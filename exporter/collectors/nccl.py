@@ -136,9 +136,11 @@ class NcclCollector(Collector):
                                  labels=["comm", "rank", "nranks", "gpu", "job"])
         source = self.source if self.source is not None else self.uprobes
         listed = source.rank_processes() if source is not None and hasattr(source, "rank_processes") else []
+        # The process seen initialising the comm first; a pid an ingested record names after.
+        listed = sorted(listed) + sorted(self.tracker.rank_processes())
         seen = set()
         ranks = []
-        for comm, rank, nranks, pid in sorted(listed):
+        for comm, rank, nranks, pid in listed:
             if (comm, rank) not in seen:          # one series per rank, whatever pids claim it
                 seen.add((comm, rank))
                 ranks.append(RankProcess(comm, rank, nranks, pid))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,33 +117,65 @@ def minor_to_gpu(procfs: Path) -> dict[int, int]:
 
 
 class RankPlacement:
-    """Caches one (gpu, job) answer per process; unresolved processes are retried."""
+    """Caches one (gpu, job) answer per process; unresolved processes are retried.
+
+    The lookups run on a worker thread, never in the scrape: an NVML call on a hung GPU,
+    or a read of /proc/<pid>/environ of a process stuck holding its memory map lock, can
+    block for as long as the fault lasts, and the NCCL collector must go on reporting the
+    hang meanwhile. A scrape serves what is known; a rank still being looked up shows
+    gpu="" until the next one."""
 
     def __init__(self, procfs: Path, nvml: Callable[[], object | None], clock: Callable[[], float] = time.monotonic,
-                 retry_seconds: float = RETRY_SECONDS) -> None:
+                 retry_seconds: float = RETRY_SECONDS, background: bool = True) -> None:
         self.procfs = Path(procfs)
         self._nvml = nvml                      # returns the backend, or None while unavailable
         self._clock = clock
         self._retry = retry_seconds
+        self._background = background
+        self._lock = threading.Lock()
         self._known: dict[int, tuple[str, str]] = {}       # pid -> (gpu, job)
         self._retry_at: dict[int, float] = {}
+        self._worker: threading.Thread | None = None
 
     def resolve(self, ranks: Iterable[RankProcess]) -> list[RankInfo]:
         ranks = list(ranks)
         pids = {r.pid for r in ranks}
-        for gone in set(self._known) - pids:
-            del self._known[gone]
         now = self._clock()
-        todo = [pid for pid in sorted(pids) if self._known.get(pid, ("", ""))[0] == ""
-                and self._retry_at.get(pid, 0.0) <= now]
-        if todo:
-            gpus = self._gpus_of(todo)
-            for pid in todo:
-                job = self._known[pid][1] if pid in self._known else job_of(self.procfs, pid)
-                self._known[pid] = (gpus.get(pid, ""), job)
-                self._retry_at[pid] = now + self._retry
-        self._retry_at = {pid: at for pid, at in self._retry_at.items() if pid in pids}
-        return [RankInfo(r.comm, r.rank, r.nranks, *self._known.get(r.pid, ("", ""))) for r in ranks]
+        with self._lock:
+            for gone in set(self._known) - pids:
+                del self._known[gone]
+            self._retry_at = {pid: at for pid, at in self._retry_at.items() if pid in pids}
+            todo = [pid for pid in sorted(pids) if self._known.get(pid, ("", ""))[0] == ""
+                    and self._retry_at.get(pid, 0.0) <= now]
+            busy = self._worker is not None and self._worker.is_alive()
+            if todo and not busy:
+                for pid in todo:
+                    self._retry_at[pid] = now + self._retry
+                jobs = {pid: self._known[pid][1] for pid in todo if pid in self._known}
+                if self._background:
+                    self._worker = threading.Thread(target=self._look_up, args=(todo, jobs),
+                                                    name="nccl-rank-placement", daemon=True)
+                    self._worker.start()
+        if todo and not busy and not self._background:
+            self._look_up(todo, jobs)
+        with self._lock:
+            return [RankInfo(r.comm, r.rank, r.nranks, *self._known.get(r.pid, ("", ""))) for r in ranks]
+
+    def wait(self, timeout: float = 10.0) -> None:
+        """Until the lookup in progress, if any, is done (tests, benchmarks)."""
+        worker = self._worker
+        if worker is not None:
+            worker.join(timeout)
+
+    def _look_up(self, pids: list[int], jobs: dict[int, str]) -> None:
+        try:
+            gpus = self._gpus_of(pids)
+            found = {pid: (gpus.get(pid, ""), jobs[pid] if pid in jobs else job_of(self.procfs, pid)) for pid in pids}
+        except Exception:                          # never let a lookup kill the thread silently
+            log.exception("placing NCCL ranks on GPUs")
+            return
+        with self._lock:
+            self._known.update(found)
 
     def _gpus_of(self, pids: list[int]) -> dict[int, str]:
         found = self._from_nvml(set(pids))

@@ -13,6 +13,7 @@ correlations appear on their own. --webhook-url sends Alertmanager elsewhere ins
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import shlex
@@ -141,6 +142,10 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
     host = "127.0.0.1"
     for binary in ("prometheus", "prometheus-alertmanager"):
         find_binary(binary)   # fail before anything starts, not halfway through
+    missing = [module for module in ("cryptography", "apiflask", "gunicorn") if importlib.util.find_spec(module) is None]
+    if missing:
+        raise StackError(f"the stack runs the query sidecar, which needs {', '.join(missing)}: "
+                         "pip install 'fabricscope[sidecar]' (make setup installs it)")
     ensure_port_free(host, args.prometheus_port, "Prometheus", "--prometheus-port")
     ensure_port_free(host, args.alertmanager_port, "Alertmanager", "--alertmanager-port")
     ensure_port_free(host, args.sidecar_port, "Sidecar", "--sidecar-port")
