@@ -63,9 +63,15 @@ def worker(rank: int, backend: str, library: str, port: int, ready, go, done, re
                          "uuid": f"GPU-{uuid}" if uuid is not None else None,
                          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
         grad = torch.ones(4 * 1024 * 1024, device=f"cuda:{current}")
-        while not done.is_set():
+        stop = torch.zeros(1, device=f"cuda:{current}")
+        while True:
             dist.all_reduce(grad)
-            grad[0].item()
+            # Every rank leaves after the same step: one that left early would leave its
+            # peers waiting in an all_reduce forever.
+            stop.fill_(1.0 if done.is_set() else 0.0)
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+            if stop.item():
+                break
             time.sleep(0.01)
         dist.destroy_process_group()
     else:
@@ -184,8 +190,9 @@ def main() -> int:
         while time.time() < deadline:
             samples = scrape(base)
             rows = {int(label(k, "rank")): dict(k[1]) for k in pick(samples, "fabric_nccl_rank_info", nranks=WORLD)}
-            if len(reports) == WORLD and len(rows) >= WORLD and (args.backend == "fake"
-                                                                or all(r["gpu"] for r in rows.values())):
+            # Placed once the exporter's worker looked the processes up (job, and GPU with CUDA).
+            if len(reports) == WORLD and len(rows) >= WORLD and all(
+                    r["job"] and (args.backend == "fake" or r["gpu"]) for r in rows.values()):
                 break
             time.sleep(1)
         else:
@@ -242,8 +249,9 @@ def main() -> int:
         status = 1
     finally:
         done.set()
+        deadline = time.time() + 20
         for proc in procs:
-            proc.join(timeout=20)
+            proc.join(timeout=max(0.1, deadline - time.time()))
             if proc.is_alive():
                 proc.kill()
         exporter.stop()
