@@ -38,8 +38,9 @@ run: setup
 # Test files run in parallel (--dist loadfile: a file's tests, and the real servers its
 # module fixtures start, stay in one worker), one worker per core: several tests time
 # real processes (uprobe arrival lag, alert delivery) and need the CPU they ask for.
+# At most 4: each worker starts its own Prometheus/PostgreSQL/sidecar processes.
 # TEST_JOBS=0 runs serially.
-TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ "$$n" -gt 4 ] && n=4; echo $$n)
 test: setup
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
 
