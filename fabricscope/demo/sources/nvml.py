@@ -8,7 +8,7 @@ nccl_hang fault holds the job.
 Each call costs what it cost on an H200 (driver 580, 18 NVLinks, CallCosts below), and
 costs it as CPU: the driver computes the answer on the calling thread (wall = CPU there),
 so a call burns that much of its thread's CPU without holding the GIL (as a ctypes call
-into libnvidia-ml does). Benchmarks and tests thus see the real shape: per-link values
+into libnvidia-ml does); the demo's nodes (make_source) sleep it instead. Benchmarks and tests thus see the real shape: per-link values
 slow whichever call reads them, link state nearly free, and the sampling threads' CPU what
 it would be on the host. Field support follows the same host: the per-link DL error fields
 and the throughput fields (per link, or the GPU total with scope SCOPE_ALL_LINKS) answer in
@@ -73,6 +73,9 @@ class CallCosts:
 
 
 H200_COSTS = CallCosts()
+# The demo's nodes: the same time per call, slept rather than burnt (a demo of 32 GPUs on
+# a laptop should not spend a core's percent on simulated driver work).
+DEMO_COSTS = CallCosts(burn_cpu=False)
 FREE = CallCosts(link_state=0.0, link_static=0.0, error_counter=0.0, field_call=0.0, field_per_link=0.0,
                  field_gpu_total=0.0, field_unsupported=0.0, burn_cpu=False)
 # hashlib releases the GIL for buffers of 2 KiB and more: the burn runs outside the GIL,
@@ -266,4 +269,4 @@ class NvmlSimSource:
 
 
 def make_source(node: NodeSpec, cluster: ClusterSpec, rng: random.Random) -> NvmlSimSource:
-    return NvmlSimSource(node, cluster, rng)
+    return NvmlSimSource(node, cluster, rng, costs=DEMO_COSTS)
