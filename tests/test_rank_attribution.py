@@ -116,7 +116,7 @@ def test_a_hung_gpu_never_blocks_the_scrape(tmp_path):
 
     fake_process(tmp_path, 60, {"SLURM_JOB_ID": "9"})
     nvml = HungNvml()
-    placement = RankPlacement(tmp_path, nvml=lambda: nvml)
+    placement = RankPlacement(tmp_path, nvml=lambda: nvml, wait_seconds=0.2)
     started = time.monotonic()
     assert placement.resolve([RankProcess("c", 0, 1, 60)])[0].gpu == ""
     assert placement.resolve([RankProcess("c", 0, 1, 60)])[0].gpu == ""      # still stuck: served at once

@@ -9,6 +9,8 @@ sources and maps its snapshot to metric families. Config section `nccl`:
   rescan_seconds: how often every process's maps are read: 300 s as a safety net when the
     exec/dlopen hints (exporter/bpf/procwatch.bpf.c) run, 2 s when they cannot;
   bpf_object: path of nccl.bpf.o (default: exporter/bpf/nccl.bpf.o).
+fabric_nccl_rank_info places each local rank on its GPU and job (exporter/nccl/placement.py,
+docs/slow-rank-to-cable.md).
 """
 from __future__ import annotations
 
@@ -82,6 +84,7 @@ class NcclCollector(Collector):
         if self.uprobes is not None:
             self.uprobes.close()
         if self._nvml_owned:
+            self.placement.wait(2.0)                  # a lookup may be in NVML right now
             self._nvml.close()
             self._nvml, self._nvml_owned = None, False
 

@@ -38,6 +38,8 @@ JOB_VARIABLES = (("SLURM_JOB_ID", "slurm:"), ("TORCHELASTIC_RUN_ID", "torchelast
 MAX_ENVIRON_BYTES = 1 << 20
 # A process not yet on a GPU (CUDA initialising) is looked at again after this long.
 RETRY_SECONDS = 10.0
+# How long a scrape waits for a lookup it started before serving without it.
+LOOKUP_WAIT_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -122,16 +124,19 @@ class RankPlacement:
     The lookups run on a worker thread, never in the scrape: an NVML call on a hung GPU,
     or a read of /proc/<pid>/environ of a process stuck holding its memory map lock, can
     block for as long as the fault lasts, and the NCCL collector must go on reporting the
-    hang meanwhile. A scrape serves what is known; a rank still being looked up shows
-    gpu="" until the next one."""
+    hang meanwhile. A scrape that starts a lookup waits for it at most `wait_seconds`
+    (a healthy lookup takes milliseconds, so a new rank is placed in the same scrape), then
+    serves what is known: a rank still being looked up shows gpu="" until a later one."""
 
     def __init__(self, procfs: Path, nvml: Callable[[], object | None], clock: Callable[[], float] = time.monotonic,
-                 retry_seconds: float = RETRY_SECONDS, background: bool = True) -> None:
+                 retry_seconds: float = RETRY_SECONDS, background: bool = True,
+                 wait_seconds: float = LOOKUP_WAIT_SECONDS) -> None:
         self.procfs = Path(procfs)
         self._nvml = nvml                      # returns the backend, or None while unavailable
         self._clock = clock
         self._retry = retry_seconds
         self._background = background
+        self._wait = wait_seconds
         self._lock = threading.Lock()
         self._known: dict[int, tuple[str, str]] = {}       # pid -> (gpu, job)
         self._retry_at: dict[int, float] = {}
@@ -156,8 +161,11 @@ class RankPlacement:
                     self._worker = threading.Thread(target=self._look_up, args=(todo, jobs),
                                                     name="nccl-rank-placement", daemon=True)
                     self._worker.start()
-        if todo and not busy and not self._background:
-            self._look_up(todo, jobs)
+        if todo and not busy:
+            if self._background:
+                self._worker.join(self._wait)
+            else:
+                self._look_up(todo, jobs)
         with self._lock:
             return [RankInfo(r.comm, r.rank, r.nranks, *self._known.get(r.pid, ("", ""))) for r in ranks]
 

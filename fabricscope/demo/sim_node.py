@@ -15,7 +15,6 @@ from .plugin import Fault, NodeSpec
 from .sim_files import TreeWriter
 from .sim_kmsg import KERN_ERR, KERN_INFO, KERN_WARNING, SimKmsg
 from .sim_procfs import SimProcfs
-from .sources.nccl import rank_process_files
 from .sim_sysfs import PHYS_DISABLED, PHYS_POLLING, SimSysfs, occasional
 from .sim_topology import build_topology
 
@@ -95,8 +94,6 @@ class SimNode:
         self.state_dir.mkdir(exist_ok=True)
         self.sysfs.write_static(self.node_guid_base)
         self.procfs.write_static()
-        for path, content in rank_process_files(self.spec.gpus).items():
-            self.writer.write(path, content)
         self._write_dynamic()
 
     def tick(self, now: float, dt: float, faults: list[Fault], write: bool = True) -> None:

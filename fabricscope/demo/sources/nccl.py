@@ -34,7 +34,6 @@ MAX_CATCH_UP_CALLS = 200          # a long pause between ticks skips ahead inste
 DEFAULT_LAG = 0.05
 # Simulated pid of the process driving local GPU i (one rank per GPU, as torchrun starts them).
 RANK_PID_BASE = 4100
-DEMO_SLURM_JOB_ID = "4242"
 
 # One wall-clock origin per simulated cluster, shared by its nodes' sources: a job's
 # ranks are compared across nodes by their entry times.
@@ -48,13 +47,6 @@ def job_comm(cluster: ClusterSpec) -> str:
 
 def rank_pid(local_gpu: int) -> int:
     return RANK_PID_BASE + local_gpu
-
-
-def rank_process_files(gpus: int) -> dict[str, bytes]:
-    """The /proc entries of the job's rank processes that the exporter reads to name the
-    job (SLURM_JOB_ID in environ, NUL-separated as the kernel shows it)."""
-    return {f"proc/{rank_pid(gpu)}/environ": f"SLURM_JOB_ID={DEMO_SLURM_JOB_ID}\0LOCAL_RANK={gpu}\0".encode()
-            for gpu in range(gpus)}
 
 
 def hang_faults(faults: list[Fault]) -> list[Fault]:
