@@ -233,7 +233,8 @@ class GpuSampler:
         return GpuSample(tuple(readings), started, duration, self._plan.error_reads(),
                          tx_bytes=None if tx_total is None else tx_total * 1024,
                          rx_bytes=None if rx_total is None else rx_total * 1024,
-                         link_started=self._link_started, link_duration=self._link_duration, read_costs=dict(self._plan.costs))
+                         link_started=self._link_started, link_duration=self._link_duration,
+                         read_costs=dict(self._plan.costs))
 
     def _static_of(self, link: int, active: bool) -> LinkStatic:
         cached = self._static.get(link)

@@ -8,9 +8,9 @@ nccl_hang fault holds the job.
 Each call costs what it cost on an H200 (driver 580, 18 NVLinks, CallCosts below), and
 costs it as CPU: the driver computes the answer on the calling thread (wall = CPU there),
 so a call burns that much of its thread's CPU without holding the GIL (as a ctypes call
-into libnvidia-ml does); the demo's nodes (make_source) sleep it instead. Benchmarks and tests thus see the real shape: per-link values
-slow whichever call reads them, link state nearly free, and the sampling threads' CPU what
-it would be on the host. Field support follows the same host: the per-link DL error fields
+into libnvidia-ml does); the demo's nodes (make_source) sleep it instead. Benchmarks and
+tests thus see the real shape: per-link values slow whichever call reads them, link state
+nearly free, and the sampling threads' CPU what it would be on the host. Field support follows the same host: the per-link DL error fields
 and the throughput fields (per link, or the GPU total with scope SCOPE_ALL_LINKS) answer in
 a batch; the legacy per-link CRC-data fields and the legacy error totals answer
 NOT_SUPPORTED (crc_data is then read by the per-link call).
