@@ -35,8 +35,18 @@ $(STAMP): pyproject.toml
 run: setup
 	$(VENV)/bin/fabricscope stack
 
+# Test files run in parallel (--dist loadfile: a file's tests, and the real servers its
+# module fixtures start, stay in one worker), one worker per core: several tests time
+# real processes (uprobe arrival lag, alert delivery) and need the CPU they ask for.
+# At most 4: each worker starts its own Prometheus/PostgreSQL/sidecar processes.
+# TEST_JOBS=0 runs serially.
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ "$$n" -gt 4 ] && n=4; echo $$n)
+# Tests marked `timing` measure how late a process is (uprobe arrival lag, a stopped rank's
+# culprit, alert delivery and inhibition): they run after the parallel pass, alone, so no
+# other test's CPU shows up in what they measure.
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not timing" tests
+	$(PY) -m pytest -q -m timing tests
 
 bench: setup
 	$(PY) bench/run_all.py

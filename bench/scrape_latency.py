@@ -13,11 +13,15 @@ noise. Prints p50/p99 over N scrapes, series counts, RSS and the p99 ratio.
 
 With --gpu, it instead measures the in-process exporter with every collector, the GPU-side
 ones fed by the demo's simulated NVML, eBPF maps and NCCL stream for one 8-GPU node. The
-simulated NVML costs what an H200 costs per call (0.85 ms an error counter), and the nvlink
-collector samples it in its own threads every --nvlink-interval seconds while the scrapes
-run. Beside the scrape figures it prints what the same node's NVML reads would have added
-to every scrape on the old synchronous path (the old call pattern, timed directly), how
-old the served samples were, and the CPU the sampling threads used.
+simulated NVML costs what an H200 costs per call, as CPU (0.79 ms an error counter, 0.82 ms
+each per-link field value; fabricscope/demo/sources/nvml.py). The nvlink collector samples
+it in its own threads, the gpu tier (link state, GPU totals) every --nvlink-interval
+seconds while the scrapes run, the link tier (per-link counters) every
+--nvlink-link-interval seconds. Beside the scrape figures it prints what the same node's
+NVML reads would have added to every scrape on the old synchronous path (the old call
+pattern, timed directly), how old the served samples were per tier, the CPU of one round
+of each tier, and from those the sampling threads' share of a core for 4 and 8 GPUs at the
+default intervals (10 s and 120 s) and at the old single 10 s interval.
 """
 from __future__ import annotations
 
@@ -172,6 +176,7 @@ def old_synchronous_path_seconds(backend, gpus) -> float:
 def measure_gpu_side(args: argparse.Namespace, tree: Path, node: SimNode) -> int:
     from fabricscope.exporter.context import Context
     from fabricscope.demo.sim_sources import NodeSources, discover_source_modules
+    from fabricscope.demo.sources.nvml import H200_COSTS
     from fabricscope.exporter.framework import COLLECTORS, load_collector_modules
     from fabricscope.exporter.main import start_exporter
 
@@ -183,8 +188,10 @@ def measure_gpu_side(args: argparse.Namespace, tree: Path, node: SimNode) -> int
     enabled = sorted(name for name, cls in COLLECTORS.items() if cls.enabled_by_default)
     ctx = Context(sysfs=tree / "sys", procfs=tree / "proc", rootfs=tree, kmsg=tree / "kmsg",
                   state_dir=tree.parent / "state-gpu", node="bench-node", sources=dict(sources.by_key),
-                  config={"nvlink": {"sample_interval_seconds": args.nvlink_interval}})
+                  config={"nvlink": {"sample_interval_seconds": args.nvlink_interval,
+                                     "link_sample_interval_seconds": args.nvlink_link_interval}})
     nvml = sources.by_key["nvml"]
+    nvml.costs = H200_COSTS                           # the demo's sleep; burn the driver's CPU here
     old_path = statistics.median(old_synchronous_path_seconds(nvml, nvml.gpus()) for _ in range(3))
     exporter = start_exporter(ctx, enabled, "127.0.0.1:0")
     nvlink = next(c for c in exporter.collectors if c.name == "nvlink")
@@ -192,10 +199,15 @@ def measure_gpu_side(args: argparse.Namespace, tree: Path, node: SimNode) -> int
         conn = http.client.HTTPConnection("127.0.0.1", exporter.port, timeout=30)
         for _ in range(args.warmup):
             scrape(conn)
-        nvlink.refresh()
-        times, nvlink_times, ages, body = [], [], [], b""
+        for _ in range(3):                            # link rounds to time (the schedule's are 120 s apart)
+            nvlink.refresh()
+        conn.close()                                  # the server may have closed it while idle
+        conn = http.client.HTTPConnection("127.0.0.1", exporter.port, timeout=30)
+        times, nvlink_times, body = [], [], b""
+        ages: dict[str, list[float]] = {"gpu": [], "link": []}
         now = 1.0
-        sampling_cpu = sum(sampler.cpu_seconds for sampler in nvlink.samplers)
+        cpu0 = {s.gpu.index: dict(s.cpu_by_tier) for s in nvlink.samplers}
+        rounds0 = {s.gpu.index: dict(s.rounds_by_tier) for s in nvlink.samplers}
         started = time.monotonic()
         for i in range(args.scrapes):
             if i % 10 == 0:  # the simulation moves on between scrapes, as in the demo
@@ -207,22 +219,37 @@ def measure_gpu_side(args: argparse.Namespace, tree: Path, node: SimNode) -> int
                 if line.startswith('fabric_scrape_collector_duration_seconds{collector="nvlink"'):
                     nvlink_times.append(float(line.rsplit(" ", 1)[1]))
                 elif line.startswith("fabric_nvlink_sample_age_seconds{"):
-                    ages.append(float(line.rsplit(" ", 1)[1]))
+                    tier = "link" if 'tier="link"' in line else "gpu"
+                    ages[tier].append(float(line.rsplit(" ", 1)[1]))
         wall = time.monotonic() - started
-        sampling_cpu = sum(sampler.cpu_seconds for sampler in nvlink.samplers) - sampling_cpu
-        rounds = [s.latest.duration for s in nvlink.samplers if s.latest]
+        window_cpu = sum(s.cpu_seconds for s in nvlink.samplers) - sum(sum(c.values()) for c in cpu0.values())
+        gpu_rounds = sum(s.rounds_by_tier["gpu"] - rounds0[s.gpu.index]["gpu"] for s in nvlink.samplers)
+        gpu_round_cpu = (sum(s.cpu_by_tier["gpu"] - cpu0[s.gpu.index]["gpu"] for s in nvlink.samplers)
+                         / max(1, gpu_rounds))
+        link_round_cpu = statistics.median(s.cpu_by_tier["link"] / s.rounds_by_tier["link"] for s in nvlink.samplers)
+        link_rounds = [s.latest.link_duration for s in nvlink.samplers if s.latest and s.latest.link_duration]
+        reads = nvlink.samplers[0].latest.error_reads
         print(f"simulated 8-GPU node, all collectors ({', '.join(enabled)}), {args.scrapes} scrapes, in-process; "
-              f"simulated NVML at H200 per-call cost, sampled every {args.nvlink_interval:g} s")
+              f"simulated NVML at H200 per-call cost (as CPU), gpu tier every {args.nvlink_interval:g} s, "
+              f"link tier every {args.nvlink_link_interval:g} s")
         report("fabricscope (all)", times, series_count(body), rss_mib(os.getpid()))
         print(f"p99 target <= 25 ms: {'met' if percentile(times, 0.99) <= 0.025 else 'NOT met'}")
         print(f"nvlink collector per scrape: p50 {statistics.median(nvlink_times) * 1e3:.2f} ms, "
               f"p99 {percentile(nvlink_times, 0.99) * 1e3:.2f} ms; old synchronous path (same NVML, timed "
               f"directly): {old_path * 1e3:.0f} ms per scrape -> {old_path / percentile(nvlink_times, 0.99):.0f}x")
-        print(f"sample age served: p50 {statistics.median(ages):.2f} s, max {max(ages):.2f} s "
-              f"(interval {args.nvlink_interval:g} s); one GPU's sampling round: "
-              f"{statistics.median(rounds) * 1e3:.0f} ms of NVML time")
-        print(f"CPU of the sampling threads: {sampling_cpu:.3f} s over {wall:.1f} s = "
-              f"{sampling_cpu / wall * 100:.2f}% of one core (simulated NVML calls sleep: Python work only)")
+        for tier, interval in (("gpu", args.nvlink_interval), ("link", args.nvlink_link_interval)):
+            print(f"sample age served, {tier} tier: p50 {statistics.median(ages[tier]):.2f} s, "
+                  f"max {max(ages[tier]):.2f} s (interval {interval:g} s)")
+        print(f"one GPU's round: gpu tier {gpu_round_cpu * 1e3:.2f} ms CPU ({gpu_rounds} rounds), link tier "
+              f"{link_round_cpu * 1e3:.1f} ms CPU, {statistics.median(link_rounds) * 1e3:.0f} ms wall; error "
+              f"counters read per link round: {reads}")
+        print(f"CPU of the sampling threads in the window: {window_cpu:.3f} s over {wall:.1f} s = "
+              f"{window_cpu / wall * 100:.2f}% of one core (simulated NVML calls burn the CPU the driver's do)")
+        for gpus in (4, 8):
+            tiered = gpus * (gpu_round_cpu / 10.0 + link_round_cpu / 120.0)
+            single = gpus * (gpu_round_cpu + link_round_cpu) / 10.0
+            print(f"sampling CPU share, {gpus} GPUs: {tiered * 100:.2f}% of a core at the defaults (10 s / 120 s); "
+                  f"{single * 100:.2f}% reading every tier every 10 s")
         return 0
     finally:
         exporter.stop()
@@ -236,6 +263,8 @@ def main() -> int:
     parser.add_argument("--gpu", action="store_true", help="all collectors, GPU side simulated, in-process")
     parser.add_argument("--nvlink-interval", type=float, default=1.0,
                         help="nvlink sample_interval_seconds with --gpu (default 1: rounds overlap the scrapes)")
+    parser.add_argument("--nvlink-link-interval", type=float, default=120.0,
+                        help="nvlink link_sample_interval_seconds with --gpu (default 120, the exporter's)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fabricscope-bench-") as tmp:
         tree = Path(tmp) / "node"

@@ -98,6 +98,23 @@ class Rig:
         self.prometheus.stop()
 
 
+def process_tree_cpu_seconds(root_pid: int) -> float:
+    """user+system CPU of a process and its children (gunicorn master and worker), from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid, ppid = int(entry.name), int(fields[1])
+        if pid == root_pid or ppid == root_pid:
+            total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
 def bench_ingest(rig: Rig, seconds: float, clients: int) -> dict:
     rng = random.Random(1)
     # Bodies prepared up front: the clients share the 2 cores with the server.
@@ -125,6 +142,8 @@ def bench_ingest(rig: Rig, seconds: float, clients: int) -> dict:
                 else:
                     errors[0] += 1
 
+    server_pid = rig.sidecar.process.process.pid
+    cpu_before = process_tree_cpu_seconds(server_pid)
     started = time.monotonic()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for thread in threads:
@@ -132,11 +151,15 @@ def bench_ingest(rig: Rig, seconds: float, clients: int) -> dict:
     for thread in threads:
         thread.join()
     elapsed = time.monotonic() - started
+    server_cpu = process_tree_cpu_seconds(server_pid) - cpu_before
     rate = stored[0] / elapsed
     print(f"ingest: {stored[0]} spans in {len(latencies)} batches of 1,000 from {clients} clients over "
           f"{elapsed:.1f}s = {rate:,.0f} spans/s (target >= 20,000: {rate / 20000:.2f}x); "
           f"batch p50 {statistics.median(latencies) * 1000:.0f} ms, p99 {percentile(latencies, 0.99) * 1000:.0f} ms; "
           f"errors {errors[0]}")
+    # Independent of what else the machine runs: spans stored per second of server CPU.
+    print(f"ingest: server CPU {server_cpu:.1f} s for {stored[0]} spans = {stored[0] / server_cpu:,.0f} spans per "
+          f"CPU-second ({server_cpu / elapsed:.2f} cores busy; load average {os.getloadavg()[0]:.1f})")
     return {"spans_per_second": rate, "errors": errors[0]}
 
 

@@ -13,7 +13,7 @@ uses them.
       roles: {mlx5_4: storage}
     netdev: {device_include: "^eth", device_exclude: "^(lo|veth)", ethtool_include: "..."}
     ebpf: {objects: [tcp, sched], processes: [python3], peers: {10.0.0.2: gpu-node-1}, ...}
-    nvlink: {sample_interval_seconds: 10}
+    nvlink: {sample_interval_seconds: 10, link_sample_interval_seconds: 120}
     nccl: {hang_multiplier: 3.0, window: 20, ingest: false, ...}
 """
 from __future__ import annotations
@@ -121,6 +121,7 @@ class EbpfSection(_Section):
 
 class NvlinkSection(_Section):
     sample_interval_seconds: Annotated[float, Field(gt=0, le=3600)] | None = None
+    link_sample_interval_seconds: Annotated[float, Field(gt=0, le=3600)] | None = None
 
 
 class NcclSection(_Section):

@@ -19,6 +19,7 @@ from .framework import (COLLECTORS, DEFAULT_COLLECTOR_TIMEOUT, Collector, Scrape
                         load_collector_modules)
 from .web import serve
 from .config import validate_config
+from .malloc import cap_malloc_arenas
 from .schema import ConfigError, load_yaml
 from .webconfig import load_web_config
 
@@ -145,6 +146,9 @@ def context_from_args(args: argparse.Namespace) -> Context:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Before any thread starts: glibc's per-thread malloc arenas (8 per core) grow the RSS
+    # with the host's core count (exporter/malloc.py).
+    cap_malloc_arenas()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ctx = context_from_args(args)
     enabled = enabled_collectors(args)

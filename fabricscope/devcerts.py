@@ -10,14 +10,10 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from fabricscope.atomicfile import write_atomically
 
 VALID_DAYS = 30
 # Re-mint when the certificate would expire within this long.
@@ -37,6 +33,13 @@ def ensure_dev_certs(directory: Path, hosts: tuple[str, ...] = ("127.0.0.1", "lo
     certs = DevCerts(directory / "ca.pem", directory / "server.pem", directory / "server-key.pem")
     if all(p.exists() for p in (certs.ca, certs.cert, certs.key)) and _still_valid(certs.cert, hosts):
         return certs
+    # cryptography comes with the sidecar extra; imported here so that importing the stack
+    # (e.g. `fabricscope stack --help` from a core install) does not need it.
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
     directory.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.timezone.utc)
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -62,10 +65,10 @@ def ensure_dev_certs(directory: Path, hosts: tuple[str, ...] = ("127.0.0.1", "lo
                    .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
                    .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
                    .sign(ca_key, hashes.SHA256()))
-    _write(certs.ca, ca_cert.public_bytes(serialization.Encoding.PEM), 0o644)
-    _write(certs.cert, server_cert.public_bytes(serialization.Encoding.PEM), 0o644)
-    _write(certs.key, server_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()), 0o600)
+    write_atomically(certs.ca, ca_cert.public_bytes(serialization.Encoding.PEM), mode=0o644)
+    write_atomically(certs.cert, server_cert.public_bytes(serialization.Encoding.PEM), mode=0o644)
+    write_atomically(certs.key, server_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption()), mode=0o600)
     return certs
 
 
@@ -78,6 +81,8 @@ def _is_ip(host: str) -> bool:
 
 
 def _still_valid(cert_path: Path, hosts: tuple[str, ...]) -> bool:
+    from cryptography import x509
+
     try:
         cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
         names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
@@ -87,11 +92,3 @@ def _still_valid(cert_path: Path, hosts: tuple[str, ...]) -> bool:
         set(names.get_values_for_type(x509.DNSName))
     fresh = cert.not_valid_after_utc - dt.datetime.now(dt.timezone.utc) > RENEW_BEFORE
     return fresh and set(hosts) <= present
-
-
-def _write(path: Path, data: bytes, mode: int) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    os.replace(tmp, path)

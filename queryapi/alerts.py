@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from apiflask import APIBlueprint
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .auth import require_scope
 from .context import sidecar
@@ -19,6 +19,8 @@ bp = APIBlueprint("alerts", __name__, tag="Alerts")
 
 WEBHOOK_PATH = "/alerts/webhook"
 MAX_ALERTS = 1000
+# No NUL in stored text: PostgreSQL's TEXT cannot hold it (SQLite could, the two must agree).
+NO_NUL = r"^[^\x00]*$"
 
 
 class WebhookAlert(BaseModel):
@@ -26,17 +28,24 @@ class WebhookAlert(BaseModel):
     status: str = Field(pattern="^(firing|resolved)$")
     labels: dict[str, str]
     annotations: dict[str, str] = Field(default_factory=dict)
-    startsAt: str = Field(min_length=1, max_length=64)
-    endsAt: str | None = Field(None, max_length=64)
-    generatorURL: str | None = Field(None, max_length=4096)
+    startsAt: str = Field(min_length=1, max_length=64, pattern=NO_NUL)
+    endsAt: str | None = Field(None, max_length=64, pattern=NO_NUL)
+    generatorURL: str | None = Field(None, max_length=4096, pattern=NO_NUL)
     fingerprint: str = Field(min_length=1, max_length=64, pattern=r"^[0-9A-Za-z]+$")
+
+    @model_validator(mode="after")
+    def _no_nul_in_labels(self) -> "WebhookAlert":
+        for where, mapping in (("labels", self.labels), ("annotations", self.annotations)):
+            if any("\x00" in key or "\x00" in value for key, value in mapping.items()):
+                raise ValueError(f"{where} contain a NUL character")
+        return self
 
 
 class WebhookIn(BaseModel):
     """Alertmanager's webhook payload (version 4)."""
     model_config = ConfigDict(extra="allow")
     version: str = Field("4", max_length=8)
-    receiver: str = Field("", max_length=256)
+    receiver: str = Field("", max_length=256, pattern=NO_NUL)
     status: str | None = Field(None, max_length=16)
     alerts: list[WebhookAlert] = Field(max_length=MAX_ALERTS)
 
@@ -66,7 +75,7 @@ def webhook(json_data: WebhookIn):
 
 class AlertsQuery(BaseModel):
     status: str | None = Field(None, pattern="^(firing|resolved)$")
-    alertname: str | None = Field(None, max_length=256)
+    alertname: str | None = Field(None, max_length=256, pattern=NO_NUL)
     since_ms: int | None = Field(None, ge=0, le=4_102_444_800_000,
                                  description="only alerts received (first or again) since this Unix ms time")
     limit: int = Field(500, ge=1, le=5000)

@@ -22,6 +22,7 @@ from .auth import OPEN, SECURITY_SCHEMES, authenticate, endpoint_scope
 from .config import SidecarConfig, load_config
 from .context import EXTENSION, Sidecar
 from .errors import ApiError
+from .jsonbody import StrictJSONProvider
 from .keys import KeyStore
 from .metrics import SidecarMetrics
 from .prom import PrometheusClient, PrometheusError
@@ -74,6 +75,7 @@ def create_app(config: SidecarConfig | Mapping[str, Any] | None = None) -> APIFl
         audit=make_audit_logger(config.audit_log),
     )
     app.extensions[EXTENSION] = state
+    app.json = StrictJSONProvider(app)
     errors.install(app)
     _install_pipeline(app, state)
     _install_error_mappings(app)

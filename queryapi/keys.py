@@ -27,6 +27,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from fabricscope.atomicfile import write_atomically
+
 from .config import RateLimit, format_validation_error
 
 log = logging.getLogger("fabricscope.sidecar.keys")
@@ -170,9 +172,5 @@ def add_key(path: Path, key_id: str, scopes: list[str]) -> str:
         raise KeyFileError(format_validation_error(exc)) from None
     data = existing.model_dump(exclude_none=True)
     data["keys"].append(entry.model_dump(exclude_none=True))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    write_atomically(path, yaml.safe_dump(data, sort_keys=False), mode=0o600)
     return token

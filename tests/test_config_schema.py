@@ -67,3 +67,11 @@ def test_huge_or_hostile_values_are_not_echoed_whole():
     with pytest.raises(ConfigError) as info:
         validate_config({"nccl": {"bpf_object": ["x" * 100_000]}}, "c.yml")
     assert len(str(info.value)) < 300
+
+
+def test_every_setting_a_collector_reads_is_in_the_schema():
+    """A key read from a section but missing from the schema would make a valid file fail."""
+    from fabricscope.exporter.config import NcclSection
+    from fabricscope.exporter.nccl.tracker import NcclTracker
+
+    assert NcclTracker.CONFIG_KEYS <= set(NcclSection.model_fields)

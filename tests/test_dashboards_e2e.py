@@ -346,3 +346,16 @@ def test_report_opens_in_headless_chromium_with_every_image_loaded(report, tmp_p
     assert header[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", header[16:24]) == (1400, 2400)
     print(f"\nreport: {out / 'index.html'}, screenshot: {shot}")
+
+
+def test_report_with_pinned_variables_draws_only_the_chosen_node(run, tmp_path):
+    """--var pins a variable as a dashboard selection does; the chained ones follow it."""
+    out = tmp_path / "pinned"
+    code = cli.main(["report", "--prometheus-url", run.prometheus.url, "--from", str(run.start), "--to", str(run.end),
+                     "--scrape-interval", str(SCRAPE_SECONDS), "--out", str(out), "--dashboard", "infiniband",
+                     "--var", "node=gpu-node-1"])
+    assert code == 0
+    page = html.unescape((out / "index.html").read_text())
+    assert 'node=~"gpu-node-1"' in page and "gpu-node-0" not in page
+    # device is chained on node: only gpu-node-1's HCAs are offered (all of them, "All").
+    assert 'device=~"(mlx5_0|mlx5_1|mlx5_2)"' in page

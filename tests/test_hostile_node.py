@@ -229,3 +229,65 @@ def test_a_failed_first_listing_of_ports_is_reported_and_recovers(node):
     r = node.scrape(col)
     assert read_errors(r, "mlx5_1") == {}
     assert value(r, "fabric_infiniband_port_state", **port1("mlx5_1"), state="ACTIVE") == 4
+
+
+def test_symlink_loop_counter_is_a_read_error_and_healthy_devices_keep_every_series(node):
+    col = node.collector()
+    healthy = series(node.scrape(col))
+    loop = counters(node) / "port_rcv_packets"
+    loop.unlink()
+    os.symlink(loop.name, loop)            # points at itself: ELOOP
+    r = node.scrape(col)
+    assert read_errors(r, "mlx5_1") == {"io_error": 1}
+    assert series(r) == healthy - 1 + 1
+
+
+def test_procfs_file_beyond_the_size_limit_is_a_read_error(tmp_path):
+    from fabricscope.exporter.parsers.files import MAX_FILE_BYTES, read_text
+    big = tmp_path / "route"
+    big.write_bytes(b"x" * (MAX_FILE_BYTES + 1))
+    assert read_text(big).reason == "too_large"
+    assert read_text(Path("/proc/sys/kernel/random/boot_id")).count("-") == 4   # /proc/sys refuses big reads
+
+
+def test_permission_denied_as_an_unprivileged_user_is_a_read_error(node):
+    """What held: run as nobody, an unreadable counter is a read error and the rest stays."""
+    import json
+    import pwd
+
+    from fabricscope.exporter.parsers.infiniband import read_infiniband
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to nobody")
+    import tempfile
+
+    nobody = pwd.getpwnam("nobody")
+    # pytest's tmp_path is private to root: the tree goes where nobody can reach it.
+    shared = Path(tempfile.mkdtemp(prefix="fabricscope-nobody-"))
+    shared.chmod(0o755)
+    sysfs = shared / "sys"
+    shutil.copytree(node.sys, sysfs, symlinks=True)
+    for path in [sysfs, *sysfs.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod(0o755 if path.is_dir() else 0o644)
+    (sysfs / "class" / "infiniband" / "mlx5_1").resolve().joinpath("ports", "1", "counters", "symbol_error").chmod(0)
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:    # the child drops to nobody, reads the tree, reports, and exits
+        try:
+            os.close(read_end)
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            devices = {d.name: d for d in read_infiniband(sysfs)}
+            os.write(write_end, json.dumps([sorted(p.reason for p in devices["mlx5_1"].problems),
+                                            len(devices["mlx5_0"].ports[0].counters.items())]).encode())
+        except BaseException as exc:
+            os.write(write_end, json.dumps([repr(exc), 0]).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        reasons, healthy_counters = json.loads(pipe.read())
+    os.waitpid(child, 0)
+    shutil.rmtree(shared)
+    assert reasons == ["permission_denied"] and healthy_counters > 10

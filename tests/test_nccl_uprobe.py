@@ -280,6 +280,7 @@ def test_uprobes_count_every_call_of_processes_started_after_the_exporter(uprobe
     assert not any(key.startswith("fabric_nccl_inflight_elapsed_seconds") and comm in key for key in samples)
 
 
+@pytest.mark.timing
 def test_a_call_blocked_inside_nccl_is_in_flight_and_hanging_then_completes(uprobe_exporter, fake_nccl, tmp_path):
     base, collector = uprobe_exporter
     library, driver = fake_nccl
@@ -401,6 +402,7 @@ def run_job(base, collector, driver, tmp_path, nranks, nsteps, delays=None):
     return samples, comm, mean
 
 
+@pytest.mark.timing
 def test_a_late_rank_shows_its_delay_as_arrival_lag_and_no_other_does(uprobe_exporter, step_driver, tmp_path):
     base, collector = uprobe_exporter
     delay = 0.05
@@ -422,12 +424,14 @@ def test_a_late_rank_shows_its_delay_as_arrival_lag_and_no_other_does(uprobe_exp
     assert entered[2] - min(entered.values()) == pytest.approx(delay, rel=0.10)
 
 
+@pytest.mark.timing
 def test_without_delay_no_rank_lags(uprobe_exporter, step_driver, tmp_path):
     base, collector = uprobe_exporter
     _, _, mean = run_job(base, collector, step_driver, tmp_path, nranks=4, nsteps=30)
     assert all(m < 0.005 for m in mean.values()), mean
 
 
+@pytest.mark.timing
 def test_a_stopped_rank_is_named_the_culprit_while_its_peers_wait(uprobe_exporter, step_driver, tmp_path):
     base, collector = uprobe_exporter
     job = Job(step_driver, tmp_path, nranks=3, nsteps=40, stop={1: 20})

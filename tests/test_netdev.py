@@ -206,6 +206,28 @@ def test_ethtool_counters_on_this_host():
     assert all(re.match(DEFAULT_ETHTOOL_INCLUDE, name) for name in exported)
 
 
+def test_ethtool_reader_agrees_with_pyroute2():
+    from pyroute2.ethtool.ioctl import IoctlEthtool, NotSupportedError
+
+    found = _physical_interface_with_ethtool_stats()
+    if found is None:
+        pytest.skip("no physical interface with ethtool statistics on this host")
+    interface = found[0]
+    reference = IoctlEthtool(interface)
+    try:
+        theirs = [(str(name), int(value)) for name, value in reference.get_statistics()]
+    finally:
+        reference.close()
+    ours = read_ethtool_statistics(interface)
+    assert [name for name, _ in ours] == [name for name, _ in theirs]
+    # Read after theirs: the packet and byte counters can only have grown.
+    grown = [(o, t) for (name, o), (_, t) in zip(ours, theirs) if name.endswith(("packets", "bytes"))]
+    assert grown and all(o >= t for o, t in grown)
+    if os.path.isdir("/sys/class/net/lo"):
+        with pytest.raises(NotSupportedError):
+            IoctlEthtool("lo").get_statistics()
+
+
 def test_ethtool_on_missing_and_virtual_interfaces():
     assert read_ethtool_statistics("fsnosuchif0").reason == "ethtool_failed"
     assert read_ethtool_statistics("a-name-longer-than-ifnamsiz").reason == "ethtool_failed"

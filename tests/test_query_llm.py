@@ -8,12 +8,11 @@ deterministic match."""
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from fabricscope.httpserver import HttpServer, read_body, respond
 from fabricscope.queryapi.query import llm
 from fabricscope.queryapi.query.extract import Vocabulary
 from fabricscope.queryapi.query.nl import Interpreter
@@ -28,50 +27,35 @@ class FakeProvider:
         self.requests: list[tuple[str, dict]] = []
         provider = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
+        def app(environ, start_response):
+            path = environ["PATH_INFO"]
+            body = json.loads(read_body(environ, 1 << 20))
+            provider.requests.append((path, body))
+            kind, value = provider.answers.pop(0) if provider.answers else ("text", "{}")
+            if kind == "sleep":
+                time.sleep(value)
+                return respond(start_response, 200, b"", "application/json")
+            if kind == "status":
+                return respond(start_response, value, b"", "application/json")
+            if path.endswith("/chat/completions"):
+                reply = {"id": "c1", "object": "chat.completion", "created": 0, "model": body["model"],
+                         "choices": [{"index": 0, "finish_reason": "stop",
+                                      "message": {"role": "assistant", "content": value}}],
+                         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+            elif path.endswith("/messages"):
+                reply = {"id": "m1", "type": "message", "role": "assistant", "model": body["model"],
+                         "content": [{"type": "text", "text": value}], "stop_reason": "end_turn",
+                         "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 1}}
+            else:   # Ollama /api/chat
+                reply = {"model": body["model"], "message": {"role": "assistant", "content": value}, "done": True}
+            return respond(start_response, 200, json.dumps(reply).encode(), "application/json")
 
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                provider.requests.append((self.path, body))
-                kind, value = provider.answers.pop(0) if provider.answers else ("text", "{}")
-                if kind == "sleep":
-                    time.sleep(value)
-                    return
-                if kind == "status":
-                    self.send_response(value)
-                    self.end_headers()
-                    return
-                if self.path.endswith("/chat/completions"):
-                    reply = {"id": "c1", "object": "chat.completion", "created": 0, "model": body["model"],
-                             "choices": [{"index": 0, "finish_reason": "stop",
-                                          "message": {"role": "assistant", "content": value}}],
-                             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
-                elif self.path.endswith("/messages"):
-                    reply = {"id": "m1", "type": "message", "role": "assistant", "model": body["model"],
-                             "content": [{"type": "text", "text": value}], "stop_reason": "end_turn",
-                             "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 1}}
-                else:   # Ollama /api/chat
-                    reply = {"model": body["model"], "message": {"role": "assistant", "content": value}, "done": True}
-                data = json.dumps(reply).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                try:
-                    self.wfile.write(data)
-                except BrokenPipeError:     # the client gave up (the timeout test)
-                    pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        # Threads enough that a "sleep" answer (the timeout test) never holds up the others.
+        self.server = HttpServer(app, name="fake-llm-provider", threads=8, timeout=30).start()
+        self.url = self.server.url
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -75,3 +75,18 @@ def test_the_webhook_needs_the_write_scope_and_a_real_payload(setup):
     assert recorded(sidecar, keys, alertname="A") == []      # nothing of the bad payload was stored
     response = requests.post(url, json=payload, headers=bearer(keys["writer"]), verify=ca, timeout=10)
     assert response.json() == {"recorded": 1, "repeats": 0}
+
+
+def test_a_nul_character_is_refused_on_both_backends_alike(setup):
+    sidecar, _, keys = setup
+    url, ca = sidecar.url + "/alerts/webhook", str(sidecar.certs.ca)
+    for alert in ({"status": "firing", "labels": {"alertname": "N\u0000"}, "startsAt": "x", "fingerprint": "n1"},
+                  {"status": "firing", "labels": {"alertname": "N"}, "startsAt": "x\u0000", "fingerprint": "n1"}):
+        response = requests.post(url, json={"alerts": [alert]}, headers=bearer(keys["writer"]), verify=ca,
+                                 timeout=10)
+        assert response.status_code == 422, response.text
+    for path, params in (("/alerts", {"alertname": "\u0000"}), ("/tracing/slo-violations", {"service": "a\u0000"}),
+                         ("/tracing/correlations", {"trace_id": "\u0000"})):
+        response = requests.get(sidecar.url + path, params=params, headers=bearer(keys["reader"]), verify=ca,
+                                timeout=10)
+        assert response.status_code == 422, (path, response.text)

@@ -8,15 +8,14 @@ test alerts on them for the event history. The same question on the demo cluster
 straggler, through the NCCL rules themselves, is in test_sidecar_correlation.py."""
 from __future__ import annotations
 
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
 
 from fabricscope import stack
 from fabricscope.demo.main import write_targets_file
+from fabricscope.httpserver import HttpServer, respond
 from fabricscope.stack.sidecar import start_sidecar
 from tests import procs
 from tests.sidecar_helpers import bearer, make_keys
@@ -28,6 +27,7 @@ CLUSTER = "c1"
 LAGS = {"job-a": [0.001, 0.002, 0.012, 0.0015, 0.002, 0.080, 0.001, 0.0025],
         "job-b": [0.001, 0.0012, 0.0011, 0.0013]}
 CALLS_PER_SECOND = 10.0
+JOBS = {"job-a": "pretrain-70b", "job-b": "finetune-8b"}
 WINDOW = 10          # seconds: the cost window the tests ask for
 RULES = {"groups": [{"name": "test", "interval": "1s", "rules": [
     {"alert": "TestSlowRank", "expr": "comm_rank:fabric_nccl_arrival_lag_seconds:mean5m > 0.05",
@@ -36,34 +36,26 @@ RULES = {"groups": [{"name": "test", "interval": "1s", "rules": [
      "labels": {"severity": "info", "op": "AllReduce"}}]}]}
 
 
-class NcclShapedSeries(BaseHTTPRequestHandler):
+def nccl_shaped_series(environ, start_response):
     """Text exposition of the recording rules' series. Served
     by hand: prometheus_client rewrites the colons of a recording-rule name."""
-    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
-        lines = ["# TYPE comm_rank:fabric_nccl_arrival_lag_seconds:mean5m gauge",
-                 "# TYPE comm_rank:fabric_nccl_collectives:rate1m gauge"]
-        for comm, lags in LAGS.items():
-            for rank, value in enumerate(lags):
-                labels = f'cluster="{CLUSTER}",node="gpu-node-{rank // 2}",comm="{comm}",rank="{rank}"'
-                lines.append(f"comm_rank:fabric_nccl_arrival_lag_seconds:mean5m{{{labels}}} {value}")
-                lines.append(f"comm_rank:fabric_nccl_collectives:rate1m{{{labels}}} {CALLS_PER_SECOND}")
-        body = ("\n".join(lines) + "\n").encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args) -> None:
-        pass
+    lines = ["# TYPE comm_rank:fabric_nccl_arrival_lag_seconds:mean5m gauge",
+             "# TYPE comm_rank:fabric_nccl_collectives:rate1m gauge", "# TYPE fabric_nccl_rank_info gauge"]
+    for comm, lags in LAGS.items():
+        for rank, value in enumerate(lags):
+            labels = f'cluster="{CLUSTER}",node="gpu-node-{rank // 2}",comm="{comm}",rank="{rank}"'
+            lines.append(f"comm_rank:fabric_nccl_arrival_lag_seconds:mean5m{{{labels}}} {value}")
+            lines.append(f"comm_rank:fabric_nccl_collectives:rate1m{{{labels}}} {CALLS_PER_SECOND}")
+            lines.append(f'fabric_nccl_rank_info{{{labels},nranks="{len(lags)}",gpu="{rank % 2}",'
+                         f'job="{JOBS[comm]}"}} 1')
+    return respond(start_response, 200, ("\n".join(lines) + "\n").encode(), "text/plain; version=0.0.4")
 
 
 @pytest.fixture(scope="module")
 def sidecar(tmp_path_factory):
     work = tmp_path_factory.mktemp("cluster")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), NcclShapedSeries)
-    port = server.server_address[1]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = HttpServer(nccl_shaped_series, name="nccl-shaped-series").start()
+    port = server.port
     try:
         targets = write_targets_file(work / "targets.json", [("gpu-node-0", f"127.0.0.1:{port}")], CLUSTER)
         rules = stack.write_yaml(work / "rules.yml", RULES)
@@ -86,8 +78,7 @@ def sidecar(tmp_path_factory):
             finally:
                 process.stop()
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
 
 
 def test_outlier_ranks_are_the_mad_outliers_slowest_first(sidecar):
@@ -107,6 +98,9 @@ def test_the_threshold_and_filters_narrow_the_answer(sidecar):
     assert [o["rank"] for o in strict["outliers"]] == ["5"]
     assert sidecar("/api/v1/cluster/outlier-ranks", comm="job-b")["outliers"] == []
     assert sidecar("/api/v1/cluster/outlier-ranks", cluster="elsewhere")["outliers"] == []
+    # By job: the communicators with a rank of that job (fabric_nccl_rank_info).
+    assert [o["rank"] for o in sidecar("/api/v1/cluster/outlier-ranks", job="pretrain-70b")["outliers"]] == ["5", "2"]
+    assert sidecar("/api/v1/cluster/outlier-ranks", job="finetune-8b")["outliers"] == []
     # A hostile label value is a matcher value, never query text.
     assert sidecar("/api/v1/cluster/outlier-ranks", comm='job-a"} or vector(1) #')["outliers"] == []
 

@@ -115,28 +115,49 @@ def test_acknowledged_spans_and_correlations_survive_kill_9(tmp_path, prometheus
         sidecar.stop()
 
 
-def test_replicas_share_one_postgresql_database(tmp_path, prometheus, database):
-    if not database.startswith("postgresql://"):
-        pytest.skip("several replicas need PostgreSQL (a second sidecar on one SQLite file is refused: "
-                    "test_sidecar_service.py)")
+def test_replicas_share_postgresql_and_a_second_sqlite_writer_is_refused(tmp_path, prometheus, database):
     keys = make_keys(tmp_path / "keys.yaml")
-    replicas = [start_sidecar(tmp_path / name, "127.0.0.1", stack.free_port(), prometheus, tmp_path / "keys.yaml",
-                              extra_args=["--database", database]) for name in ("a", "b")]
-    try:
-        a, b = replicas
-        trace = uuid.uuid4().hex
-        batch = [seed_span(trace, f"s{i}", 3000, [ANOMALOUS_NODE, "ib-sw-01"]) for i in range(20)]
-        requests.post(a.url + "/tracing/spans", json={"spans": batch}, headers=bearer(keys["writer"]),
-                      verify=str(a.certs.ca), timeout=10).raise_for_status()
 
-        def correlations_at_b():
-            answer = requests.get(b.url + "/tracing/correlations", params={"trace_id": trace},
-                                  headers=bearer(keys["reader"]), verify=str(b.certs.ca), timeout=10).json()
-            return answer["correlations"] if answer["pending"] == 0 else None
-        found = procs.wait_for(correlations_at_b, 30, "both replicas' correlators to finish the batch")
-        # Each violation correlated exactly once, whichever replica claimed it.
-        assert sorted(c["span_id"] for c in found) == sorted(f"s{i}" for i in range(20))
-        assert {c["confidence"] for c in found} == {0.5}
+    def replica(name: str):
+        return start_sidecar(tmp_path / name, "127.0.0.1", stack.free_port(), prometheus, tmp_path / "keys.yaml",
+                             extra_args=["--database", database])
+
+    a = replica("a")
+    try:
+        if not database.startswith("postgresql://"):
+            with pytest.raises(stack.StackError, match="locked by another sidecar process"):
+                replica("b").stop()
+            return
+        b = replica("b")
+        try:
+            trace = uuid.uuid4().hex
+            batch = [seed_span(trace, f"s{i}", 3000, [ANOMALOUS_NODE, "ib-sw-01"]) for i in range(20)]
+            requests.post(a.url + "/tracing/spans", json={"spans": batch}, headers=bearer(keys["writer"]),
+                          verify=str(a.certs.ca), timeout=10).raise_for_status()
+
+            def correlations_at_b():
+                answer = requests.get(b.url + "/tracing/correlations", params={"trace_id": trace},
+                                      headers=bearer(keys["reader"]), verify=str(b.certs.ca), timeout=10).json()
+                return answer["correlations"] if answer["pending"] == 0 else None
+            found = procs.wait_for(correlations_at_b, 30, "both replicas' correlators to finish the batch")
+            # Each violation correlated exactly once, whichever replica claimed it.
+            assert sorted(c["span_id"] for c in found) == sorted(f"s{i}" for i in range(20))
+            assert {c["confidence"] for c in found} == {0.5}
+        finally:
+            b.stop()
     finally:
-        for replica in replicas:
-            replica.stop()
+        a.stop()
+
+
+@pytest.mark.parametrize("path, matched", [
+    ([ANOMALOUS_NODE], {ANOMALOUS_NODE}),
+    ([".*"], set()),                                            # a regex in a device name is literal text
+    (["gpu-node-.", "gpu-node-9|x"], set()),
+    ([f'{ANOMALOUS_NODE}"}} or vector(1) # ', "ib\\sw\n"], set()),   # quotes, backslashes, newlines
+])
+def test_device_names_reach_prometheus_only_as_literal_values(prometheus, path, matched):
+    from fabricscope.queryapi.prom import PrometheusClient
+    from fabricscope.queryapi.tracing.correlate import anomalies_on_path
+
+    found = anomalies_on_path(PrometheusClient(prometheus), path, time.time())
+    assert set(found) == matched

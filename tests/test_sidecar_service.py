@@ -285,3 +285,17 @@ def test_otlp_json_with_hex_ids_and_gzip_is_accepted(server):
     bad_ids = {"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "not-hex", "spanId": "00"}]}]}]}
     response = server.request("POST", "/v1/traces", "writer", json=bad_ids)
     assert response.status_code == 400 and "is not hex" in response.json()["error"]["message"]
+
+
+def test_an_unpaired_surrogate_is_malformed_json_not_a_500(server):
+    span = json.dumps({"spans": [seed_span("surrogate", "s", 10, ["gpu-node-0"], note="NOTE")]})
+    headers = {"Content-Type": "application/json"}
+    bad = span.replace("NOTE", "\\ud800")
+    response = server.request("POST", "/tracing/spans", "writer", data=bad, headers=headers)
+    assert response.status_code == 400 and "unpaired UTF-16 surrogate" in response.json()["error"]["message"]
+    webhook = '{"alerts": [{"status": "firing", "labels": {"alertname": "\\udfff"}, "startsAt": "x", "fingerprint": "a1"}]}'
+    assert server.request("POST", "/alerts/webhook", "writer", data=webhook, headers=headers).status_code == 400
+    # A surrogate pair is a real character and is kept.
+    response = server.request("POST", "/tracing/spans", "writer", data=span.replace("NOTE", "\\ud83d\\ude00"),
+                              headers=headers)
+    assert response.status_code == 200 and response.json()["stored"] == 1

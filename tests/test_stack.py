@@ -238,7 +238,8 @@ def test_stack_runs_scrapes_every_node_loads_rules_and_stops_on_sigterm(tmp_path
         assert [a["url"] for a in ams] == [f"{alertmanager_url}/api/v2/alerts"]
         # The report command the banner prints draws this very stack's fleet and tracing
         # dashboards (the latter partly from the sidecar).
-        report_command = shlex.split(re.search(r"^\s+(fabricscope report .*)$", text, re.M).group(1))
+        report_command = shlex.split(re.search(r"^\s+(\S*fabricscope report .*)$", text, re.M).group(1))
+        assert Path(report_command[0]).name == "fabricscope" and os.access(report_command[0], os.X_OK)
         assert report_command[report_command.index("--prometheus-url") + 1] == prometheus_url
         assert cli.main([*report_command[1:], "--dashboard", "fleet", "--dashboard", "tracing"]) == 0
         assert (tmp_path / "work" / "report" / "index.html").exists()

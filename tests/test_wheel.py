@@ -5,6 +5,7 @@ Alertmanager config and templates, BPF objects and declarations, the demo scenar
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -28,7 +29,12 @@ def run(command: list[str], cwd: Path, timeout: float = 300) -> subprocess.Compl
 def installed(tmp_path_factory) -> tuple[Path, Path]:
     """(the fresh venv's bin directory, a working directory outside the source tree)."""
     work = tmp_path_factory.mktemp("wheel")
-    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(work / "dist"), str(REPO)], cwd=work)
+    # Built from a copy: setuptools leaves build/ in the tree it builds, and a stale
+    # build/lib would leak into the next wheel built from the checkout.
+    source = work / "source"
+    shutil.copytree(REPO, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "var", "__pycache__", "*.egg-info", ".pytest_cache", "fixtures", "nccl_fake"))
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(work / "dist"), str(source)], cwd=work)
     [wheel] = (work / "dist").glob("fabricscope-*.whl")
     venv.EnvBuilder(with_pip=True).create(work / "venv")
     bin_dir = work / "venv" / "bin"

@@ -6,14 +6,16 @@ Part 1, NVML (no job yet):
     which batched fields the driver answers;
   * "before": the old synchronous collector's call pattern (link states, one throughput
     batch, one error-counter call per link and type, GPU after GPU), timed directly;
-  * "after": one sampler round per GPU (exporter/nvml/sampler.py), all GPUs in parallel,
-    its wall time, CPU, and how it read the error counters.
+  * "after": each tier's round per GPU (exporter/nvml/sampler.py), GPU after GPU, its wall
+    time and CPU, the link rounds of all GPUs at once (driver contention), how each GPU
+    reads its error counters and the cost per value it measured, and the sampling CPU share
+    for 4 and 8 GPUs at the default intervals.
 Part 2, a 4-rank DDP job (one GPU each; an MLP whose 64 MB of gradients DDP all-reduces in
 4 MB buckets, ~20 steps a second; 8 DataLoader workers per rank), with one exporter process per collector set running side
-by side ("all", "all but nccl", "nvlink only"), each scraped every --scrape-interval
+by side ("all", "all but nccl", "nvlink only", and "all" without the malloc arena cap), each scraped every --scrape-interval
 seconds. After a warm-up, over --seconds: CPU share (/proc/<pid>/stat), RSS, scrape and
 nvlink-collector durations, the age of the NVLink samples served, the CPU of the sampling
-threads, NCCL calls counted per second, and the node's process count.
+threads per tier, NCCL calls counted per second, and the node's process count.
 
     bench/device/gpu_cost.sh        # as root on the GPU host; $OUT/gpu_cost.{json,txt} when OUT is set
     sudo .venv/bin/python bench/device/gpu_cost.py --simulate --seconds 30   # here: the orchestration only
@@ -45,7 +47,11 @@ from nccl_straggler import free_port, import_exporter, pick, scrape  # noqa: E40
 
 WORLD = 4
 ALL = ["ebpf", "infiniband", "kmsg", "nccl", "netdev", "nvlink", "tcp"]
-SETS = {"all": ALL, "all but nccl": [c for c in ALL if c != "nccl"], "nvlink only": ["nvlink"]}
+SETS = {"all": ALL, "all but nccl": [c for c in ALL if c != "nccl"], "nvlink only": ["nvlink"],
+        "all 512 arenas": ALL}
+# "all" as glibc runs it on a 64-core host without the exporter's malloc arena cap
+# (exporter/malloc.py: the environment variable wins over the cap): what the cap saves.
+SET_ENVIRONMENT = {"all 512 arenas": {"MALLOC_ARENA_MAX": "512"}}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 lines: list[str] = []
 
@@ -116,6 +122,11 @@ def nvml_part(results: dict, simulate: bool) -> None:
         "field values: DL CRC/replay/recovery per link": [(f, link) for f in (FI_NVLINK_ERROR_DL_CRC,
                                                           FI_NVLINK_ERROR_DL_REPLAY, FI_NVLINK_ERROR_DL_RECOVERY)
                                                           for link in links],
+        # Not used by the sampler yet: if a driver answers these, a GPU-total error count read
+        # every gpu-tier round could tell when the per-link counters need reading.
+        "field values: DL CRC/replay/recovery GPU total": [(FI_NVLINK_ERROR_DL_CRC, 0xFFFFFFFF),
+                                                          (FI_NVLINK_ERROR_DL_REPLAY, 0xFFFFFFFF),
+                                                          (FI_NVLINK_ERROR_DL_RECOVERY, 0xFFFFFFFF)],
         "field values: legacy CRC-data per link (0-11)": [ids for ids in (error_field("crc_data", link)
                                                                           for link in links) if ids],
         "field values: legacy error totals (38,45,52,59)": [(38, 0), (45, 0), (52, 0), (59, 0)],
@@ -142,37 +153,57 @@ def nvml_part(results: dict, simulate: bool) -> None:
         return time.perf_counter() - wall, time.process_time() - cpu
 
     before = [old_path() for _ in range(3)]
-    samplers = [GpuSampler(backend, g, 10.0) for g in gpus]
-    rounds: dict[int, list[tuple[float, float]]] = {g.index: [] for g in gpus}
+    samplers = [GpuSampler(backend, g, 10.0, 120.0) for g in gpus]
 
-    def sample(s: GpuSampler) -> None:
-        for _ in range(3):
-            cpu = time.thread_time()
-            out = s.sample_once()
-            rounds[s.gpu.index].append((out.duration, time.thread_time() - cpu))
-            s.latest = out
+    def rounds_of(link_round: bool, repeats: int) -> dict[int, list[tuple[float, float]]]:
+        """(wall s, CPU s) of rounds of every GPU, one GPU after another (as the exporter's
+        staggered phases run them)."""
+        out: dict[int, list[tuple[float, float]]] = {g.index: [] for g in gpus}
+        for _ in range(repeats):
+            for s in samplers:
+                wall, cpu = time.perf_counter(), time.thread_time()
+                s.latest = s.sample_once(link_round)
+                out[s.gpu.index].append((time.perf_counter() - wall, time.thread_time() - cpu))
+        return out
 
+    link_rounds = rounds_of(True, 3)                   # the first settles each GPU's plan
+    gpu_rounds = rounds_of(False, 5)
+
+    def parallel_link_round(s: GpuSampler, cpus: list) -> None:
+        cpu = time.thread_time()
+        s.latest = s.sample_once(True)
+        cpus.append(time.thread_time() - cpu)
+
+    parallel_cpu: list[float] = []
     wall = time.perf_counter()
-    threads = [threading.Thread(target=sample, args=(s,)) for s in samplers]
+    threads = [threading.Thread(target=parallel_link_round, args=(s, parallel_cpu)) for s in samplers]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    parallel = (time.perf_counter() - wall) / 3
+    parallel = time.perf_counter() - wall
     reads = {g.index: samplers[i].latest.error_reads for i, g in enumerate(gpus)}
-    after_round = statistics.median(d for r in rounds.values() for d, _ in r)
-    after_cpu = statistics.median(c for r in rounds.values() for _, c in r)
+    costs = {g.index: {m: c * 1e3 for m, c in samplers[i].latest.read_costs.items()} for i, g in enumerate(gpus)}
+    link_cpu = statistics.median(c for r in link_rounds.values() for _, c in r[1:])
+    link_wall = statistics.median(w for r in link_rounds.values() for w, _ in r[1:])
+    gpu_cpu = statistics.median(c for r in gpu_rounds.values() for _, c in r)
     say(f"before: old synchronous path, {len(gpus)} GPUs one after another: "
         f"{statistics.median(b[0] for b in before) * 1e3:.0f} ms wall, {statistics.median(b[1] for b in before) * 1e3:.0f} ms "
         f"CPU per scrape")
-    say(f"after: one sampler round per GPU {after_round * 1e3:.0f} ms wall, {after_cpu * 1e3:.1f} ms CPU; "
-        f"all {len(gpus)} GPUs in parallel {parallel * 1e3:.0f} ms, off the scrape path; error counters read per "
-        f"GPU: {reads[gpus[0].index]}")
+    say(f"after, one GPU's round, GPUs one after another: gpu tier (link state + GPU totals) {gpu_cpu * 1e3:.2f} ms "
+        f"CPU; link tier (per-link counters, with the gpu tier) {link_wall * 1e3:.0f} ms wall, {link_cpu * 1e3:.1f} ms "
+        f"CPU; all {len(gpus)} GPUs' link rounds at once: {parallel * 1e3:.0f} ms wall, "
+        f"{statistics.median(parallel_cpu) * 1e3:.1f} ms CPU per GPU")
+    say(f"error counters read per GPU 0 link round: {reads[gpus[0].index]}; measured ms per value: "
+        f"{ {m: round(c, 3) for m, c in costs[gpus[0].index].items()} }")
+    for n in (len(gpus), 2 * len(gpus)):
+        say(f"sampling CPU share, {n} GPUs: {n * (gpu_cpu / 10 + link_cpu / 120) * 100:.3f}% of a core at the "
+            f"defaults (gpu tier 10 s, link tier 120 s); {n * link_cpu / 10 * 100:.2f}% reading everything every 10 s")
     results["nvml"] = {"gpus": len(gpus), "gpu_name": gpu.name, "links": len(links), "calls": calls,
                        "old_path_wall_s": [b[0] for b in before], "old_path_cpu_s": [b[1] for b in before],
-                       "round_wall_s": {i: [d for d, _ in r] for i, r in rounds.items()},
-                       "round_cpu_s": {i: [c for _, c in r] for i, r in rounds.items()},
-                       "all_gpus_parallel_s": parallel, "error_reads": reads}
+                       "link_round_wall_cpu_s": link_rounds, "gpu_round_wall_cpu_s": gpu_rounds,
+                       "parallel_link_round_wall_s": parallel, "parallel_link_round_cpu_s": parallel_cpu,
+                       "error_reads": reads, "read_cost_ms": costs}
     backend.close()
 
 
@@ -275,7 +306,7 @@ class Exporter:
              f"--web.listen-address=127.0.0.1:{self.port}", f"--path.state={work / ('state-' + slug)}",
              f"--config.file={config}", "--node-name=gpu-cost",
              *[f"--{'' if c in collectors else 'no-'}collector.{c}" for c in ALL]],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **SET_ENVIRONMENT.get(name, {})})
         self.base = f"http://127.0.0.1:{self.port}"
         self.scrapes: list[dict] = []
         self.scrape_seconds: list[float] = []
@@ -327,7 +358,8 @@ def values(samples: dict, name: str, **labels) -> list[float]:
 
 def job_part(args, results: dict, work: Path) -> None:
     config = work / "exporter.yml"
-    config.write_text(f"nvlink:\n  sample_interval_seconds: {args.nvlink_interval}\n")
+    config.write_text(f"nvlink:\n  sample_interval_seconds: {args.nvlink_interval}\n"
+                      f"  link_sample_interval_seconds: {args.nvlink_link_interval}\n")
     ctx = mp.get_context("spawn")
     stop, steps = ctx.Event(), ctx.Value("q", 0)
     port = free_port()
@@ -383,36 +415,53 @@ def job_part(args, results: dict, work: Path) -> None:
             exporter.stop()
     say(f"\nnode during the job: {processes} processes, {maps_kb / 1024:.1f} MB of /proc/*/maps text; "
         f"{WORLD} ranks x 8 DataLoader workers, {job_steps / wall:.1f} training steps/s; scrape every "
-        f"{args.scrape_interval:g} s; CPU over {wall:.0f} s; NVLink sampled every {args.nvlink_interval:g} s")
+        f"{args.scrape_interval:g} s; CPU over {wall:.0f} s; NVLink gpu tier every {args.nvlink_interval:g} s, link tier every "
+        f"{args.nvlink_link_interval:g} s")
     say(f"{'collectors':<13} {'CPU s':>6} {'% core':>7} {'RSS MB':>7} {'anon':>6} {'file':>6} {'scrape p50/max ms':>18} "
-        f"{'nvlink p50/max ms':>18} {'age p50/max s':>14} {'NCCL calls/s':>13}")
+        f"{'nvlink p50/max ms':>18} {'gpu age p50/max s':>14} {'NCCL calls/s':>13}")
     results["job"] = {"processes": processes, "maps_mb": maps_kb / 1024, "steps_per_second": job_steps / wall,
                       "seconds": wall, "scrape_interval": args.scrape_interval,
-                      "nvlink_interval": args.nvlink_interval, "sets": {}}
+                      "nvlink_interval": args.nvlink_interval, "nvlink_link_interval": args.nvlink_link_interval,
+                      "sets": {}}
     for exporter in exporters:
         first, last = exporter.scrapes[0], exporter.scrapes[-1]
         nvlink = [v for s in exporter.scrapes[1:]
                   for v in values(s, "fabric_scrape_collector_duration_seconds", collector="nvlink")]
-        ages = [v for s in exporter.scrapes[1:] for v in values(s, "fabric_nvlink_sample_age_seconds")]
-        sampling_cpu = sum(values(last, "fabric_nvlink_sample_cpu_seconds_total")) - \
-            sum(values(first, "fabric_nvlink_sample_cpu_seconds_total"))
+        by_collector = {c: [v * 1e3 for s in exporter.scrapes[1:]
+                            for v in values(s, "fabric_scrape_collector_duration_seconds", collector=c)]
+                        for c in SETS[exporter.name]}
+        ages = [v for s in exporter.scrapes[1:] for v in values(s, "fabric_nvlink_sample_age_seconds", tier="gpu")]
+        link_ages = [v for s in exporter.scrapes[1:]
+                     for v in values(s, "fabric_nvlink_sample_age_seconds", tier="link")]
+        tier_cpu = {tier: sum(values(last, "fabric_nvlink_sample_cpu_seconds_total", tier=tier))
+                    - sum(values(first, "fabric_nvlink_sample_cpu_seconds_total", tier=tier)) for tier in ("gpu", "link")}
+        sampling_cpu = sum(tier_cpu.values())
         calls = sum(values(last, "fabric_nccl_calls_total")) - sum(values(first, "fabric_nccl_calls_total"))
         scrape_ms = [t * 1e3 for t in exporter.scrape_seconds[1:]]
         mem = memory[exporter.name]
         row = {"cpu_s": cpu[exporter.name], "core_share": cpu[exporter.name] / wall, "memory_mb": mem,
                "scrape_ms": scrape_ms, "nvlink_collector_ms": [v * 1e3 for v in nvlink], "sample_age_s": ages,
                "sampling_cpu_share": sampling_cpu / wall, "nccl_calls_per_second": calls / wall,
+               "link_sample_age_s": link_ages, "collector_ms": by_collector, "sampling_cpu_share_by_tier": {t: c / wall for t, c in tier_cpu.items()},
                "error_reads": {dict(k[1])["method"]: v for k, v in
                                pick(last, "fabric_nvlink_error_counter_reads", gpu="0").items()}}
         results["job"]["sets"][exporter.name] = row
         say(f"{exporter.name:<13} {row['cpu_s']:6.2f} {row['core_share'] * 100:6.2f}% {mem['VmRSS']:7.1f} "
-            f"{mem['RssAnon']:6.1f} {mem['RssFile']:6.1f} {quantile(scrape_ms, .5):8.1f}/{max(scrape_ms):<8.1f} "
+            f"{mem['RssAnon']:6.1f} {mem['RssFile']:6.1f} {quantile(scrape_ms, .5):8.1f}/{max(scrape_ms or [0]):<8.1f} "
             f"{quantile(row['nvlink_collector_ms'], .5):8.2f}/{max(row['nvlink_collector_ms'] or [0]):<8.2f} "
             f"{quantile(ages, .5):6.1f}/{max(ages or [0]):<6.1f} {row['nccl_calls_per_second']:13.0f}")
+        say(f"{'':<13} collector p50/max ms: " + ", ".join(
+            f"{c} {quantile(v, .5):.1f}/{max(v or [0]):.1f}" for c, v in by_collector.items()))
         if "nvlink" in SETS[exporter.name]:
-            say(f"{'':<13} NVLink sampling threads: {row['sampling_cpu_share'] * 100:.3f}% of a core")
+            by_tier = row["sampling_cpu_share_by_tier"]
+            say(f"{'':<13} NVLink sampling threads: {row['sampling_cpu_share'] * 100:.3f}% of a core (gpu tier "
+                f"{by_tier['gpu'] * 100:.3f}%, link tier {by_tier['link'] * 100:.3f}%: one link round per GPU every "
+                f"{args.nvlink_link_interval:g} s, so a window shorter than that under- or over-counts it); "
+                f"link-tier age p50/max {quantile(link_ages, .5):.1f}/{max(link_ages or [0]):.1f} s")
+    say("(each exporter runs under this script's launcher, which adds ~2.4 MB of RSS to what "
+        "`fabricscope exporter` would use)")
     say("targets: scrape p99 <= 25 ms; exporter <= 0.5% of one core at a 15 s scrape interval, RSS <= 70 MB; "
-        "NVLink samples no older than the interval (+ one round)")
+        "NVLink samples no older than their tier's interval (+ one round)")
     say("before (issue 14/17, same kind of host): nvlink collector 0.20-0.80 s per scrape; all collectors "
         "10.0% of a core and 96 MB, all but nccl 3.7% and 83 MB")
 
@@ -424,7 +473,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--warmup", type=float, default=25.0)
     parser.add_argument("--scrape-interval", type=float, default=15.0)
-    parser.add_argument("--nvlink-interval", type=float, default=10.0)
+    parser.add_argument("--nvlink-interval", type=float, default=10.0, help="gpu tier (sample_interval_seconds)")
+    parser.add_argument("--nvlink-link-interval", type=float, default=120.0,
+                        help="link tier (link_sample_interval_seconds)")
     parser.add_argument("--step-seconds", type=float, default=0.05,
                         help="extra compute per training step (default 0.05: ~20 steps/s, ~17 all-reduces each)")
     parser.add_argument("--skip-job", action="store_true", help="part 1 only")

@@ -3,11 +3,13 @@
  * communicator initialisations that map an ncclComm_t pointer to (unique id, rank, nranks).
  *
  * Everything goes to user space through one ring buffer (exporter/nccl/uprobe.py decodes
- * `struct nccl_event`; keep the two in step). Collective entries and returns are submitted
- * without waking the reader (BPF_RB_NO_WAKEUP): it drains them in batches every 100 ms,
- * instead of waking once per call (a wakeup per event cost ~50 µs of exporter CPU each).
- * Communicator init and destroy wake it at once. Entry and return are separate events, so a
- * call blocked inside NCCL is visible while it is blocked. No decisions are made here.
+ * `struct nccl_event`; keep the two in step). A collective is one event, at its return,
+ * carrying its entry (nccl_open_calls below); calls still open are read from that map.
+ * Collective events are submitted without waking the reader (BPF_RB_NO_WAKEUP): it drains
+ * them in batches every 100 ms, instead of waking once per event (a wakeup per event cost
+ * ~50 µs of exporter CPU each). Communicator init and destroy wake it at once. A call
+ * blocked inside NCCL is visible while it is blocked (its open entry). No decisions are
+ * made here.
  *
  * x86-64 SysV: integer arguments in rdi, rsi, rdx, rcx, r8, r9, then the stack; at a
  * function's first instruction [rsp] is the return address, so the first stack argument
@@ -37,6 +39,7 @@ enum event_kind {
 	EV_COLL_RETURN = 2,
 	EV_COMM_INIT = 3,
 	EV_COMM_END = 4,
+	EV_COLL_DONE = 5,  /* a collective that returned: its entry, aux = entry-to-return ns */
 };
 
 /* Collective op codes: index into OPS in exporter/nccl/events.py. */
@@ -89,6 +92,30 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } nccl_events_lost SEC(".maps");
+
+/* A collective is not sent at entry: its entry waits here, by thread, and goes to user
+ * space once, with its enqueue time, when the call returns (EV_COLL_DONE): one event per
+ * call instead of two. User space reads this map every batch for calls still open after
+ * a few milliseconds (hang candidates, exporter/nccl/uprobe.py), so a call blocked inside
+ * NCCL is still seen while it is blocked. LRU: a thread killed inside a call never
+ * returns to delete its entry. */
+struct open_call {
+	__u64 ts_ns;
+	__u64 comm;
+	__u64 count;
+	__u32 seq;
+	__u16 op;
+	__u16 pad;
+	__s32 dtype;
+	__s32 peer;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);                 /* pid_tgid */
+	__type(value, struct open_call);
+} nccl_open_calls SEC(".maps");
 
 /* Collectives entered per (process, comm), Send/Recv excluded. Counted here, before the
  * ring buffer can drop the event, so one lost event does not shift a rank's later sequence
@@ -170,10 +197,20 @@ static __always_inline void reset_seq(__u64 comm)
 static __always_inline int coll_enter(__u16 op, __u64 comm, __u64 count, __s32 dtype, __s32 peer)
 {
 	__u32 seq = (op == OP_SEND || op == OP_RECV) ? 0 : next_seq(comm);
-	struct nccl_event *e = reserve(EV_COLL_ENTER, op);
+	__u64 id = bpf_get_current_pid_tgid();
+	struct open_call call = {
+		.ts_ns = bpf_ktime_get_ns(), .comm = comm, .count = count, .seq = seq, .op = op,
+		.dtype = dtype, .peer = peer,
+	};
+	struct nccl_event *e;
 
+	if (!bpf_map_update_elem(&nccl_open_calls, &id, &call, BPF_ANY))
+		return 0;
+	/* No room to keep it open (cannot happen with an LRU map, kept for safety): send it now. */
+	e = reserve(EV_COLL_ENTER, op);
 	if (!e)
 		return 0;
+	e->ts_ns = call.ts_ns;
 	e->seq = seq;
 	e->comm = comm;
 	e->count = count;
@@ -263,12 +300,33 @@ int BPF_KPROBE(nccl_recv_enter)
 SEC("uretprobe")
 int BPF_KRETPROBE(nccl_coll_return)
 {
-	struct nccl_event *e = reserve(EV_COLL_RETURN, 0);
+	__u64 id = bpf_get_current_pid_tgid();
+	struct open_call *call = bpf_map_lookup_elem(&nccl_open_calls, &id);
+	struct nccl_event *e;
 
-	if (!e)
+	if (!call) {                        /* entered before the probes, or sent at entry */
+		e = reserve(EV_COLL_RETURN, 0);
+		if (!e)
+			return 0;
+		e->rank = (__s32)PT_REGS_RC(ctx);
+		bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 		return 0;
-	e->rank = (__s32)PT_REGS_RC(ctx);
-	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	}
+	e = reserve(EV_COLL_DONE, call->op);
+	if (e) {
+		__u64 now = e->ts_ns;
+
+		e->ts_ns = call->ts_ns;
+		e->aux = now - call->ts_ns;
+		e->comm = call->comm;
+		e->count = call->count;
+		e->seq = call->seq;
+		e->dtype = call->dtype;
+		e->peer = call->peer;
+		e->rank = (__s32)PT_REGS_RC(ctx);
+		bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	}
+	bpf_map_delete_elem(&nccl_open_calls, &id);
 	return 0;
 }
 

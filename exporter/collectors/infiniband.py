@@ -18,6 +18,7 @@ from prometheus_client.samples import Sample
 from ..context import Context
 from ..framework import Collector, register
 from ..health import nic_roles
+from ..health.gpu_nic_affinity import NicCandidate, nearest_nics
 from ..health.link_state import is_active
 from ..health.thresholds import load_thresholds
 from ..health.tracker import HealthTracker
@@ -40,6 +41,7 @@ class InfiniBandCollector(Collector):
                                      ctx.procfs, clock)
         self._topology_key: tuple | None = None
         self._near_gpu: dict[str, bool | None] = {}
+        self._gpus: list[nic_roles.Gpu] = []
         # The web server is threaded: two overlapping scrapes must not interleave their
         # updates of the health history (a breach would be judged twice).
         self._lock = threading.Lock()
@@ -52,13 +54,22 @@ class InfiniBandCollector(Collector):
         # GPU scan and PCI proximity cannot change without a device change: cache them.
         key = tuple((p.device, p.pci_path) for p in placements)
         if key != self._topology_key:
-            self._near_gpu = nic_roles.gpu_proximity(placements, nic_roles.find_gpus(self.ctx.sysfs))
+            self._gpus = nic_roles.find_gpus(self.ctx.sysfs)
+            self._near_gpu = nic_roles.gpu_proximity(placements, self._gpus)
             self._topology_key = key
         default_ifaces = nic_roles.default_route_interfaces(self.ctx.procfs)
         return {p.device: nic_roles.classify(p, self._near_gpu.get(p.device), default_ifaces,
                                              any(is_active(port) for port in d.ports),
                                              self.role_overrides.get(p.device))
                 for p, d in zip(placements, devices)}
+
+    def _affinity(self, devices: list[InfiniBandDevice]):
+        def port_of(device: InfiniBandDevice) -> int | None:
+            active = [p.port for p in device.ports if is_active(p)]
+            return min(active or [p.port for p in device.ports], default=None)
+        nics = [NicCandidate(d.name, d.pci.path if d.pci else None, d.pci.numa_node if d.pci else None, port_of(d))
+                for d in devices]
+        return nearest_nics(self._gpus, nics)
 
     def collect(self) -> Iterable[Metric]:
         with self._lock:
@@ -100,6 +111,11 @@ class InfiniBandCollector(Collector):
                   labels=["device", "port"])
         anomaly = g("fabric_infiniband_port_anomaly", "1 for an uncabled port or a card with fewer active ports than its peers.",
                     labels=["device", "port", "check"])
+        affinity = g("fabric_gpu_nic_affinity_info", "The NIC port nearest each GPU in the PCIe tree (path: "
+                     "same_switch, same_root_port, same_numa, cross_socket, unknown); gpu is the NVML index; "
+                     "always 1.", labels=["gpu", "device", "port", "path"])
+        for a in self._affinity(devices):
+            affinity.add_metric([str(a.gpu), a.device, str(a.port), a.path], 1)
         errors = g("fabric_infiniband_device_read_errors", "Files of this device that could not be used on this scrape.",
                    labels=["device", "reason"])
 
@@ -140,7 +156,7 @@ class InfiniBandCollector(Collector):
                 anomaly.add_metric([d, p, "uncabled"], int(verdict.uncabled))
                 anomaly.add_metric([d, p, "homogeneity"], int(verdict.inhomogeneous))
         families = [device_info, port_info, state, phys, rate, rx, tx, counter, hw_counter,
-                    breached, fatal, anomaly, errors]
+                    breached, fatal, anomaly, errors, affinity]
 
         missing = g("fabric_infiniband_device_missing", "1 when a device this node had is gone (fatal).", labels=["device"])
         for name, flag in sorted(health.missing.items()):

@@ -9,6 +9,8 @@ sources and maps its snapshot to metric families. Config section `nccl`:
   rescan_seconds: how often every process's maps are read: 300 s as a safety net when the
     exec/dlopen hints (exporter/bpf/procwatch.bpf.c) run, 2 s when they cannot;
   bpf_object: path of nccl.bpf.o (default: exporter/bpf/nccl.bpf.o).
+fabric_nccl_rank_info places each local rank on its GPU and job (exporter/nccl/placement.py,
+docs/slow-rank-to-cable.md).
 """
 from __future__ import annotations
 
@@ -22,12 +24,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from ..ebpf import elfsym
 from ..framework import Collector, register
 from ..nccl.ingest import IngestRoutes
+from ..nccl.placement import RankPlacement, RankProcess
 from ..nccl.tracker import NcclTracker
+from ..nvml import NvmlUnavailable, open_backend
 
 log = logging.getLogger("fabricscope.exporter.nccl")
 
 DEFAULT_OBJECT = Path(__file__).resolve().parent.parent / "bpf" / "nccl.bpf.o"
 LABELS = ["comm", "rank", "op"]
+# How long a host without NVML waits before the rank -> GPU lookup tries it again.
+NVML_RETRY_SECONDS = 60.0
 
 
 def _optional_seconds(value) -> float | None:
@@ -56,6 +62,20 @@ class NcclCollector(Collector):
             self.uprobes = UprobeSource(ctx.procfs, ctx.sysfs, Path(section.get("bpf_object", DEFAULT_OBJECT)),
                                         rescan_seconds=_optional_seconds(section.get("rescan_seconds")))
             self.uprobes.attach(self.tracker)
+        self._nvml = ctx.sources.get("nvml")
+        self._nvml_owned = False
+        self._nvml_retry_at = 0.0
+        self.placement = RankPlacement(ctx.procfs, self._nvml_backend)
+
+    def _nvml_backend(self):
+        """NVML for the rank -> GPU lookup, opened only once there are ranks to place."""
+        if self._nvml is None and time.monotonic() >= self._nvml_retry_at:
+            try:
+                self._nvml, self._nvml_owned = open_backend(), True
+            except NvmlUnavailable as exc:
+                log.debug("NVML unavailable for rank placement (%s); using device nodes", exc)
+                self._nvml_retry_at = time.monotonic() + NVML_RETRY_SECONDS
+        return self._nvml
 
     def routes(self):
         return self.ingest.routes()
@@ -63,6 +83,10 @@ class NcclCollector(Collector):
     def close(self) -> None:
         if self.uprobes is not None:
             self.uprobes.close()
+        if self._nvml_owned:
+            self.placement.wait(2.0)                  # a lookup may be in NVML right now
+            self._nvml.close()
+            self._nvml, self._nvml_owned = None, False
 
     def collect(self) -> Iterable[Metric]:
         snap = self.tracker.snapshot()
@@ -103,10 +127,30 @@ class NcclCollector(Collector):
             current = active.get((op.comm, op.rank, op.op))
             hanging.add_metric([op.comm, str(op.rank), op.op], 1.0 if current and current.hanging else 0.0)
         yield from (info, calls, nbytes, enqueue, duration, last, average, inflight, hanging)
+        yield self._rank_info()
         yield from self._arrival_families(snap)
         yield from self._housekeeping(snap)
         if self.uprobes is not None:
             yield from self._uprobe_families()
+
+    def _rank_info(self) -> Metric:
+        info = GaugeMetricFamily("fabric_nccl_rank_info", "The GPU (NVML index, empty if unknown) and job (empty "
+                                 "if none) of a local rank, joinable on (node, gpu); always 1.",
+                                 labels=["comm", "rank", "nranks", "gpu", "job"])
+        source = self.source if self.source is not None else self.uprobes
+        listed = source.rank_processes() if source is not None and hasattr(source, "rank_processes") else []
+        # The process seen initialising the comm first; a pid an ingested record names after.
+        listed = sorted(listed) + sorted(self.tracker.rank_processes())
+        seen = set()
+        ranks = []
+        for comm, rank, nranks, pid in listed:
+            if (comm, rank) not in seen:          # one series per rank, whatever pids claim it
+                seen.add((comm, rank))
+                ranks.append(RankProcess(comm, rank, nranks, pid))
+        if ranks:
+            for r in self.placement.resolve(ranks):
+                info.add_metric([r.comm, str(r.rank), str(r.nranks), r.gpu, r.job], 1.0)
+        return info
 
     def _arrival_families(self, snap) -> Iterable[Metric]:
         lag = HistogramMetricFamily("fabric_nccl_arrival_lag_seconds", "Per collective: when the rank entered "

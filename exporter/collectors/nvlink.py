@@ -8,9 +8,12 @@ No NVML on the host is a normal state, not an error: fabric_nvml_available{reaso
 nothing else. One GPU that cannot be read is reported and never hides the others.
 
 Config section `nvlink`:
-  sample_interval_seconds (10): how often each GPU's links are read. Well under the
-    NVLink alert windows (1m down, 5m error rate); each round costs ~60 ms of NVML time
-    per H200 GPU (docs/cost.md).
+  sample_interval_seconds (10): how often each GPU's link states and GPU-total throughput
+    are read (tier "gpu", ~1.2 ms of driver CPU per H200 GPU).
+  link_sample_interval_seconds (120): how often the per-link throughput and error counters
+    are read (tier "link", ~87 ms of driver CPU per H200 GPU with 18 links: every per-link
+    value costs ~0.8 ms). 120 s keeps 2-3 samples inside the 5m rate windows of the NVLink
+    error and throughput-collapse alerts (both `for: 10m`). docs/cost.md has the figures.
 """
 from __future__ import annotations
 
@@ -23,18 +26,27 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from ..framework import Collector, register
 from ..nvml import GpuInfo, NvmlBackend, NvmlUnavailable, open_backend
-from ..nvml.sampler import BATCHED, PER_CALL, UNSUPPORTED, GpuSampler
+from ..nvml.sampler import BATCHED, GPU_TIER, LINK_TIER, PER_CALL, UNSUPPORTED, GpuSampler
 
 log = logging.getLogger("fabricscope.exporter.nvlink")
 
 DEFAULT_SAMPLE_INTERVAL = 10.0
+DEFAULT_LINK_SAMPLE_INTERVAL = 120.0
 # A round still running after this many intervals is reported as stalled.
 STALL_INTERVALS = 2.0
+# Seconds between the GPUs' rounds: a round of several GPUs at once contends inside the
+# driver (docs/cost.md), and an H200's link round takes ~90 ms.
+GPU_PHASE_SECONDS = 0.25
 
 
 def sample_interval(section: dict) -> float:
     """nvlink.sample_interval_seconds (the config schema holds it to (0, 3600])."""
     return float(section.get("sample_interval_seconds", DEFAULT_SAMPLE_INTERVAL))
+
+
+def link_sample_interval(section: dict) -> float:
+    """nvlink.link_sample_interval_seconds (the config schema holds it to (0, 3600])."""
+    return float(section.get("link_sample_interval_seconds", DEFAULT_LINK_SAMPLE_INTERVAL))
 
 
 @register
@@ -46,6 +58,7 @@ class NvlinkCollector(Collector):
         super().__init__(ctx)
         section = ctx.section("nvlink")
         self.interval = sample_interval(section)
+        self.link_interval = link_sample_interval(section)
         self._lock = threading.Lock()
         self._backend: NvmlBackend | None = ctx.sources.get("nvml")
         self._gpus: list[GpuInfo] = []
@@ -71,7 +84,9 @@ class NvlinkCollector(Collector):
                     self._logged_reason = exc.reason
         if self._backend is not None and not self.samplers:
             self._gpus = self._backend.gpus()
-            self.samplers = [GpuSampler(self._backend, gpu, self.interval) for gpu in self._gpus]
+            self.samplers = [GpuSampler(self._backend, gpu, self.interval, self.link_interval,
+                                        phase=position * GPU_PHASE_SECONDS)
+                             for position, gpu in enumerate(self._gpus)]
             for sampler in self.samplers:
                 sampler.start()
         return self._backend
@@ -105,35 +120,61 @@ class NvlinkCollector(Collector):
         read_errors = GaugeMetricFamily("fabric_nvml_device_read_errors", "1 when the GPU's last sample could "
                                         "not read it, or its sample has been running for over "
                                         f"{STALL_INTERVALS:g} intervals (sample_stalled).", labels=["gpu", "reason"])
-        age = GaugeMetricFamily("fabric_nvlink_sample_age_seconds", "Time since the GPU's latest NVLink sample "
-                                "began: how old the values served for it are.", labels=["gpu"])
-        duration = GaugeMetricFamily("fabric_nvlink_sample_duration_seconds", "Time the GPU's latest NVLink "
-                                     "sample took in NVML.", labels=["gpu"])
-        reads = GaugeMetricFamily("fabric_nvlink_error_counter_reads", "NVLink error counters read per sample, "
-                                  "by how: field_values (one batched nvmlDeviceGetFieldValues), per_call "
-                                  "(nvmlDeviceGetNvLinkErrorCounter each), unsupported (neither).",
-                                  labels=["gpu", "method"])
+        gpu_tx = CounterMetricFamily("fabric_nvlink_gpu_transmit_bytes", "Data bytes sent on all the GPU's "
+                                     "NVLinks (NVML NVLINK_THROUGHPUT_DATA_TX, all-links scope, KiB x 1024); "
+                                     "read every sample_interval_seconds.", labels=["gpu"])
+        gpu_rx = CounterMetricFamily("fabric_nvlink_gpu_receive_bytes", "Data bytes received on all the GPU's "
+                                     "NVLinks (NVML NVLINK_THROUGHPUT_DATA_RX, all-links scope, KiB x 1024); "
+                                     "read every sample_interval_seconds.", labels=["gpu"])
+        read_errors = GaugeMetricFamily("fabric_nvml_device_read_errors", "1 when the GPU's last sample could "
+                                        "not read it, or its sample has been running for over "
+                                        f"{STALL_INTERVALS:g} intervals (sample_stalled).", labels=["gpu", "reason"])
+        age = GaugeMetricFamily("fabric_nvlink_sample_age_seconds", "Time since the round that read the values "
+                                "served for the GPU began, per tier: gpu (link state, GPU-total throughput, every "
+                                "sample_interval_seconds), link (per-link throughput and error counters, every "
+                                "link_sample_interval_seconds).", labels=["gpu", "tier"])
+        duration = GaugeMetricFamily("fabric_nvlink_sample_duration_seconds", "Time the GPU's latest round of "
+                                     "the tier took in NVML.", labels=["gpu", "tier"])
+        reads = GaugeMetricFamily("fabric_nvlink_error_counter_reads", "NVLink error counters read per link "
+                                  "round, by how: field_values (one batched nvmlDeviceGetFieldValues), per_call "
+                                  "(nvmlDeviceGetNvLinkErrorCounter each), unsupported (neither); the cheaper "
+                                  "of the two per value, as measured on the GPU.", labels=["gpu", "method"])
+        read_cost = GaugeMetricFamily("fabric_nvlink_read_cost_seconds", "CPU time per value of each way of "
+                                      "reading a per-link value, measured on the GPU's first link round.",
+                                      labels=["gpu", "method"])
         cpu = CounterMetricFamily("fabric_nvlink_sample_cpu_seconds", "CPU time (user + system) the GPU's "
-                                  "sampling thread has used, NVML calls included.", labels=["gpu"])
-        interval = GaugeMetricFamily("fabric_nvlink_sample_interval_seconds", "Configured time between NVLink "
-                                     "samples of a GPU.", value=self.interval)
+                                  "sampling thread has used per tier, NVML calls included.", labels=["gpu", "tier"])
+        interval = GaugeMetricFamily("fabric_nvlink_sample_interval_seconds", "Configured time between rounds "
+                                     "of a tier.", labels=["tier"])
+        interval.add_metric([GPU_TIER], self.interval)
+        interval.add_metric([LINK_TIER], self.link_interval)
         now = time.monotonic()
         for gpu, sampler in zip(self._gpus, self.samplers):
             g = str(gpu.index)
             gpu_info.add_metric([g, gpu.uuid, gpu.name, gpu.pci_bus_id], 1.0)
-            cpu.add_metric([g], sampler.cpu_seconds)
+            for tier, seconds in sampler.cpu_by_tier.items():
+                cpu.add_metric([g, tier], seconds)
             if sampler.busy_for(now) > STALL_INTERVALS * self.interval:
                 read_errors.add_metric([g, "sample_stalled"], 1.0)
             sample = sampler.latest
             if sample is None:                        # first round still running
                 continue
-            age.add_metric([g], max(0.0, now - sample.started))
-            duration.add_metric([g], sample.duration)
+            age.add_metric([g, GPU_TIER], max(0.0, now - sample.started))
+            duration.add_metric([g, GPU_TIER], sample.duration)
             if sample.failure:
                 read_errors.add_metric([g, sample.failure], 1.0)
                 continue
+            if sample.link_started is not None:
+                age.add_metric([g, LINK_TIER], max(0.0, now - sample.link_started))
+                duration.add_metric([g, LINK_TIER], sample.link_duration or 0.0)
+            if sample.tx_bytes is not None:
+                gpu_tx.add_metric([g], float(sample.tx_bytes))
+            if sample.rx_bytes is not None:
+                gpu_rx.add_metric([g], float(sample.rx_bytes))
             for method in (BATCHED, PER_CALL, UNSUPPORTED):
                 reads.add_metric([g, method], float(sample.error_reads.get(method, 0)))
+            for method, seconds in sorted(sample.read_costs.items()):
+                read_cost.add_metric([g, method], seconds)
             for reading in sample.links:
                 link = str(reading.link)
                 state.add_metric([g, link], 1.0 if reading.active else 0.0)
@@ -145,12 +186,16 @@ class NvlinkCollector(Collector):
                     rx.add_metric([g, link], float(reading.rx_bytes))
                 for kind, value in sorted(reading.errors.items()):
                     errors.add_metric([g, link, kind], float(value))
-        yield from (gpu_info, state, info, tx, rx, errors, read_errors, age, duration, reads, cpu, interval)
+        yield from (gpu_info, state, info, tx, rx, gpu_tx, gpu_rx, errors, read_errors, age, duration, reads,
+                    read_cost, cpu, interval)
 
     def close(self) -> None:
         with self._lock:
+            for sampler in self.samplers:          # all at once: hung GPUs must not add up
+                sampler.signal_stop()
+            deadline = time.monotonic() + 2.0
             for sampler in self.samplers:
-                sampler.stop()
+                sampler.stop(max(0.0, deadline - time.monotonic()))
             self.samplers = []
             if self._backend is not None and "nvml" not in self.ctx.sources:
                 self._backend.close()

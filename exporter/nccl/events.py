@@ -20,3 +20,6 @@ class NcclCall:
     # The collective's sequence number on the comm where the source counts them (the
     # uprobes count in the kernel, so a lost event shifts nothing); else the tracker counts.
     sequence: int | None = None
+    # The process that made the call, where the source says (ingest's optional `pid`): only
+    # used to find the rank's GPU and job (fabric_nccl_rank_info), never a label.
+    pid: int | None = None

@@ -18,7 +18,9 @@ from .tracker import CapacityError, NcclTracker, RecordError
 
 MAX_RECORDS = 10_000
 _COMM_PATTERN = re.compile(r"^[0-9A-Za-z_.:-]{1,64}$")
-_FIELDS = {"op", "comm", "rank", "nranks", "bytes", "start", "end"}
+_FIELDS = {"op", "comm", "rank", "nranks", "bytes", "start", "end", "pid"}
+# Linux PID_MAX_LIMIT: pids are below 2^22.
+_MAX_PID = 1 << 22
 _REQUIRED = ("op", "comm", "rank", "nranks", "bytes", "start")
 # UNIX seconds between 2001 and 2286: catches milliseconds and relative times early.
 _MIN_TIMESTAMP, _MAX_TIMESTAMP = 1e9, 1e10
@@ -76,7 +78,10 @@ def _parse_record(record: Any, index: int) -> NcclCall:
     end = _timestamp(record, "end", index) if record.get("end") is not None else None
     if end is not None and end < start:
         raise IngestError(f"record {index}: end {end} is before start {start}", index, "end")
-    return NcclCall(op=op, comm=comm, rank=rank, nranks=nranks, nbytes=nbytes, start=start, end=end)
+    pid = _integer(record, "pid", index, minimum=1) if record.get("pid") is not None else None
+    if pid is not None and pid >= _MAX_PID:
+        raise IngestError(f"record {index}: pid {pid} is not a Linux process id (below {_MAX_PID})", index, "pid")
+    return NcclCall(op=op, comm=comm, rank=rank, nranks=nranks, nbytes=nbytes, start=start, end=end, pid=pid)
 
 
 def _integer(record: dict, name: str, index: int, minimum: int) -> int:

@@ -136,6 +136,7 @@ class _Comm:
     probed: bool = False
     ranks: dict[int, _RankSequence] = field(default_factory=dict)   # the local ranks that take part
     arrivals: dict[int, dict[int, float]] = field(default_factory=dict)   # sequence -> rank -> entry
+    pids: dict[int, int] = field(default_factory=dict)             # rank -> the process that reported it
 
 
 @dataclass(frozen=True)
@@ -364,6 +365,12 @@ class NcclTracker:
                                    dropped_calls=self._dropped_calls, sequences=sequences,
                                    culprits=self._culprits(active))
 
+    def rank_processes(self) -> list[tuple[str, int, int, int]]:
+        """(comm, rank, nranks, pid) of the ranks whose records named their process."""
+        with self._lock:
+            return [(comm, rank, state.nranks.get(rank, 0), pid)
+                    for comm, state in self._comms.items() for rank, pid in sorted(state.pids.items())]
+
     def active_operations(self) -> list[ActiveOperation]:
         with self._lock:
             return self._active(self.clock())
@@ -440,6 +447,8 @@ class NcclTracker:
             stats = state.stats[key] = _OpStats(recent=deque(maxlen=self.window))
             self._series += 1
         state.nranks[call.rank] = call.nranks
+        if call.pid is not None:
+            state.pids[call.rank] = call.pid
         stats.calls += 1
         stats.nbytes += call.nbytes
         stats.last_call = max(stats.last_call, call.start)

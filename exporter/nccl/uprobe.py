@@ -34,7 +34,9 @@ log = logging.getLogger("fabricscope.exporter.nccl")
 
 # struct nccl_event in exporter/bpf/nccl.bpf.c
 EVENT = struct.Struct("<QQQQIIHHiiiiI128s")
-EV_COLL_ENTER, EV_COLL_RETURN, EV_COMM_INIT, EV_COMM_END = 1, 2, 3, 4
+EV_COLL_ENTER, EV_COLL_RETURN, EV_COMM_INIT, EV_COMM_END, EV_COLL_DONE = 1, 2, 3, 4, 5
+# struct open_call in exporter/bpf/nccl.bpf.c (nccl_open_calls, keyed by pid_tgid)
+OPEN_CALL = struct.Struct("<QQQIHHii")
 INIT_RANK, INIT_ALL, INIT_SPLIT, INIT_SCALABLE = 1, 2, 3, 4
 
 # ncclDataType_t -> bytes per element (nccl.h): Int8/Char, Uint8, Int32/Int, Uint32,
@@ -135,7 +137,15 @@ class EventHandler:
 
     def handle(self, event: NcclEvent) -> None:
         self.events += 1
-        if event.kind == EV_COLL_ENTER:
+        if event.kind == EV_COLL_DONE:
+            # One event per returned call. Its entry may already be known: a call open long
+            # enough to be read as a hang candidate (open_call_seen).
+            token = (event.pid, event.tid)
+            if self.open_calls.get(token) != event.ts_ns:
+                self._enter(event)
+            if self.open_calls.pop(token, None) is not None:
+                self.tracker.call_returned(token, event.aux / 1e9)
+        elif event.kind == EV_COLL_ENTER:
             self._enter(event)
         elif event.kind == EV_COLL_RETURN:
             entered = self.open_calls.pop((event.pid, event.tid), None)
@@ -151,6 +161,14 @@ class EventHandler:
                 self.tracker.drop_inflight(ref.label, ref.rank)
         else:
             self._invalid("unknown_kind")
+
+    def open_call_seen(self, pid: int, tid: int, raw: bytes) -> None:
+        """A collective still open in the kernel (nccl_open_calls): entered once, as if its
+        entry event had come, so a call blocked inside NCCL is in flight while it blocks."""
+        ts, comm, count, seq, op, _pad, dtype, peer = OPEN_CALL.unpack_from(raw)
+        if self.open_calls.get((pid, tid)) == ts:
+            return
+        self.handle(NcclEvent(ts, comm, count, 0, pid, tid, EV_COLL_ENTER, op, dtype, peer, 0, 0, b"", seq))
 
     def _comm(self, pid: int, pointer: int) -> _CommRef:
         ref = self.comms.get((pid, pointer))
@@ -199,6 +217,12 @@ class EventHandler:
         self.comms[(event.pid, event.comm)] = _CommRef(label, rank, nranks)
         if rank >= 0:
             self.tracker.register_comm(label, rank, nranks)
+
+    def rank_processes(self) -> list[tuple[str, int, int, int]]:
+        """(comm, rank, nranks, pid) of every communicator seen initialised."""
+        # list() copies in one step under the GIL: the poller thread adds and removes comms.
+        return [(ref.label, ref.rank, ref.nranks, pid) for (pid, _), ref in list(self.comms.items())
+                if ref.rank >= 0]
 
     def process_exited(self, pid: int) -> int:
         """Forget the process; returns how many of its calls were still inside NCCL."""
@@ -402,6 +426,36 @@ class UprobeSource:
                 self._stop.wait(0.5)
             if self._watch_ring is not None:
                 self._watch_ring.consume()
+            self._read_open_calls()
+
+    # A call open longer than this is entered from the open-calls map (a hang candidate);
+    # shorter ones arrive, entry and return together, when they return.
+    CANDIDATE_NS = 20_000_000
+
+    def _read_open_calls(self) -> None:
+        """Calls still inside NCCL for over CANDIDATE_NS: the tracker must see them in flight.
+        Entries of processes no longer traced (killed inside a call) are deleted."""
+        try:
+            open_calls = self._obj.map("nccl_open_calls")
+            entries = open_calls.items()
+        except Exception as exc:            # a read failure must not end tracing
+            log.debug("cannot read nccl_open_calls: %s", exc)
+            return
+        now = time.monotonic_ns()             # bpf_ktime_get_ns is CLOCK_MONOTONIC
+        # The thread's previous call returned before this one entered, so its event is in
+        # the ring already: deliver it first, or the tracker would see the two out of order.
+        self._ring.consume()
+        with self._lock:
+            traced = set(self._pids)
+        for key, raw in entries:
+            pid_tgid = struct.unpack("<Q", key)[0]
+            pid, tid = pid_tgid >> 32, pid_tgid & 0xFFFFFFFF
+            if now - struct.unpack_from("<Q", raw)[0] < self.CANDIDATE_NS:
+                continue
+            if pid not in traced and not (self.procfs / str(pid)).exists():
+                open_calls.delete(key)
+                continue
+            self._handler.open_call_seen(pid, tid, raw)
 
     def _hints_lost(self) -> bool:
         """Hints dropped (kernel ring full, or too many pending): only a full rescan is safe."""
@@ -472,6 +526,7 @@ class UprobeSource:
         if self._ring is not None:
             self._ring.poll(timeout_ms)
             self._ring.consume()
+            self._read_open_calls()
 
     def rescan(self) -> None:
         """Read every process's maps: the safety net (and the only way without hints)."""
@@ -581,6 +636,9 @@ class UprobeSource:
     def traced_pids(self) -> frozenset[int]:
         with self._lock:
             return frozenset(self._pids)
+
+    def rank_processes(self) -> list[tuple[str, int, int, int]]:
+        return self._handler.rank_processes() if self._handler is not None else []
 
     def status(self) -> UprobeStatus:
         lost = 0

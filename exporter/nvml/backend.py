@@ -20,6 +20,8 @@ ERROR_TYPES = ("crc_flit", "crc_data", "replay", "recovery")
 # simulation and the sampler need no NVML bindings.
 FI_NVLINK_THROUGHPUT_DATA_TX = 138          # KiB, scopeId = link
 FI_NVLINK_THROUGHPUT_DATA_RX = 139
+# scopeId for a field's GPU total over all links (the throughput fields answer it on an H200).
+SCOPE_ALL_LINKS = 0xFFFFFFFF
 FI_NVLINK_ERROR_DL_REPLAY = 161             # scopeId = link
 FI_NVLINK_ERROR_DL_RECOVERY = 162
 FI_NVLINK_ERROR_DL_CRC = 163                # the flit CRC counter (NVML_NVLINK_ERROR_DL_CRC_FLIT)
@@ -109,6 +111,11 @@ class NvmlBackend(Protocol):
     def error_counter(self, gpu: GpuInfo, link: int, kind: str) -> int | None:
         """One nvmlDeviceGetNvLinkErrorCounter call; None where NOT_SUPPORTED.
         Raises NvmlDeviceError when the GPU cannot be read."""
+
+    def running_processes(self, gpu: GpuInfo) -> list[tuple[int, int | None]]:
+        """(pid, used GPU memory in bytes or None) of each process with a compute context on
+        the GPU (nvmlDeviceGetComputeRunningProcesses): NCCL ranks -> GPUs. Raises
+        NvmlDeviceError when the GPU cannot be read."""
 
     def close(self) -> None:
         """Release NVML."""

@@ -76,6 +76,14 @@ class PynvmlBackend:
                 raise NvmlDeviceError(_reason(self.nvml, exc), str(exc)) from None
         return handle
 
+    def running_processes(self, gpu: GpuInfo) -> list[tuple[int, int | None]]:
+        """(pid, GPU memory bytes or None) of every process with a compute context on the GPU."""
+        try:
+            processes = self.nvml.nvmlDeviceGetComputeRunningProcesses(self._handle(gpu))
+        except self.nvml.NVMLError as exc:
+            raise NvmlDeviceError(_reason(self.nvml, exc), str(exc)) from None
+        return [(p.pid, p.usedGpuMemory) for p in processes]
+
     def link_states(self, gpu: GpuInfo) -> dict[int, bool]:
         nvml, handle = self.nvml, self._handle(gpu)
         present: dict[int, bool] = {}

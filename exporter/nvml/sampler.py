@@ -1,18 +1,26 @@
-"""NVLink sampling off the scrape path: one thread per GPU, on the collector's own schedule.
+"""NVLink sampling off the scrape path: one thread per GPU, in two tiers.
 
-Why: on an H200, nvmlDeviceGetNvLinkErrorCounter costs ~0.85 ms a call and a GPU has 18
-links x 4 counters, so reading a 4-GPU node at scrape time took 0.2-0.8 s. Here each GPU's
-thread reads its links every `interval` seconds and publishes an immutable GpuSample; a
-scrape only looks at the latest samples and their age. A GPU stuck inside the driver
-blocks its own thread, never the scrape or the other GPUs.
+Why: on an H200 (driver 580, 18 links) every per-link value costs ~0.8 ms of CPU in the
+driver, whichever call reads it (nvmlDeviceGetNvLinkErrorCounter 0.79 ms a call,
+nvmlDeviceGetFieldValues 0.82 ms per link-scoped value), while link state costs 0.06 ms
+for all links and a GPU-total throughput field 0.58 ms. Reading everything every 10 s cost
+3% of a core on 4 GPUs. So each GPU's thread reads:
 
-Per round, per GPU:
-- link states (~1 µs a call) every round; version and remote endpoint only for a link seen
-  for the first time or whose state changed (they only change when a link retrains);
-- throughput and error counters in one nvmlDeviceGetFieldValues batch where the driver
-  supports the field, otherwise one nvmlDeviceGetNvLinkErrorCounter call per counter. The
-  first round finds out which (a field answering NOT_SUPPORTED falls back to the call; a
-  counter both refuse has no series); the plan is kept until the set of links changes.
+- tier "gpu", every `interval` seconds: link states (version and remote endpoint only for
+  a link seen for the first time or whose state changed: they change only when a link
+  retrains) and the GPU-total throughput fields;
+- tier "link", every `link_interval` seconds: per-link throughput and the per-link error
+  counters. Each error counter type is read by whichever method the first link round
+  measured cheaper per value on this GPU (one nvmlDeviceGetFieldValues batch, or one
+  nvmlDeviceGetNvLinkErrorCounter call per link); a field answering NOT_SUPPORTED falls
+  back to the call, a counter both refuse has no series. The plan is kept until the set of
+  links changes.
+
+Each tier's values carry the time their round began, so a scrape serves both with their
+age. GPUs start their rounds `phase` seconds apart: rounds of several GPUs running at
+once contend inside the driver (4 H200s in parallel took 187 ms of CPU per GPU round,
+against 91 ms one after another). A GPU stuck inside the driver blocks its own thread,
+never the scrape or the other GPUs.
 """
 from __future__ import annotations
 
@@ -21,7 +29,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .backend import (ERROR_TYPES, FI_NVLINK_THROUGHPUT_DATA_RX, FI_NVLINK_THROUGHPUT_DATA_TX,
+from .backend import (ERROR_TYPES, FI_NVLINK_THROUGHPUT_DATA_RX, FI_NVLINK_THROUGHPUT_DATA_TX, SCOPE_ALL_LINKS,
                       FieldValuesUnsupported, GpuInfo, LinkReading, LinkStatic, NvmlBackend, NvmlDeviceError,
                       error_field)
 
@@ -29,25 +37,38 @@ log = logging.getLogger("fabricscope.exporter.nvml")
 
 # How an error counter is read (the label values of fabric_nvlink_error_counter_reads).
 BATCHED, PER_CALL, UNSUPPORTED = "field_values", "per_call", "unsupported"
+# The two tiers (label values of the per-tier metrics).
+GPU_TIER, LINK_TIER = "gpu", "link"
+TIERS = (GPU_TIER, LINK_TIER)
+# Method choice: timings below this (seconds per value) are not the driver's; a per-link
+# call must cost under CLEAR_WIN x a batched value to replace it.
+MEANINGFUL_COST = 0.2e-3
+CLEAR_WIN = 0.98
 
 
 @dataclass(frozen=True)
 class GpuSample:
     links: tuple[LinkReading, ...]
-    started: float                  # time.monotonic() when the round began: its oldest value
-    duration: float                 # seconds the round took
+    started: float                  # time.monotonic() when the gpu-tier round began
+    duration: float                 # seconds the gpu-tier round took
     error_reads: dict[str, int]     # BATCHED / PER_CALL / UNSUPPORTED -> error counters read that way
     failure: str | None = None      # NvmlDeviceError reason when the GPU could not be read
+    tx_bytes: int | None = None     # GPU totals over all links (NVML reports KiB)
+    rx_bytes: int | None = None
+    link_started: float | None = None    # when the link-tier round whose values `links` carry began
+    link_duration: float | None = None
+    read_costs: dict[str, float] = field(default_factory=dict)   # method -> measured CPU seconds per value
 
 
 @dataclass
 class _Plan:
-    """Which call reads which value, for one set of links."""
+    """Which call reads which per-link value, for one set of links."""
     links: tuple[int, ...]
     batched: list[tuple[int, int, int, str]]            # (field id, scope id, link, key)
     per_call: list[tuple[int, str]] = field(default_factory=list)   # (link, error kind)
     unsupported: set[tuple[int, str]] = field(default_factory=set)
-    settled: bool = False           # the first round has sorted the fields by support
+    settled: bool = False           # the first round has sorted the reads by support and cost
+    costs: dict[str, float] = field(default_factory=dict)          # method -> CPU seconds per value
 
     @classmethod
     def for_links(cls, links: tuple[int, ...]) -> "_Plan":
@@ -69,21 +90,37 @@ class _Plan:
 
 
 class GpuSampler:
-    """Reads one GPU's NVLinks every `interval` seconds in its own daemon thread."""
+    """Reads one GPU's NVLinks in its own daemon thread: the gpu tier every `interval`
+    seconds, the link tier every `link_interval` seconds, the first round `phase` seconds
+    after start."""
 
-    def __init__(self, backend: NvmlBackend, gpu: GpuInfo, interval: float) -> None:
+    def __init__(self, backend: NvmlBackend, gpu: GpuInfo, interval: float, link_interval: float | None = None,
+                 phase: float = 0.0) -> None:
         self.backend = backend
         self.gpu = gpu
         self.interval = interval
+        self.link_interval = interval if link_interval is None else link_interval
+        self.phase = phase
         self.latest: GpuSample | None = None     # replaced whole, read without a lock
-        self.cpu_seconds = 0.0                   # CPU time of this GPU's sampling thread, all rounds
+        self.cpu_by_tier = {tier: 0.0 for tier in TIERS}   # CPU time of this GPU's thread, all rounds
+        self.rounds_by_tier = {tier: 0 for tier in TIERS}
         self._busy_since: float | None = None
         self._static: dict[int, tuple[bool, LinkStatic]] = {}   # link -> (state when read, attributes)
         self._plan: _Plan | None = None
+        self._totals_supported = True            # the GPU-total throughput fields answer
+        self._force_link = False
+        # The link tier's latest values (raw, as NVML answers them) and when their round began.
+        self._link_values: dict[tuple[int, str], int] = {}
+        self._link_started: float | None = None
+        self._link_duration: float | None = None
         self._done = threading.Condition()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(self.cpu_by_tier.values())
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -93,27 +130,36 @@ class GpuSampler:
 
     def stop(self, timeout: float = 2.0) -> None:
         """Ends the thread; one stuck in NVML is left behind (a daemon, it cannot hold the exit)."""
-        self._stop.set()
-        self._wake.set()
+        self.signal_stop()
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def signal_stop(self) -> None:
+        """Ask the thread to end after its current round, without waiting."""
+        self._stop.set()
+        self._wake.set()
+
     def _run(self) -> None:
+        if self._wake.wait(self.phase):
+            self._wake.clear()
+        next_link = 0.0                                 # the first round reads both tiers
         while not self._stop.is_set():
             started = time.monotonic()
+            link_round = self._force_link or started >= next_link
+            self._force_link = False
             self._busy_since = started
-            cpu = time.thread_time()
             try:
-                sample = self.sample_once()
+                sample = self.sample_once(link_round)
             except Exception as exc:                 # a bug must not end sampling of this GPU
                 log.exception("GPU %d: NVLink sample failed", self.gpu.index)
                 sample = GpuSample((), started, time.monotonic() - started, {}, failure=type(exc).__name__)
+            if link_round:
+                next_link = started + self.link_interval
             with self._done:
-                self.cpu_seconds += time.thread_time() - cpu
                 self.latest = sample
                 self._busy_since = None
                 self._done.notify_all()
-            self._wake.wait(max(0.0, started + self.interval - time.monotonic()))
+            self._wake.wait(max(0.0, min(started + self.interval, next_link) - time.monotonic()))
             self._wake.clear()
 
     # ---- what the scrape reads ----------------------------------------------------------------
@@ -124,13 +170,16 @@ class GpuSampler:
         return 0.0 if since is None else max(0.0, now - since)
 
     def refresh(self, timeout: float = 10.0) -> bool:
-        """Ask for a round now and wait until one that began after this call has finished.
-        False on timeout (e.g. the GPU hangs in NVML)."""
+        """Ask for a round of both tiers now and wait until one that began after this call
+        has finished. False on timeout (e.g. the GPU hangs in NVML)."""
         asked = time.monotonic()
+        self._force_link = True
         self._wake.set()
         deadline = asked + timeout
         with self._done:
-            while self.latest is None or self.latest.started < asked:
+            while self.latest is None or self.latest.link_started is None or self.latest.link_started < asked:
+                if self.latest is not None and self.latest.failure and self.latest.started >= asked:
+                    return True                      # the GPU answered with an error: a fresh answer
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -139,18 +188,39 @@ class GpuSampler:
 
     # ---- one round --------------------------------------------------------------------------
 
-    def sample_once(self) -> GpuSample:
-        started = time.monotonic()
+    def sample_once(self, link_round: bool = True) -> GpuSample:
+        """One round: the gpu tier, and the link tier too when link_round (else the link
+        tier's values of the previous sample are carried over with their own age)."""
+        started, cpu = time.monotonic(), time.thread_time()
         try:
             states = self.backend.link_states(self.gpu)
             links = tuple(sorted(states))
             statics = {link: self._static_of(link, active) for link, active in states.items()}
-            if self._plan is None or self._plan.links != links:
-                self._plan = _Plan.for_links(links)
-            values = self._read(self._plan)
+            tx_total, rx_total = self._totals()
         except NvmlDeviceError as exc:
             log.warning("GPU %d (%s): %s", self.gpu.index, self.gpu.pci_bus_id, exc)
+            self.cpu_by_tier[GPU_TIER] += time.thread_time() - cpu
+            self._link_started = None                # read the links again once it answers
             return GpuSample((), started, time.monotonic() - started, {}, failure=exc.reason)
+        duration = time.monotonic() - started
+        now_cpu = time.thread_time()
+        self.cpu_by_tier[GPU_TIER] += now_cpu - cpu
+        self.rounds_by_tier[GPU_TIER] += 1
+        if link_round or self._plan is None or self._plan.links != links or self._link_started is None:
+            link_started = time.monotonic()
+            try:
+                if self._plan is None or self._plan.links != links:
+                    self._plan = _Plan.for_links(links)
+                self._link_values = self._read(self._plan)
+            except NvmlDeviceError as exc:
+                log.warning("GPU %d (%s): %s", self.gpu.index, self.gpu.pci_bus_id, exc)
+                self.cpu_by_tier[LINK_TIER] += time.thread_time() - now_cpu
+                self._link_started = None            # read the links again next round
+                return GpuSample((), started, time.monotonic() - started, {}, failure=exc.reason)
+            self._link_started, self._link_duration = link_started, time.monotonic() - link_started
+            self.cpu_by_tier[LINK_TIER] += time.thread_time() - now_cpu
+            self.rounds_by_tier[LINK_TIER] += 1
+        values = self._link_values
         readings = []
         for link in links:
             static = statics[link]
@@ -160,7 +230,10 @@ class GpuSampler:
                 remote_pci_bus_id=static.remote_pci_bus_id, remote_type=static.remote_type,
                 tx_bytes=None if tx is None else tx * 1024, rx_bytes=None if rx is None else rx * 1024,
                 errors={kind: values[(link, kind)] for kind in ERROR_TYPES if (link, kind) in values}))
-        return GpuSample(tuple(readings), started, time.monotonic() - started, self._plan.error_reads())
+        return GpuSample(tuple(readings), started, duration, self._plan.error_reads(),
+                         tx_bytes=None if tx_total is None else tx_total * 1024,
+                         rx_bytes=None if rx_total is None else rx_total * 1024,
+                         link_started=self._link_started, link_duration=self._link_duration, read_costs=dict(self._plan.costs))
 
     def _static_of(self, link: int, active: bool) -> LinkStatic:
         cached = self._static.get(link)
@@ -168,9 +241,24 @@ class GpuSampler:
             cached = self._static[link] = (active, self.backend.link_static(self.gpu, link))
         return cached[1]
 
+    def _totals(self) -> tuple[int | None, int | None]:
+        """GPU-total data KiB sent and received (one field-values call, two values)."""
+        if not self._totals_supported:
+            return None, None
+        try:
+            tx, rx = self.backend.field_values(self.gpu, [(FI_NVLINK_THROUGHPUT_DATA_TX, SCOPE_ALL_LINKS),
+                                                          (FI_NVLINK_THROUGHPUT_DATA_RX, SCOPE_ALL_LINKS)])
+        except FieldValuesUnsupported:
+            tx = rx = None
+        if tx is None and rx is None:
+            self._totals_supported = False           # not asked again: costs a call per round
+            log.info("GPU %d: no GPU-total NVLink throughput fields", self.gpu.index)
+        return tx, rx
+
     def _read(self, plan: _Plan) -> dict[tuple[int, str], int]:
         values: dict[tuple[int, str], int] = {}
         if plan.batched:
+            cpu = time.thread_time()
             try:
                 raw = self.backend.field_values(self.gpu, [(fid, scope) for fid, scope, _, _ in plan.batched])
             except FieldValuesUnsupported as exc:
@@ -178,6 +266,9 @@ class GpuSampler:
                     log.info("GPU %d: nvmlDeviceGetFieldValues unsupported (%s); one call per error counter, "
                              "no throughput", self.gpu.index, exc)
                 raw = [None] * len(plan.batched)
+            answered = sum(value is not None for value in raw)
+            if not plan.settled and answered:
+                plan.costs[BATCHED] = (time.thread_time() - cpu) / answered
             kept = []
             for entry, value in zip(plan.batched, raw):
                 _, _, link, key = entry
@@ -189,16 +280,49 @@ class GpuSampler:
                 elif key in ERROR_TYPES:
                     plan.per_call.append((link, key))  # no such field here: the per-link call
             plan.batched = kept
+        spent, calls = 0.0, 0                    # CPU of the calls that answered a value
         for link, kind in list(plan.per_call):
+            cpu = time.thread_time()
             value = self.backend.error_counter(self.gpu, link, kind)
             if value is not None:
+                spent, calls = spent + time.thread_time() - cpu, calls + 1
                 values[(link, kind)] = value
             elif not plan.settled:
                 plan.per_call.remove((link, kind))
                 plan.unsupported.add((link, kind))
         if not plan.settled:
+            if calls:
+                plan.costs[PER_CALL] = spent / calls
+            self._choose_methods(plan, values)
             plan.settled = True
             reads = plan.error_reads()
-            log.info("GPU %d: %d NVLink error counters per sample by field values, %d by per-counter call, "
-                     "%d unsupported", self.gpu.index, reads[BATCHED], reads[PER_CALL], reads[UNSUPPORTED])
+            log.info("GPU %d: %d NVLink error counters per sample by field values (%.3f ms a value), %d by "
+                     "per-counter call (%.3f ms a call), %d unsupported", self.gpu.index, reads[BATCHED],
+                     plan.costs.get(BATCHED, 0) * 1e3, reads[PER_CALL], plan.costs.get(PER_CALL, 0) * 1e3,
+                     reads[UNSUPPORTED])
         return values
+
+    def _choose_methods(self, plan: _Plan, values: dict[tuple[int, str], int]) -> None:
+        """Move the error counters a batch answers to per-link calls where a call costs
+        less than a batched value on this GPU (measured, CPU time). A call is timed once per
+        counter type when no counter was read per call yet."""
+        batched_kinds = sorted({key for *_, key in plan.batched if key in ERROR_TYPES})
+        if not batched_kinds or BATCHED not in plan.costs:
+            return
+        if PER_CALL not in plan.costs:
+            spent, calls = 0.0, 0
+            for kind in batched_kinds:
+                link = next(link for *_, link, key in plan.batched if key == kind)
+                cpu = time.thread_time()
+                if self.backend.error_counter(self.gpu, link, kind) is not None:
+                    spent, calls = spent + time.thread_time() - cpu, calls + 1
+            if not calls:
+                return
+            plan.costs[PER_CALL] = spent / calls
+        # Per-link values cost ~0.8 ms in an H200's driver; well under that, what was timed is Python
+        # overhead and noise, and the batch (fewer calls) stays. A call must also win clearly.
+        if plan.costs[BATCHED] < MEANINGFUL_COST or plan.costs[PER_CALL] >= CLEAR_WIN * plan.costs[BATCHED]:
+            return
+        for entry in [e for e in plan.batched if e[3] in ERROR_TYPES]:
+            plan.batched.remove(entry)
+            plan.per_call.append((entry[2], entry[3]))

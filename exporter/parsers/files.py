@@ -7,9 +7,9 @@ bounded reason string that collectors export as a label, so a bad file is visibl
 specific and never an exception that would cost the rest of the scrape.
 
 Only regular files are read (sysfs attributes and procfs files are regular files): a
-FIFO would block the reading thread until a writer appears, and opening a device node
-can have side effects. Each file is checked before it is opened and again on the opened
-descriptor, which is opened non-blocking, so a file swapped in between cannot block.
+FIFO would block the reading thread until a writer appears. Files are opened
+non-blocking and checked on the open descriptor, so whatever sits at the path, nothing
+blocks and only a regular file is read.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ SMALL_FILE_BYTES = 4096
 # Counters are unsigned 64-bit in the kernel; anything outside is not a counter reading.
 COUNTER_LIMIT = 1 << 64
 
-_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 # ASCII only: str.isdigit() and int() also accept "²" or "١٢٣", which no kernel writes.
 _DECIMAL = re.compile(r"-?[0-9]+\Z", re.ASCII)
 _HEX = re.compile(r"0x[0-9a-fA-F]+\Z", re.ASCII)
@@ -47,10 +47,11 @@ class ReadProblem:
 
 
 def _open_regular(path: str | Path, dir_fd: int | None = None) -> int | str:
-    """A descriptor open on `path` if it is a regular file, else the reason label."""
+    """A descriptor open on `path` if it is a regular file, else the reason label.
+
+    Opened non-blocking (a FIFO opens at once instead of waiting for a writer) and then
+    checked on the descriptor itself, so nothing swapped in can block the read."""
     try:
-        if not stat.S_ISREG(os.stat(path, dir_fd=dir_fd).st_mode):
-            return "not_a_file"
         fd = os.open(path, _OPEN_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
         return reason_for(exc)
@@ -65,31 +66,34 @@ def _open_regular(path: str | Path, dir_fd: int | None = None) -> int | str:
 
 
 def _read_fd(fd: int, limit: int) -> bytes | str:
-    """Up to `limit` bytes (then "too_large"), or the reason label of a failed read."""
-    chunks = []
-    size = 0
+    """Up to `limit` bytes (then "too_large"), or the reason label of a failed read.
+    Reads at most 64 KiB at a time: /proc/sys files refuse larger requests."""
     try:
-        while True:
-            chunk = os.read(fd, min(65536, limit + 1 - size))
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                return "too_large"
+        data = os.read(fd, min(limit + 1, 65536))
+        if limit > SMALL_FILE_BYTES and data:
+            # procfs tables come a page or so per read: keep reading to the end.
+            chunks = [data]
+            size = len(data)
+            while data and size <= limit:
+                data = os.read(fd, min(limit + 1 - size, 65536))
+                chunks.append(data)
+                size += len(data)
+            data = b"".join(chunks)
+        return data if len(data) <= limit else "too_large"
     except OSError as exc:
         return reason_for(exc)
     finally:
         os.close(fd)
 
 
-def _read(path: str | Path, limit: int, dir_fd: int | None = None, shown: Path | None = None) -> str | ReadProblem:
+def _read(path: str | Path, limit: int, dir_fd: int | None = None, directory: str | None = None
+          ) -> str | ReadProblem:
     fd = _open_regular(path, dir_fd)
-    raw = fd if isinstance(fd, str) else _read_fd(fd, limit)
-    if isinstance(raw, str):
-        return ReadProblem(shown or Path(path), raw)
+    raw = fd if fd.__class__ is str else _read_fd(fd, limit)
+    if raw.__class__ is str:
+        return ReadProblem(Path(directory, path) if directory else Path(path), raw)
     text = raw.decode("utf-8", "replace").strip()
-    return text if text else ReadProblem(shown or Path(path), "empty")
+    return text if text else ReadProblem(Path(directory, path) if directory else Path(path), "empty")
 
 
 def read_text(path: Path) -> str | ReadProblem:
@@ -156,6 +160,6 @@ def read_small_texts(directory: str, names) -> list[tuple[str, str | ReadProblem
     except OSError:
         return [(name, read_small_text(os.path.join(directory, name))) for name in names]
     try:
-        return [(name, _read(name, SMALL_FILE_BYTES, dir_fd, Path(directory, name))) for name in names]
+        return [(name, _read(name, SMALL_FILE_BYTES, dir_fd, directory)) for name in names]
     finally:
         os.close(dir_fd)

@@ -38,7 +38,6 @@ _NO_VALUE = {"absent", "unsupported"}
 # The interface's own attribute files that NetDevice holds.
 _ATTRIBUTES = ("operstate", "carrier_changes", "mtu", "type", "speed")
 
-IFNAMSIZ = 16   # interface names are at most 15 bytes plus NUL
 
 
 @dataclass
@@ -174,21 +173,11 @@ def read_ethtool_statistics(interface: str) -> list[tuple[str, int]] | ReadProbl
     failed. Only meaningful on the host's real /sys: the ioctl addresses the interface by
     name in the exporter's own namespace, not in an injected sysfs root.
     """
+    from . import ethtool
+
     try:
-        from pyroute2.ethtool.ioctl import IoctlEthtool, NotSupportedError
-    except ImportError:
+        return ethtool.statistics(interface)
+    except ethtool.EthtoolUnsupported:
         return None
-    if not 0 < len(interface.encode()) < IFNAMSIZ:   # no such interface can exist; pyroute2 would raise
+    except (OSError, ValueError):
         return ReadProblem(Path(interface), "ethtool_failed")
-    try:
-        ethtool = IoctlEthtool(interface)
-    except OSError:
-        return ReadProblem(Path(interface), "ethtool_failed")
-    try:
-        return [(str(name), int(value)) for name, value in ethtool.get_statistics()]
-    except NotSupportedError:
-        return None
-    except (OSError, AssertionError):   # pyroute2 asserts the kernel returned as many values as names
-        return ReadProblem(Path(interface), "ethtool_failed")
-    finally:
-        ethtool.close()

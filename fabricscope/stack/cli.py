@@ -13,6 +13,7 @@ correlations appear on their own. --webhook-url sends Alertmanager elsewhere ins
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import shlex
@@ -129,11 +130,22 @@ class Stack:
                     log.exception("stopping %s", name)
 
 
+def fabricscope_command() -> str:
+    """The `fabricscope` script beside this interpreter (e.g. .venv/bin/fabricscope under
+    `make run`), so a printed command works without the virtualenv on PATH."""
+    script = Path(sys.executable).with_name("fabricscope")
+    return shlex.quote(str(script)) if script.exists() else "fabricscope"
+
+
 def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
     """Start every part into `stack` (so the caller can always stop what did start)."""
     host = "127.0.0.1"
     for binary in ("prometheus", "prometheus-alertmanager"):
         find_binary(binary)   # fail before anything starts, not halfway through
+    missing = [module for module in ("cryptography", "apiflask", "gunicorn") if importlib.util.find_spec(module) is None]
+    if missing:
+        raise StackError(f"the stack runs the query sidecar, which needs {', '.join(missing)}: "
+                         "pip install 'fabricscope[sidecar]' (make setup installs it)")
     ensure_port_free(host, args.prometheus_port, "Prometheus", "--prometheus-port")
     ensure_port_free(host, args.alertmanager_port, "Alertmanager", "--alertmanager-port")
     ensure_port_free(host, args.sidecar_port, "Sidecar", "--sidecar-port")
@@ -244,7 +256,7 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
         f"Workdir:        {workdir}  (configs, logs, TSDB)",
         "",
         "Report (the dashboards drawn to PNG and one HTML page; run it while the stack runs):",
-        f"  fabricscope report --prometheus-url {prometheus_url} --from now-30m --to now "
+        f"  {fabricscope_command()} report --prometheus-url {prometheus_url} --from now-30m --to now "
         f"--scrape-interval {args.scrape_interval} --out {workdir / 'report'} "
         f"--sidecar-url {stack.sidecar.url} --sidecar-token-file {demo_key_file}"
         + (f" --sidecar-ca {stack.sidecar.certs.ca}" if stack.sidecar.certs else ""),

@@ -15,9 +15,10 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from ..devcerts import DevCerts, ensure_dev_certs
+if TYPE_CHECKING:     # the cryptography package comes with the sidecar extra; `stack --help` needs none
+    from ..devcerts import DevCerts
 from .errors import StackError
 from .processes import ManagedProcess
 
@@ -63,6 +64,7 @@ def start_sidecar(workdir: Path, host: str, port: int, prometheus_url: str, keys
     certs = None
     context = None
     if tls:
+        from ..devcerts import ensure_dev_certs
         certs = ensure_dev_certs(workdir / "tls")
         args += ["--tls-cert", str(certs.cert), "--tls-key", str(certs.key)]
         context = ssl.create_default_context(cafile=str(certs.ca))

@@ -25,6 +25,8 @@ def setup(app, state) -> None:
 class OutlierQuery(BaseModel):
     cluster: str | None = Field(None, **LABEL)
     comm: str | None = Field(None, **LABEL)
+    job: str | None = Field(None, description="only communicators with a rank of this job (fabric_nccl_rank_info)",
+                            **LABEL)
     threshold: float = Field(3.0, gt=0, le=1000, description="robust z-score (excess / (1.4826 x MAD)) to exceed")
     min_lag_seconds: float = Field(0.001, ge=0, le=3600, description="ignore ranks less late than this")
     window_seconds: int | None = Field(None, ge=10, le=31 * 86400, description="average the lag over this window")
@@ -56,7 +58,7 @@ class OutliersOut(BaseModel):
                 "slowest first")
 def outlier_ranks(query_data: OutlierQuery):
     found = questions.find_outlier_ranks(sidecar().prom, query_data.cluster, query_data.comm, query_data.threshold,
-                                         query_data.min_lag_seconds, query_data.window_seconds)
+                                         query_data.min_lag_seconds, query_data.window_seconds, job=query_data.job)
     return {"signal": questions.ARRIVAL_LAG, "outliers": [asdict(o) for o in found]}
 
 
@@ -84,7 +86,7 @@ def cost(query_data: CostQuery):
     try:
         return questions.get_cost(state.prom, state.config.gpu_hour_rates, query_data.rate_class,
                                   query_data.cluster, query_data.comm, query_data.window_seconds,
-                                  query_data.threshold, query_data.min_lag_seconds)
+                                  query_data.threshold, query_data.min_lag_seconds, job=query_data.job)
     except KeyError:
         raise ApiError(422, f"unknown rate class {query_data.rate_class!r}", code="unknown_rate_class",
                        detail={"known": sorted(state.config.gpu_hour_rates)}) from None

@@ -17,6 +17,8 @@ from ..prom import PrometheusClient
 from ..promql import quote
 
 ARRIVAL_LAG = "comm_rank:fabric_nccl_arrival_lag_seconds:mean5m"
+# Which job each rank belongs to (label `job`, empty when unknown), from the exporter.
+RANK_INFO = "fabric_nccl_rank_info"
 # Collectives per second per rank (point-to-point Send/Recv excluded), recorded by the NCCL rules.
 COLLECTIVE_RATE = "comm_rank:fabric_nccl_collectives:rate1m"
 # Robust z-score scale: 1.4826 x MAD estimates the standard deviation of normal data.
@@ -43,10 +45,14 @@ def selector(**labels: str | None) -> str:
 
 
 def arrival_lags(prom: PrometheusClient, cluster: str | None, comm: str | None,
-                 window_seconds: int | None = None, at: float | None = None) -> dict[tuple[str, str], dict]:
-    """(cluster, comm) -> {rank: (node, lag)}; averaged over the window when given."""
+                 window_seconds: int | None = None, at: float | None = None,
+                 job: str | None = None) -> dict[tuple[str, str], dict]:
+    """(cluster, comm) -> {rank: (node, lag)}; averaged over the window when given; only the
+    communicators with a rank in `job` when given."""
     series = ARRIVAL_LAG + selector(cluster=cluster, comm=comm)
     query = f"avg_over_time({series}[{int(window_seconds)}s])" if window_seconds else series
+    if job:
+        query = f"({query}) and on (cluster, comm) {RANK_INFO}{selector(cluster=cluster, job=job)}"
     groups: dict[tuple[str, str], dict] = {}
     for sample in prom.query(query, at=at):
         if math.isnan(sample.value):
@@ -59,13 +65,14 @@ def arrival_lags(prom: PrometheusClient, cluster: str | None, comm: str | None,
 
 def find_outlier_ranks(prom: PrometheusClient, cluster: str | None = None, comm: str | None = None,
                        threshold: float = 3.0, min_lag_seconds: float = 0.001,
-                       window_seconds: int | None = None, at: float | None = None) -> list[OutlierRank]:
+                       window_seconds: int | None = None, at: float | None = None,
+                       job: str | None = None) -> list[OutlierRank]:
     """Ranks whose arrival lag exceeds their communicator's median by more than
     `threshold` robust standard deviations (1.4826 x MAD) and by at least
     `min_lag_seconds` (with identical healthy ranks MAD is 0, and any jitter would
     otherwise be infinitely many deviations away). Slowest first."""
     outliers = []
-    for (cluster_name, comm_name), ranks in arrival_lags(prom, cluster, comm, window_seconds, at).items():
+    for (cluster_name, comm_name), ranks in arrival_lags(prom, cluster, comm, window_seconds, at, job).items():
         if len(ranks) < 3:
             continue    # a median of two says nothing about which one is slow
         lags = [lag for _, lag in ranks.values()]
@@ -96,7 +103,7 @@ def collective_rates(prom: PrometheusClient, cluster: str | None, comm: str | No
 
 def get_cost(prom: PrometheusClient, rates: dict[str, float], rate_class: str = "default",
              cluster: str | None = None, comm: str | None = None, window_seconds: int = 3600,
-             threshold: float = 3.0, min_lag_seconds: float = 0.001) -> dict[str, Any]:
+             threshold: float = 3.0, min_lag_seconds: float = 0.001, job: str | None = None) -> dict[str, Any]:
     """Dollar cost of the straggler ranks.
 
     While a straggler is `excess` seconds late into a collective, the other nranks-1
@@ -108,7 +115,7 @@ def get_cost(prom: PrometheusClient, rates: dict[str, float], rate_class: str = 
         raise KeyError(rate_class)
     price = rates[rate_class]
     window_seconds = max(10, int(window_seconds))
-    outliers = find_outlier_ranks(prom, cluster, comm, threshold, min_lag_seconds, window_seconds)
+    outliers = find_outlier_ranks(prom, cluster, comm, threshold, min_lag_seconds, window_seconds, job=job)
     ops = collective_rates(prom, cluster, comm, window_seconds) if outliers else {}
     ranks = []
     for outlier in outliers:

@@ -1,7 +1,6 @@
 """Tracing endpoints: span ingest (seed format and OTLP/HTTP), SLO violations, correlations."""
 from __future__ import annotations
 
-import json
 import time
 import zlib
 from typing import Any
@@ -10,6 +9,7 @@ from apiflask import APIBlueprint
 from flask import Response, request
 from pydantic import BaseModel, Field
 
+from .. import jsonbody
 from ..auth import require_scope
 from ..context import sidecar
 from ..docs import documented_body
@@ -18,7 +18,7 @@ from ..storage import SpanRow
 from ..workers import PeriodicWorker
 from . import otlp
 from .correlate import Correlator
-from .spans import MAX_BATCH_SPANS, IngestOut, SpanBatchIn, validate_batch
+from .spans import ID_PATTERN, MAX_BATCH_SPANS, NAME_PATTERN, IngestOut, SpanBatchIn, validate_batch
 
 bp = APIBlueprint("tracing", __name__, tag="Tracing")
 
@@ -85,7 +85,7 @@ def _body() -> bytes:
         responses={422: "no span of the batch was valid, or the body is not a batch"})
 def ingest_spans():
     try:
-        body = json.loads(_body())
+        body = jsonbody.loads(_body())
     except ValueError as exc:
         raise ApiError(400, f"body is not JSON: {exc}", code="bad_json") from None
     if not isinstance(body, dict) or not isinstance(body.get("spans"), list):
@@ -132,8 +132,8 @@ def otlp_traces():
 
 
 class ViolationsQuery(BaseModel):
-    service: str | None = Field(None, max_length=128)
-    operation: str | None = Field(None, max_length=256)
+    service: str | None = Field(None, max_length=128, pattern=NAME_PATTERN)
+    operation: str | None = Field(None, max_length=256, pattern=NAME_PATTERN)
     window_seconds: int = Field(3600, ge=1, le=31 * 86400, description="trailing window (default 1 h)")
     limit: int = Field(500, ge=1, le=5000)
 
@@ -170,7 +170,7 @@ def slo_violations(query_data: ViolationsQuery):
 
 
 class CorrelationsQuery(BaseModel):
-    trace_id: str | None = Field(None, max_length=128)
+    trace_id: str | None = Field(None, max_length=128, pattern=ID_PATTERN)
     window_seconds: int | None = Field(None, ge=1, le=31 * 86400)
     limit: int = Field(500, ge=1, le=5000)
 

@@ -22,6 +22,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from .. import jsonbody
+
 NETWORK_PATH_ATTRIBUTE = "network_path"
 SERVICE_NAME_ATTRIBUTE = "service.name"
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
@@ -42,7 +44,7 @@ def parse_protobuf(body: bytes) -> ExportTraceServiceRequest:
 
 def parse_json(body: bytes) -> ExportTraceServiceRequest:
     try:
-        data = json.loads(body)
+        data = jsonbody.loads(body)
     except ValueError as exc:
         raise OtlpError(f"body is not JSON: {exc}") from None
     if not isinstance(data, dict):

@@ -52,6 +52,9 @@
       tcpBaseline: '5m',  // rolling average of the p99 over 5 minutes
       ncclLag: '1m',  // per-rank mean arrival lag and collective rate (straggler detection)
       ncclNodeOffset: '5m',  // a node's offset against the comm's earliest rank (cross-node join)
+      // What a late or hung rank's NIC port and NVLinks showed recently (errors, flaps,
+      // down): the alerts' diagnosis. Recorded series keep their `10m` names.
+      attributionCause: '10m',
       ibBer: '1h',  // IBTA BER boundary is expressed per hour
       ibFlap: '10m',  // "link_downed 3+ times in 10 minutes"
       ibRepeatedDegradation: '1h',

@@ -6,6 +6,7 @@
 + (import 'recording.libsonnet')
 + (import 'alerts.libsonnet')
 + (import 'nccl.libsonnet')
++ (import 'attribution.libsonnet')
 + {
   local mixin = self,
 

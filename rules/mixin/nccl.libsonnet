@@ -231,7 +231,10 @@ local util = import 'util.libsonnet';
             'Comm {{ $labels.comm }} has been hung for {{ $value | humanizeDuration }} (more than '
             + num(th.ncclHangMultiplier) + 'x the average of the last 20 completed operations): '
             + std.rstripChars(waitingCount, '\n') + ' rank(s) waiting for ' + std.rstripChars(culpritList, '\n') + '.',
-            extra={ culprit: std.rstripChars(culpritList, '\n') },
+            extra={
+              culprit: std.rstripChars(culpritList, '\n'),
+              diagnosis: $._attribution.hangDiagnosis(commSel, commArgs),
+            },
           ),
         ] + [
           alert(
@@ -277,7 +280,9 @@ local util = import 'util.libsonnet';
             // Late against the comm's median rank by many median absolute deviations,
             // by more than the floors, in a cohort of enough ranks; a late node is
             // FabricNcclStragglerNode, not one alert per rank.
-            |||
+            // Located: the rank's gpu, device and port labels are added where known
+            // (attribution.libsonnet), so Alertmanager groups it with its NIC's alerts.
+            $._attribution.locate(|||
               comm_rank:fabric_nccl_arrival_lag_seconds:deviation1m
                 > on (%(comm)s) group_left ()
               (%(k)s * comm:fabric_nccl_arrival_lag_seconds:mad1m)
@@ -301,7 +306,7 @@ local util = import 'util.libsonnet';
               share: num(th.stragglerMinStepShare),
               ranks: num(th.stragglerMinRanks),
               nodeAbs: num(th.stragglerNodeMinOffsetSeconds),
-            },
+            }),
             forOf.straggler,
             'One NCCL rank enters its collectives late: every other rank of the communicator waits for it.',
             'Rank {{ $labels.rank }} ({{ $labels.node }}) of comm {{ $labels.comm }} enters each collective '
@@ -309,6 +314,7 @@ local util = import 'util.libsonnet';
             + 'that long every time: '
             + stepShare('comm_rank:fabric_nccl_arrival_lag:step_share1m', [cfg.clusterLabel, 'comm', 'rank'])
             + ' of the job\'s step time.',
+            extra={ diagnosis: $._attribution.stragglerDiagnosis },
           ),
         ],
       },

@@ -32,6 +32,8 @@ ENQUEUE_SECONDS = 30e-6
 ENTRY_JITTER = 100e-6             # ranks released by the same synchronisation enter within this
 MAX_CATCH_UP_CALLS = 200          # a long pause between ticks skips ahead instead of replaying
 DEFAULT_LAG = 0.05
+# Simulated pid of the process driving local GPU i (one rank per GPU, as torchrun starts them).
+RANK_PID_BASE = 4100
 
 # One wall-clock origin per simulated cluster, shared by its nodes' sources: a job's
 # ranks are compared across nodes by their entry times.
@@ -41,6 +43,10 @@ _EPOCHS: dict[tuple[str, int], float] = {}
 def job_comm(cluster: ClusterSpec) -> str:
     unique_id = random.Random(f"nccl-unique-id-{cluster.seed}").randbytes(UNIQUE_ID_BYTES)
     return comm_label(unique_id_hash(unique_id))
+
+
+def rank_pid(local_gpu: int) -> int:
+    return RANK_PID_BASE + local_gpu
 
 
 def hang_faults(faults: list[Fault]) -> list[Fault]:
@@ -93,6 +99,10 @@ class NcclSimSource:
         self.tracker = tracker
         for rank in self.ranks:
             tracker.register_comm(self.comm, rank, self.nranks)
+
+    def rank_processes(self) -> list[tuple[str, int, int, int]]:
+        """(comm, rank, nranks, pid): a rail-optimised node runs local rank i on GPU i."""
+        return [(self.comm, rank, self.nranks, rank_pid(local)) for local, rank in enumerate(self.ranks)]
 
     def clock(self) -> float:
         """Wall-clock time of the simulation: what 'now' means to the tracker."""

@@ -5,11 +5,15 @@ the real NVML. Link traffic follows the simulated NCCL job (fabricscope/demo/sou
 each rank's ring-AllReduce bytes are spread over its active links, and stop while an
 nccl_hang fault holds the job.
 
-Each call costs what it cost on an H200 (driver 580, CallCosts below): a thread making the
-call sleeps that long, so benchmarks and tests see the real shape (error counters slow,
-link state nearly free), and a regression that puts NVML back on the scrape path shows.
-Field support follows the same host: the per-link DL error fields answer in a batch,
-the older per-link CRC-data fields answer NOT_SUPPORTED (read by the per-link call).
+Each call costs what it cost on an H200 (driver 580, 18 NVLinks, CallCosts below), and
+costs it as CPU: the driver computes the answer on the calling thread (wall = CPU there),
+so a call burns that much of its thread's CPU without holding the GIL (as a ctypes call
+into libnvidia-ml does); the demo's nodes (make_source) sleep it instead. Benchmarks and tests thus see the real shape: per-link values
+slow whichever call reads them, link state nearly free, and the sampling threads' CPU what
+it would be on the host. Field support follows the same host: the per-link DL error fields
+and the throughput fields (per link, or the GPU total with scope SCOPE_ALL_LINKS) answer in
+a batch; the legacy per-link CRC-data fields and the legacy error totals answer
+NOT_SUPPORTED (crc_data is then read by the per-link call).
 
 Fault nvlink_down (target gpu, link; params precursor_seconds, default 10): for the first
 precursor_seconds the link stays up while its CRC-flit and replay counters climb; then it
@@ -20,6 +24,7 @@ on a GPU stuck in the driver.
 """
 from __future__ import annotations
 
+import hashlib
 import random
 import threading
 from collections import Counter
@@ -28,12 +33,13 @@ from dataclasses import dataclass
 
 from fabricscope.exporter.nvml.backend import (ERROR_TYPES, FI_NVLINK_ERROR_DL_CRC, FI_NVLINK_ERROR_DL_RECOVERY,
                                                FI_NVLINK_ERROR_DL_REPLAY, FI_NVLINK_THROUGHPUT_DATA_RX,
-                                               FI_NVLINK_THROUGHPUT_DATA_TX, GpuInfo, LinkStatic,
-                                               NvmlDeviceError)
+                                               FI_NVLINK_THROUGHPUT_DATA_TX, SCOPE_ALL_LINKS, GpuInfo,
+                                               LinkStatic, NvmlDeviceError)
 from ..plugin import ClusterSpec, Fault, NodeSpec
-from .nccl import hang_faults, rank_period, ring_allreduce_bytes
+from .nccl import hang_faults, rank_pid, rank_period, ring_allreduce_bytes
 
 LINKS_PER_GPU = 18
+RANK_MEMORY_BYTES = 60 * 2**30     # what a training rank holds on its GPU
 NVLINK_VERSION = "4.0"
 # Links per NVSwitch on an HGX H100 board: 5 + 4 + 4 + 5 = 18.
 SWITCH_LINKS = (5, 4, 4, 5)
@@ -53,18 +59,35 @@ _MIN_SLEEP = 50e-6
 
 @dataclass(frozen=True)
 class CallCosts:
-    """Seconds per NVML call, measured on an H200 with 18 NVLinks (issue 14's table)."""
-    link_state: float = 1.2e-6            # nvmlDeviceGetNvLinkState
-    link_static: float = 3 * 1.2e-6       # version + remote PCI info + remote device type
-    error_counter: float = 0.85e-3        # nvmlDeviceGetNvLinkErrorCounter: 840-862 µs
-    field_call: float = 0.05e-3           # nvmlDeviceGetFieldValues, the call itself
-    field_throughput: float = 0.87e-3     # each link-scoped throughput value (36 took 31 ms)
-    field_error: float = 0.37e-3          # each supported error field (13 supported took 4.8 ms)
-    field_unsupported: float = 0.01e-3    # each NOT_SUPPORTED field
+    """Seconds per NVML call or value, measured on an H200 with 18 NVLinks, driver 580
+    (bench/device/gpu_cost.sh; docs/cost.md). burn_cpu False: the call sleeps instead
+    (tests that only need the latency shape, not the CPU)."""
+    link_state: float = 3.5e-6            # nvmlDeviceGetNvLinkState, per link (0.062 ms for 18)
+    link_static: float = 5.3e-6           # version + remote PCI info + remote device type
+    error_counter: float = 0.79e-3        # nvmlDeviceGetNvLinkErrorCounter: 0.78-0.80 ms a call
+    field_call: float = 0.0               # nvmlDeviceGetFieldValues, the call itself (in the values)
+    field_per_link: float = 0.82e-3       # each link-scoped value: 36 throughput 29.6 ms, 54 DL errors 43.9 ms
+    field_gpu_total: float = 0.58e-3      # each GPU-total value (scope SCOPE_ALL_LINKS): 2 took 1.16 ms
+    field_unsupported: float = 1.5e-6     # each NOT_SUPPORTED field: 16 took 0.022 ms
+    burn_cpu: bool = True
 
 
 H200_COSTS = CallCosts()
-FREE = CallCosts(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+# The demo's nodes: the same time per call, slept rather than burnt (a demo of 32 GPUs on
+# a laptop should not spend a core's percent on simulated driver work).
+DEMO_COSTS = CallCosts(burn_cpu=False)
+FREE = CallCosts(link_state=0.0, link_static=0.0, error_counter=0.0, field_call=0.0, field_per_link=0.0,
+                 field_gpu_total=0.0, field_unsupported=0.0, burn_cpu=False)
+# hashlib releases the GIL for buffers of 2 KiB and more: the burn runs outside the GIL,
+# as the driver's work does inside a ctypes call.
+_BURN_BLOCK = bytes(16384)
+
+
+def burn_cpu(seconds: float) -> None:
+    """Use `seconds` of this thread's CPU time."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        hashlib.sha256(_BURN_BLOCK)
 
 
 def _switch_of(link: int) -> int:
@@ -183,11 +206,19 @@ class NvmlSimSource:
                 raise NvmlDeviceError("uninitialized", "NVML was shut down")
             if not 0 <= gpu.index < len(self._links):
                 raise NvmlDeviceError("invalid_argument", f"no GPU {gpu.index}")
-        if seconds >= _MIN_SLEEP:
+        if self.costs.burn_cpu:
+            if seconds > 0:
+                burn_cpu(seconds)
+        elif seconds >= _MIN_SLEEP:
             time.sleep(seconds)
 
     def gpus(self) -> list[GpuInfo]:
         return list(self._gpus)
+
+    def running_processes(self, gpu: GpuInfo) -> list[tuple[int, int | None]]:
+        """The demo job's rank process of this GPU (fabricscope/demo/sources/nccl.py)."""
+        self._call(gpu, "nvmlDeviceGetComputeRunningProcesses", 0.0)
+        return [(rank_pid(gpu.index), RANK_MEMORY_BYTES)]
 
     def link_states(self, gpu: GpuInfo) -> dict[int, bool]:
         self._call(gpu, "nvmlDeviceGetNvLinkState", LINKS_PER_GPU * self.costs.link_state)
@@ -205,14 +236,18 @@ class NvmlSimSource:
             links = self._links[gpu.index] if 0 <= gpu.index < len(self._links) else []
             for field_id, scope in fields:
                 value = None
-                if 0 <= scope < len(links) and field_id in _THROUGHPUT_FIELDS:
-                    link = links[scope]
+                if scope == SCOPE_ALL_LINKS and field_id in _THROUGHPUT_FIELDS:
                     # NVML counts in KiB.
+                    direction = _THROUGHPUT_FIELDS[field_id]
+                    value = int(sum(link.tx if direction == "tx" else link.rx for link in links)) // 1024
+                    seconds += costs.field_gpu_total
+                elif 0 <= scope < len(links) and field_id in _THROUGHPUT_FIELDS:
+                    link = links[scope]
                     value = int(link.tx if _THROUGHPUT_FIELDS[field_id] == "tx" else link.rx) // 1024
-                    seconds += costs.field_throughput
+                    seconds += costs.field_per_link
                 elif self.error_fields and 0 <= scope < len(links) and field_id in _SCOPED_ERROR_FIELDS:
                     value = links[scope].errors.get(_SCOPED_ERROR_FIELDS[field_id])
-                    seconds += costs.field_unsupported if value is None else costs.field_error
+                    seconds += costs.field_unsupported if value is None else costs.field_per_link
                 else:
                     seconds += costs.field_unsupported
                 out.append(value)
@@ -234,4 +269,4 @@ class NvmlSimSource:
 
 
 def make_source(node: NodeSpec, cluster: ClusterSpec, rng: random.Random) -> NvmlSimSource:
-    return NvmlSimSource(node, cluster, rng)
+    return NvmlSimSource(node, cluster, rng, costs=DEMO_COSTS)
