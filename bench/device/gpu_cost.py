@@ -427,6 +427,9 @@ def job_part(args, results: dict, work: Path) -> None:
         first, last = exporter.scrapes[0], exporter.scrapes[-1]
         nvlink = [v for s in exporter.scrapes[1:]
                   for v in values(s, "fabric_scrape_collector_duration_seconds", collector="nvlink")]
+        by_collector = {c: [v * 1e3 for s in exporter.scrapes[1:]
+                            for v in values(s, "fabric_scrape_collector_duration_seconds", collector=c)]
+                        for c in SETS[exporter.name]}
         ages = [v for s in exporter.scrapes[1:] for v in values(s, "fabric_nvlink_sample_age_seconds", tier="gpu")]
         link_ages = [v for s in exporter.scrapes[1:]
                      for v in values(s, "fabric_nvlink_sample_age_seconds", tier="link")]
@@ -439,7 +442,7 @@ def job_part(args, results: dict, work: Path) -> None:
         row = {"cpu_s": cpu[exporter.name], "core_share": cpu[exporter.name] / wall, "memory_mb": mem,
                "scrape_ms": scrape_ms, "nvlink_collector_ms": [v * 1e3 for v in nvlink], "sample_age_s": ages,
                "sampling_cpu_share": sampling_cpu / wall, "nccl_calls_per_second": calls / wall,
-               "link_sample_age_s": link_ages, "sampling_cpu_share_by_tier": {t: c / wall for t, c in tier_cpu.items()},
+               "link_sample_age_s": link_ages, "collector_ms": by_collector, "sampling_cpu_share_by_tier": {t: c / wall for t, c in tier_cpu.items()},
                "error_reads": {dict(k[1])["method"]: v for k, v in
                                pick(last, "fabric_nvlink_error_counter_reads", gpu="0").items()}}
         results["job"]["sets"][exporter.name] = row
@@ -447,6 +450,8 @@ def job_part(args, results: dict, work: Path) -> None:
             f"{mem['RssAnon']:6.1f} {mem['RssFile']:6.1f} {quantile(scrape_ms, .5):8.1f}/{max(scrape_ms or [0]):<8.1f} "
             f"{quantile(row['nvlink_collector_ms'], .5):8.2f}/{max(row['nvlink_collector_ms'] or [0]):<8.2f} "
             f"{quantile(ages, .5):6.1f}/{max(ages or [0]):<6.1f} {row['nccl_calls_per_second']:13.0f}")
+        say(f"{'':<13} collector p50/max ms: " + ", ".join(
+            f"{c} {quantile(v, .5):.1f}/{max(v or [0]):.1f}" for c, v in by_collector.items()))
         if "nvlink" in SETS[exporter.name]:
             by_tier = row["sampling_cpu_share_by_tier"]
             say(f"{'':<13} NVLink sampling threads: {row['sampling_cpu_share'] * 100:.3f}% of a core (gpu tier "

@@ -205,12 +205,13 @@ class BpfMap:
         # Per-CPU values are summed as arrays of u64 (counters and histogram slots).
         if self.value_size % 8:
             raise ValueError(f"map {self.name}: per-CPU values of {self.value_size} bytes cannot be summed as u64")
+        # One unpack of the whole buffer and one C-level sum per slot across the CPUs: the
+        # per-CPU loop in Python grew with the CPU count (a 40-slot histogram on 64 CPUs
+        # took 288 µs a lookup that way, 88 µs this way; bench/percpu_sum.py).
         n = self.value_size // 8
-        total = [0] * n
-        for part in self._split(raw):
-            for i, v in enumerate(struct.unpack(f"<{n}Q", part)):
-                total[i] += v
-        return struct.pack(f"<{n}Q", *(t & 0xFFFFFFFFFFFFFFFF for t in total))
+        words = struct.unpack(f"<{len(raw) // 8}Q", raw)
+        step = self._stride // 8
+        return struct.pack(f"<{n}Q", *(sum(words[i::step]) & 0xFFFFFFFFFFFFFFFF for i in range(n)))
 
     def lookup(self, key: bytes, per_cpu: bool = False) -> bytes | list[bytes] | None:
         """The value for `key`, None if absent. Per-CPU maps: summed, or a list if per_cpu."""

@@ -30,6 +30,11 @@ from .sim_files import claim_tmpfs_home, tmpfs_home
 from .sim_node import SimNode, prepare_root
 from .sim_sources import NodeSources, discover_source_modules
 
+# The demo's NVML only sleeps through its calls (fabricscope/demo/sources/nvml.py), and its
+# scenarios run minutes, with dashboards over 15 s windows: per-link NVLink counters are
+# read every 10 s there, not every 120 s as on a real node (docs/nvlink.md).
+DEMO_EXPORTER_CONFIG = {"nvlink": {"link_sample_interval_seconds": 10}}
+
 log = logging.getLogger("fabricscope.demo")
 
 
@@ -119,7 +124,8 @@ class DemoEngine:
     def context(self, index: int) -> Context:
         node = self.nodes[index]
         return Context(sysfs=node.sysfs_root, procfs=node.procfs_root, rootfs=node.root, kmsg=node.kmsg_path,
-                       state_dir=node.state_dir, node=node.spec.name, sources=dict(self.sources[index].by_key))
+                       state_dir=node.state_dir, node=node.spec.name, sources=dict(self.sources[index].by_key),
+                       config=DEMO_EXPORTER_CONFIG)
 
 
 class DemoCluster:
