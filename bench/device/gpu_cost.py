@@ -45,7 +45,8 @@ sys.path.insert(0, str(HERE))
 
 from nccl_straggler import free_port, import_exporter, pick, scrape  # noqa: E402
 
-WORLD = 4
+# Ranks in the job, one GPU each: 4 by default; FABRIC_BENCH_WORLD on a host with fewer GPUs.
+WORLD = int(os.environ.get("FABRIC_BENCH_WORLD", "4"))
 ALL = ["ebpf", "infiniband", "kmsg", "nccl", "netdev", "nvlink", "tcp"]
 SETS = {"all": ALL, "all but nccl": [c for c in ALL if c != "nccl"], "nvlink only": ["nvlink"],
         "all 512 arenas": ALL}

@@ -32,7 +32,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nccl_straggler import free_port, import_exporter, label, pick, scrape  # noqa: E402
 
-WORLD = 4
+# Ranks in the job, one GPU each: 4 by default; FABRIC_BENCH_WORLD on a host with fewer GPUs.
+WORLD = int(os.environ.get("FABRIC_BENCH_WORLD", "4"))
 JOB_ID = "771"
 # nvidia-smi topo -m distances -> the exporter's path types.
 TOPO_PATHS = {"PIX": "same_switch", "PXB": "same_switch", "PHB": "same_root_port", "NODE": "same_numa",
