@@ -6,7 +6,7 @@ What the metrics say wins over what the inventory says:
 - NVLink (`fabric_nvlink_state{node, gpu, link}` and `fabric_nvlink_info{..., remote_pci_bus_id,
   remote_type}`): the GPU's edge to each NVSwitch (or peer GPU) it reaches is up while any
   of its links there is active; an edge the inventory lacks is added.
-- NCCL communicators -> jobs: `fabric_nccl_rank_info{comm, rank, gpu, job, node}` where the
+- NCCL communicators -> jobs: `fabric_nccl_rank_info{comm, rank, gpu, job_id, node}` where the
   exporter knows each rank's GPU; otherwise `fabric_nccl_comm_info{comm, rank, node}`, where a
   rank's GPU is taken to be the host's GPU whose index is the rank's position among the
   communicator's ranks on that host (the LOCAL_RANK = CUDA device convention of torchrun
@@ -110,7 +110,7 @@ def observe(query: InstantQuery) -> Observations:
         rank, gpu = _int(m.get("rank")), _int(m.get("gpu"))
         if rank is None or not m.get("node") or not m.get("comm"):
             continue
-        job = m.get("job") or comm_job_name(m["comm"])
+        job = m.get("job_id") or comm_job_name(m["comm"])
         obs.ranks.setdefault(job, []).append((rank, m["node"], gpu))
         described.add(m["comm"])
     by_comm: dict[str, list[tuple[int, str]]] = defaultdict(list)

@@ -57,13 +57,16 @@ def diagnosed(tmp_path_factory):
                               if g["receiver"]["name"] == "ticket" and g["labels"].get("device") == "mlx5_3"]
                     if alerts and any("FabricNcclStragglerRank" in g and "FabricInfinibandDegraded" in g
                                       for g in groups):
-                        return alerts, groups, prom.get("/api/v1/query", query="comm_rank:fabric_nccl_rank_location:info")
+                        return (alerts, groups,
+                                prom.get("/api/v1/query", query="comm_rank:fabric_nccl_rank_location:info"),
+                                prom.get("/api/v1/query", query="fabric_nccl_rank_info"))
                     return None
 
-                alerts, groups, location = procs.wait_for(
+                alerts, groups, location, rank_info = procs.wait_for(
                     straggler_with_its_link_group, t0 + FAULT_AT + DEADLINE - time.time(),
                     "the straggler alert to fire and join its NIC's Alertmanager group", interval=1)
                 yield {"alerts": alerts, "groups": groups, "location": location["data"]["result"],
+                       "rank_info": rank_info["data"]["result"],
                        "seconds": time.time() - t0 - FAULT_AT}
 
 
@@ -71,8 +74,11 @@ def test_ranks_are_located_on_their_gpu_and_its_nic(diagnosed):
     rows = {r["metric"]["rank"]: r["metric"] for r in diagnosed["location"]}
     assert {rank: (m["gpu"], m.get("device"), m.get("port"), m.get("path")) for rank, m in rows.items()} == {
         str(i): (str(i), f"mlx5_{i}", "1", "same_switch") for i in range(4)}
-    # The demo's ranks name no job: the exported job="" is stored as no label (honor_labels).
-    assert all("job" not in m for m in rows.values())
+    # The demo's ranks name no job: the exported job_id="" is stored as no label.
+    assert all("job_id" not in m for m in rows.values())
+    # The scrape's own job label survives honor_labels (a rank label named job replaced it).
+    ranks = [r["metric"] for r in diagnosed["rank_info"]]
+    assert len(ranks) == 4 and all(m.get("job") == stack.SCRAPE_JOB and "job_id" not in m for m in ranks), ranks
 
 
 def test_the_late_rank_alert_names_its_gpu_nic_and_the_errors(diagnosed):

@@ -165,7 +165,7 @@ def test_nvml_picks_the_gpu_holding_most_memory_and_is_asked_once(tmp_path):
     placement = RankPlacement(tmp_path, nvml=lambda: nvml, background=False)
     ranks = [RankProcess("c", 0, 2, 40), RankProcess("c", 1, 2, 41)]
     first = placement.resolve(ranks)
-    assert [(r.rank, r.gpu, r.job) for r in first] == [(0, "1", "slurm:5"), (1, "0", "")]
+    assert [(r.rank, r.gpu, r.job_id) for r in first] == [(0, "1", "slurm:5"), (1, "0", "")]
     assert placement.resolve(ranks) == first and nvml.calls == 2      # cached per process
 
 
@@ -187,7 +187,7 @@ def test_demo_ranks_map_to_their_gpus_as_on_a_rail_optimised_node(tmp_path):
         collector.close()
     assert {r["gpu"] for r in first} <= {"", *map(str, range(4))}
     comm = demo_nccl.job_comm(spec)
-    assert rows == [{"comm": comm, "rank": str(4 + i), "nranks": "8", "gpu": str(i), "job": ""} for i in range(4)]
+    assert rows == [{"comm": comm, "rank": str(4 + i), "nranks": "8", "gpu": str(i), "job_id": ""} for i in range(4)]
 
 
 # ---- ingest: a job that reports its own operations names its process ------------------------
@@ -216,4 +216,4 @@ def test_ingested_records_with_a_pid_place_their_rank(tmp_path):
         rows = [dict(r) for r in samples(registry_of(collector), "fabric_nccl_rank_info")]
     finally:
         collector.close()
-    assert rows == [{"comm": "job-42", "rank": "1", "nranks": "2", "gpu": "0", "job": "torchelastic:ft-3"}]
+    assert rows == [{"comm": "job-42", "rank": "1", "nranks": "2", "gpu": "0", "job_id": "torchelastic:ft-3"}]

@@ -47,7 +47,7 @@ def nccl_shaped_series(environ, start_response):
             lines.append(f"comm_rank:fabric_nccl_arrival_lag_seconds:mean5m{{{labels}}} {value}")
             lines.append(f"comm_rank:fabric_nccl_collectives:rate1m{{{labels}}} {CALLS_PER_SECOND}")
             lines.append(f'fabric_nccl_rank_info{{{labels},nranks="{len(lags)}",gpu="{rank % 2}",'
-                         f'job="{JOBS[comm]}"}} 1')
+                         f'job_id="{JOBS[comm]}"}} 1')
     return respond(start_response, 200, ("\n".join(lines) + "\n").encode(), "text/plain; version=0.0.4")
 
 

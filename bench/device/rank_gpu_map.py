@@ -5,7 +5,7 @@ collectors. Rank r is put on GPU (r + 1) mod 4, so an exporter that guessed "ran
 would fail. Each rank reports torch.cuda.current_device() and that device's PCI bus id; the
 bus id is turned into an NVML index (what the exporter's `gpu` label is) and compared with
 fabric_nccl_rank_info's gpu label for every rank. SLURM_JOB_ID is set in the job, so the
-job label is checked too. Also printed: how many /dev/nvidiaN nodes each rank holds open
+job_id label is checked too. Also printed: how many /dev/nvidiaN nodes each rank holds open
 (the fallback used without NVML works only where that is one), and the GPU -> NIC affinity
 the exporter reports next to `nvidia-smi topo -m` (compared where the host has NICs).
 
@@ -193,7 +193,7 @@ def main() -> int:
             rows = {int(label(k, "rank")): dict(k[1]) for k in pick(samples, "fabric_nccl_rank_info", nranks=WORLD)}
             # Placed once the exporter's worker looked the processes up (job, and GPU with CUDA).
             if len(reports) == WORLD and len(rows) >= WORLD and all(
-                    r["job"] and (args.backend == "fake" or r["gpu"]) for r in rows.values()):
+                    r["job_id"] and (args.backend == "fake" or r["gpu"]) for r in rows.values()):
                 break
             time.sleep(1)
         else:
@@ -210,18 +210,18 @@ def main() -> int:
             minors = sorted(device_minors(Path("/proc"), job["pid"]))
             checks.append({"rank": rank, "torch_current_device": job["current_device"],
                            "pci_bus_id": job["pci_bus_id"], "nvml_index_of_that_device": expected,
-                           "exporter_gpu": row.get("gpu"), "exporter_job": row.get("job"),
+                           "exporter_gpu": row.get("gpu"), "exporter_job_id": row.get("job_id"),
                            "match": expected is not None and row.get("gpu") == str(expected),
-                           "job_match": row.get("job") == f"slurm:{JOB_ID}",
+                           "job_match": row.get("job_id") == f"slurm:{JOB_ID}",
                            "dev_nvidia_nodes_open": minors})
             print(f"rank {rank}: torch.cuda.current_device()={job['current_device']} bus {job['pci_bus_id']} "
-                  f"-> NVML GPU {expected}; fabric_nccl_rank_info gpu={row.get('gpu')!r} job={row.get('job')!r}; "
+                  f"-> NVML GPU {expected}; fabric_nccl_rank_info gpu={row.get('gpu')!r} job_id={row.get('job_id')!r}; "
                   f"/dev/nvidiaN open: {minors}; {'MATCH' if checks[-1]['match'] else 'MISMATCH'}")
         results["ranks"] = checks
         results["ranks_matched"] = sum(c["match"] for c in checks)
         results["jobs_matched"] = sum(c["job_match"] for c in checks)
         print(f"ranks mapped to the GPU torch reports: {results['ranks_matched']}/{WORLD}; "
-              f"job label slurm:{JOB_ID}: {results['jobs_matched']}/{WORLD}")
+              f"job_id label slurm:{JOB_ID}: {results['jobs_matched']}/{WORLD}")
         if args.backend == "torch" and results["ranks_matched"] != WORLD:
             status = 1
         # GPU -> NIC

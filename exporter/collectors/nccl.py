@@ -134,9 +134,10 @@ class NcclCollector(Collector):
             yield from self._uprobe_families()
 
     def _rank_info(self) -> Metric:
-        info = GaugeMetricFamily("fabric_nccl_rank_info", "The GPU (NVML index, empty if unknown) and job (empty "
-                                 "if none) of a local rank, joinable on (node, gpu); always 1.",
-                                 labels=["comm", "rank", "nranks", "gpu", "job"])
+        info = GaugeMetricFamily("fabric_nccl_rank_info", "The GPU (NVML index, empty if unknown) and job id "
+                                 "(empty if none) of a local rank, joinable on (node, gpu); always 1.",
+                                 # job_id, not job: Prometheus owns `job` (the scrape job) on every series.
+                                 labels=["comm", "rank", "nranks", "gpu", "job_id"])
         source = self.source if self.source is not None else self.uprobes
         listed = source.rank_processes() if source is not None and hasattr(source, "rank_processes") else []
         # The process seen initialising the comm first; a pid an ingested record names after.
@@ -149,7 +150,7 @@ class NcclCollector(Collector):
                 ranks.append(RankProcess(comm, rank, nranks, pid))
         if ranks:
             for r in self.placement.resolve(ranks):
-                info.add_metric([r.comm, str(r.rank), str(r.nranks), r.gpu, r.job], 1.0)
+                info.add_metric([r.comm, str(r.rank), str(r.nranks), r.gpu, r.job_id], 1.0)
         return info
 
     def _arrival_families(self, snap) -> Iterable[Metric]:

@@ -56,7 +56,7 @@ class RankInfo:
     rank: int
     nranks: int
     gpu: str        # NVML index, "" when it cannot be told
-    job: str        # "" when the process names none
+    job_id: str     # "" when the process names none; the job_id label
 
 
 def _text(path: Path) -> str | None:

@@ -25,7 +25,7 @@ def setup(app, state) -> None:
 class OutlierQuery(BaseModel):
     cluster: str | None = Field(None, **LABEL)
     comm: str | None = Field(None, **LABEL)
-    job: str | None = Field(None, description="only communicators with a rank of this job (fabric_nccl_rank_info)",
+    job: str | None = Field(None, description="only communicators with a rank of this job (job_id of fabric_nccl_rank_info)",
                             **LABEL)
     threshold: float = Field(3.0, gt=0, le=1000, description="robust z-score (excess / (1.4826 x MAD)) to exceed")
     min_lag_seconds: float = Field(0.001, ge=0, le=3600, description="ignore ranks less late than this")

@@ -17,7 +17,7 @@ from ..prom import PrometheusClient
 from ..promql import quote
 
 ARRIVAL_LAG = "comm_rank:fabric_nccl_arrival_lag_seconds:mean5m"
-# Which job each rank belongs to (label `job`, empty when unknown), from the exporter.
+# Which job each rank belongs to (label `job_id`, absent when unknown), from the exporter.
 RANK_INFO = "fabric_nccl_rank_info"
 # Collectives per second per rank (point-to-point Send/Recv excluded), recorded by the NCCL rules.
 COLLECTIVE_RATE = "comm_rank:fabric_nccl_collectives:rate1m"
@@ -52,7 +52,7 @@ def arrival_lags(prom: PrometheusClient, cluster: str | None, comm: str | None,
     series = ARRIVAL_LAG + selector(cluster=cluster, comm=comm)
     query = f"avg_over_time({series}[{int(window_seconds)}s])" if window_seconds else series
     if job:
-        query = f"({query}) and on (cluster, comm) {RANK_INFO}{selector(cluster=cluster, job=job)}"
+        query = f"({query}) and on (cluster, comm) {RANK_INFO}{selector(cluster=cluster, job_id=job)}"
     groups: dict[tuple[str, str], dict] = {}
     for sample in prom.query(query, at=at):
         if math.isnan(sample.value):

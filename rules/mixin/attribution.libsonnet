@@ -1,7 +1,7 @@
 // Cross-layer attribution: rank -> GPU -> NIC port, and what is wrong along that path.
 //
 // Signals (docs/slow-rank-to-cable.md):
-// - fabric_nccl_rank_info{comm, rank, nranks, gpu, job}: the GPU a local rank computes on.
+// - fabric_nccl_rank_info{comm, rank, nranks, gpu, job_id}: the GPU a local rank computes on.
 // - fabric_gpu_nic_affinity_info{gpu, device, port, path}: the NIC port nearest each GPU
 //   (one row per GPU, so the join on (node, gpu) is one-to-one).
 // The straggler and hang alerts (nccl.libsonnet) read the location recorded here, and
@@ -102,7 +102,7 @@ local util = import 'util.libsonnet';
               or on (%(rank)s)
               max by (%(rankGpu)s) (fabric_nccl_rank_info)
             ||| % {
-              rankGpu: by([node, 'comm', 'rank', 'gpu', 'job']),
+              rankGpu: by([node, 'comm', 'rank', 'gpu', 'job_id']),
               gpu: gpuBy,
               gpuNic: by([node, 'gpu', 'device', 'port', 'path']),
               rank: rankBy,
