@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
+from fabricscope.exporter.nccl.tracker import DEFAULT_HANG_MULTIPLIER, DEFAULT_WINDOW
+
 from . import common as c
 from .mixin_config import thresholds
 
@@ -62,7 +64,8 @@ TOPOLOGY_EDGES = f"""
 
 def dashboard() -> g.Dashboard:
     limits = thresholds()
-    hang = limits["ncclHangMultiplier"]
+    # The exporter's tracker judges a hang; the line shows its default multiplier.
+    hang = DEFAULT_HANG_MULTIPLIER
     mad = limits["stragglerMadMultiplier"]
     panels = [
         c.row("NVLink"),
@@ -112,8 +115,9 @@ def dashboard() -> g.Dashboard:
                    legend=RANK_LEGEND + " {{op}} in flight"),
             c.prom(f"{hang:g} * max by ({RANK}, op) (fabric_nccl_completed_average_seconds{{{NCCL_SEL}}})",
                    legend=RANK_LEGEND + " {{op}} hang line")], "s",
-            f"How long the current operation has been in flight, and {hang:g}× the average of the last 20 "
-            "completed ones: past that line (and 10 s) the operation hangs (FabricNcclHang)."),
+            f"How long the current operation has been in flight, and {hang:g}× (the exporter's default "
+            f"hang_multiplier) the average of the last {DEFAULT_WINDOW} completed ones: past that line "
+            f"(and {limits['ncclHangMinElapsedSeconds']:g} s) the operation hangs (FabricNcclHang)."),
         c.table("Hanging operations", [c.prom(
             f"comm_rank:fabric_nccl_inflight_elapsed_seconds:hanging{{{c.matchers('cluster', 'node', 'comm', 'rank')}}}",
             instant=True, table=True)], "s",

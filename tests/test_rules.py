@@ -174,7 +174,7 @@ def test_render_command(tmp_path):
 def test_unit_tests_catch_a_moved_threshold(tmp_path):
     """The boundary cases are real: moving a threshold by one step makes them fail."""
     render_module.render({"thresholds": {"ibSymbolErrorsPerHour": 119, "microburstMultiplier": 2.9,
-                                         "ncclHangMultiplier": 2.8}}, tmp_path)
+                                         "ncclHangMinElapsedSeconds": 9}}, tmp_path)
     shutil.copytree(RULES / "tests", tmp_path / "tests")
     result = run([tool("promtool"), "test", "rules", *sorted(str(p) for p in (tmp_path / "tests").glob("*.yaml"))],
                  cwd=tmp_path)

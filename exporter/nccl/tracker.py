@@ -231,12 +231,21 @@ class TrackerSnapshot:
     culprits: list[Culprit] = field(default_factory=list)
 
 
+# The hang verdict's defaults. The tracker is the one home of the hang threshold: the
+# recording rules read its fabric_nccl_hanging verdict and the dashboard draws its hang
+# line from these, so nothing else restates them.
+DEFAULT_HANG_MULTIPLIER = 3.0
+DEFAULT_MIN_COMPLETED = 5
+DEFAULT_WINDOW = 20
+
+
 class NcclTracker:
     # The `nccl` config keys that are tracker settings (from_config).
     CONFIG_KEYS = frozenset({"hang_multiplier", "min_completed", "window", "max_comms", "max_series",
                              "idle_evict_seconds", "boundary_ops"})
 
-    def __init__(self, *, hang_multiplier: float = 3.0, min_completed: int = 5, window: int = 20,
+    def __init__(self, *, hang_multiplier: float = DEFAULT_HANG_MULTIPLIER,
+                 min_completed: int = DEFAULT_MIN_COMPLETED, window: int = DEFAULT_WINDOW,
                  max_comms: int = 128, max_series: int = 4096, idle_evict_seconds: float = 3600.0,
                  boundary_ops: int = 64, clock: Callable[[], float] = time.time) -> None:
         if hang_multiplier <= 1.0:

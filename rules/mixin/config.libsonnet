@@ -78,8 +78,9 @@
       // healthy) an order of magnitude; it lets a 150 us -> 960 us data-centre burst
       // alert, which a 1 ms floor would mute (docs/rules.md).
       microburstMinP99Seconds: 0.0005,
-      // A hang: elapsed > 3 × the rolling average of the last 20 completed ops.
-      ncclHangMultiplier: 3.0,
+      // A hang itself (elapsed > hang_multiplier x the rolling average) is judged by the
+      // exporter's tracker (exporter/nccl/tracker.py) alone; the rules read its
+      // fabric_nccl_hanging verdict and add only this floor.
       // An op in flight for less than this is never called a hang, however small the
       // average (a scrape that lands mid-operation sees a few milliseconds).
       ncclHangMinElapsedSeconds: 10,

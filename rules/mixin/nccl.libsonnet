@@ -47,18 +47,21 @@ local util = import 'util.libsonnet';
         rules: [
           // ---- hang ----------------------------------------------------------------
           {
-            // Per rank: the in-flight operation's elapsed time, where it exceeds
-            // ncclHangMultiplier x the rolling average of completed ops and
-            // the floor. The per-rank detail of FabricNcclHang (which pages per comm).
+            // Per rank: the in-flight operation's elapsed time where the exporter calls it
+            // hanging (fabric_nccl_hanging == 1: the tracker's hang_multiplier x the rolling
+            // average of the last `window` completed ops, judged once `min_completed` exist),
+            // above the alert-side floor. The multiplier is not re-applied here: the tracker
+            // is its one home, and it knows an average of 0 and a too-short history apart.
+            // Both series come from the same target with the same labels, so `and` matches
+            // them one to one. The per-rank detail of FabricNcclHang (which pages per comm).
             record: 'comm_rank:fabric_nccl_inflight_elapsed_seconds:hanging',
             expr: |||
               max by (%(rank)s) (
-                fabric_nccl_inflight_elapsed_seconds
-                > %(m)s * (fabric_nccl_completed_average_seconds > 0)
-                and
                 fabric_nccl_inflight_elapsed_seconds > %(floor)s
+                and
+                fabric_nccl_hanging == 1
               )
-            ||| % { rank: rankBy, m: num(th.ncclHangMultiplier), floor: num(th.ncclHangMinElapsedSeconds) },
+            ||| % { rank: rankBy, floor: num(th.ncclHangMinElapsedSeconds) },
           },
           {
             // The ranks holding a hung comm up: what the exporters name (they see the
@@ -229,7 +232,7 @@ local util = import 'util.libsonnet';
             forOf.ncclHang,
             'An NCCL communicator is hung: its collectives have been in flight far longer than their recent average.',
             'Comm {{ $labels.comm }} has been hung for {{ $value | humanizeDuration }} (more than '
-            + num(th.ncclHangMultiplier) + 'x the average of the last 20 completed operations): '
+            + "the exporter's hang_multiplier x the average of its recent completed operations): "
             + std.rstripChars(waitingCount, '\n') + ' rank(s) waiting for ' + std.rstripChars(culpritList, '\n') + '.',
             extra={
               culprit: std.rstripChars(culpritList, '\n'),
