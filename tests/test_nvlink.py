@@ -365,7 +365,10 @@ def test_a_clearly_cheaper_call_takes_the_error_counters_out_of_the_batch():
     assert get(registry, "fabric_nvlink_error_counter_reads", gpu="0", method="per_call") == 4 * 18
     calls = source.calls["nvmlDeviceGetNvLinkErrorCounter"]
     registry.collector.refresh()
-    assert source.calls["nvmlDeviceGetNvLinkErrorCounter"] - calls == 4 * 18
+    # Every link round reads the 4 counters of the 18 links one call each. The sampler's own
+    # schedule may add a round beside the one refresh() asks for: whole rounds, never fewer.
+    rounds, partial = divmod(source.calls["nvmlDeviceGetNvLinkErrorCounter"] - calls, 4 * 18)
+    assert rounds >= 1 and partial == 0, (rounds, partial)
 
 
 def test_a_batch_cheaper_per_value_than_a_call_keeps_the_error_fields_batched():
