@@ -6,8 +6,11 @@ validation runs as it does on a configured node, and prints RSS, anonymous and
 file-backed, after each stage and what it added; then the largest mappings
 (/proc/self/smaps), the threads, and which heavy packages are resident while serving.
 
-    sudo .venv/bin/python bench/exporter_memory.py [--collectors all|ebpf,nccl,...]
+    sudo .venv/bin/python bench/exporter_memory.py [--collectors all|ebpf,nccl,...] [--python-heap]
 Root for the eBPF collectors (ebpf, nccl, tcp); without root, pass host collectors only.
+--python-heap traces every Python allocation from the first import (tracemalloc) and lists
+the live Python heap by package once started; tracing adds its own memory, so the RSS
+figures of such a run are higher than without it.
 bench/exporter_cost.py measures the same exporter as its own process on a busy node.
 """
 from __future__ import annotations
@@ -28,6 +31,10 @@ def memory() -> dict[str, float]:
 
 
 STAGES: list[tuple[str, dict[str, float], int]] = []
+if "--python-heap" in sys.argv:
+    import tracemalloc
+
+    tracemalloc.start()
 
 
 def stage(name: str) -> None:
@@ -102,7 +109,8 @@ def thread_stacks_kb() -> tuple[int, int]:
 def main() -> int:
     cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cli.add_argument("--collectors", default="all", help="comma-separated, or 'all' (default)")
-    cli.add_argument("--top", type=int, default=12, help="mappings to list")
+    cli.add_argument("--top", type=int, default=12, help="mappings (and heap packages) to list")
+    cli.add_argument("--python-heap", action="store_true", help="list the live Python heap by package")
     options = cli.parse_args()
     enabled = ALL if options.collectors == "all" else options.collectors.split(",")
 
@@ -123,34 +131,64 @@ def main() -> int:
     exporter = exporter_main.start_exporter(ctx, exporter_main.enabled_collectors(args), args.listen,
                                             args.web_config, args.collector_timeout)
     stage("web config validated, collectors started")
-    exporter.render_metrics()
-    stage("first scrape")
-    settle = getattr(exporter_main, "settle_after_start", None)
-    settle() if settle else (__import__("gc").collect(), __import__("gc").freeze())
-    stage("after start-up: gc, free heap returned")
-    for _ in range(3):
+    try:
         exporter.render_metrics()
-    stage("three more scrapes")
+        stage("first scrape")
+        exporter_main.settle_after_start()
+        stage("after start-up: gc, free heap returned")
+        for _ in range(3):
+            exporter.render_metrics()
+        stage("three more scrapes")
 
-    print(f"exporter start-up, collectors: {', '.join(enabled)} (python {sys.version.split()[0]})")
-    print(f"{'stage':<44} {'RSS MB':>7} {'anon':>6} {'file':>6} {'+RSS':>6} {'+anon':>6} {'modules':>8}")
-    previous = None
-    for name, mem, modules in STAGES:
-        delta = "" if previous is None else f"{mem['VmRSS'] - previous['VmRSS']:+6.1f} " \
-                                            f"{mem['RssAnon'] - previous['RssAnon']:+6.1f}"
-        print(f"{name:<44} {mem['VmRSS']:7.1f} {mem['RssAnon']:6.1f} {mem['RssFile']:6.1f} {delta:>13} {modules:8d}")
-        previous = mem
-    count, resident = thread_stacks_kb()
-    print(f"threads: {threading.active_count()} Python threads ({len(os.listdir('/proc/self/task'))} in all); "
-          f"{count} thread stacks with {resident} KB resident")
-    resident_packages = [name for name in HEAVY if name in sys.modules]
-    print(f"resident while serving: {', '.join(resident_packages) or 'none of ' + ', '.join(HEAVY)}")
-    print(f"not imported: {', '.join(name for name in HEAVY if name not in sys.modules)}")
-    print("largest mappings by RSS:")
-    for rss, anon, count, name in mappings(options.top):
-        print(f"  {rss:6.2f} MB (anon {anon:5.2f}) x{count:<3d} {name}")
-    exporter.stop()
+        print(f"exporter start-up, collectors: {', '.join(enabled)} (python {sys.version.split()[0]})")
+        print(f"{'stage':<44} {'RSS MB':>7} {'anon':>6} {'file':>6} {'+RSS':>6} {'+anon':>6} {'modules':>8}")
+        previous = None
+        for name, mem, modules in STAGES:
+            delta = "" if previous is None else f"{mem['VmRSS'] - previous['VmRSS']:+6.1f} " \
+                                                f"{mem['RssAnon'] - previous['RssAnon']:+6.1f}"
+            print(f"{name:<44} {mem['VmRSS']:7.1f} {mem['RssAnon']:6.1f} {mem['RssFile']:6.1f} {delta:>13} {modules:8d}")
+            previous = mem
+        count, resident = thread_stacks_kb()
+        print(f"threads: {threading.active_count()} Python threads ({len(os.listdir('/proc/self/task'))} in all); "
+              f"{count} thread stacks with {resident} KB resident")
+        resident_packages = [name for name in HEAVY if name in sys.modules]
+        print(f"resident while serving: {', '.join(resident_packages) or 'none of ' + ', '.join(HEAVY)}")
+        print(f"not imported: {', '.join(name for name in HEAVY if name not in sys.modules)}")
+        print("largest mappings by RSS:")
+        for rss, anon, count, name in mappings(options.top):
+            print(f"  {rss:6.2f} MB (anon {anon:5.2f}) x{count:<3d} {name}")
+        if options.python_heap:
+            python_heap(options.top)
+    finally:   # its threads would keep this process alive
+        exporter.stop()
     return 0
+
+
+def python_heap(top: int) -> None:
+    """The live Python allocations, summed by the package (or stdlib module) that made them."""
+    import tracemalloc
+
+    by_package: collections.Counter = collections.Counter()
+    roots = sorted({str(Path(p).resolve()) for p in sys.path if p and Path(p).is_dir()}, key=len, reverse=True)
+    for stat in tracemalloc.take_snapshot().statistics("filename"):
+        name = stat.traceback[0].filename
+        for root in roots:
+            if name.startswith(root + os.sep):
+                name = name[len(root) + 1:]
+                break
+        parts = Path(name).parts
+        if name.startswith("<frozen importlib"):
+            # Allocated while importing: the modules' code objects and dicts.
+            key = "module code and namespaces (made by importlib)"
+        elif parts and parts[0] in ("fabricscope", "exporter") and len(parts) > 1:
+            key = "/".join(parts[:2])
+        else:
+            key = parts[0] if parts else name
+        by_package[key.removesuffix(".py")] += stat.size
+    total = sum(by_package.values())
+    print(f"live Python heap (tracemalloc): {total / 2**20:.1f} MB; largest by package:")
+    for name, size in by_package.most_common(top):
+        print(f"  {size / 2**20:6.2f} MB  {name}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ RUNS = [
     ("eBPF overhead of the default programs (realistic mix, TCP and syscall worst cases)", ["ebpf_overhead.py"], True),
     ("NCCL uprobe cost per call", ["nccl_uprobe_cost.py"], True),
     ("exporter CPU share and RSS on a busy node, per collector set", ["exporter_cost.py"], True),
+    ("exporter RSS per start-up stage, largest mappings, threads", ["exporter_memory.py"], True),
     ("per-CPU BPF map values summed, by CPU count", ["percpu_sum.py"], False),
     ("demo tick cost", ["demo_tick.py"], False),
     ("rule evaluation on a 1,024-GPU cluster", ["rule_eval_cost.py", "--duration", "120"], False),
