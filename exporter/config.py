@@ -1,11 +1,12 @@
 """The one schema of --config.file: every section, key, type and range the exporter reads.
 
-The whole file is validated at start-up (main.context_from_args): an unknown section or
-key, a wrong type or a bad value stops the process with the file, the key path and what
-was expected. Each collector reads its section through Context.section, which validates
-it against the same model, so a Context built in code (tests, the demo) is held to the
-same rules. Sections hold only the keys the file set; defaults stay with the code that
-uses them.
+The whole file is validated at start-up (main.context_from_args, in a short-lived child
+process: exporter/isolated.py): an unknown section or key, a wrong type or a bad value
+stops the process with the file, the key path and what was expected. The child hands back
+every section validated (`load_config_file`); a Context built in code (tests, the demo)
+instead validates each section when its collector asks for it (Context.section), against
+the same models. Sections hold only the keys the file set; defaults stay with the code
+that uses them. Importing this module imports pydantic: the serving exporter never does.
 
     infiniband:
       replace_default_thresholds: false
@@ -24,7 +25,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from .schema import STRICT, ConfigError, validate
+from .schema import STRICT, ConfigError, load_yaml, validate
 
 Seconds = Annotated[float, Field(gt=0, le=86400)]
 PositiveInt = Annotated[int, Field(ge=1, le=1_000_000)]
@@ -182,3 +183,14 @@ def section(config: dict[str, Any], name: str, source: str = "config") -> dict[s
     if model is None:
         raise ConfigError(f"{source}: no section {name!r} in the schema")
     return validate(model, raw, source, at=(name,)).model_dump(exclude_unset=True)
+
+
+def validated_sections(data: Any, source: str) -> dict[str, dict[str, Any]]:
+    """Every section of a whole config, validated and normalised as `section` returns it."""
+    config = validate_config(data, source)
+    return {name: section(config, name, source) for name in config}
+
+
+def load_config_file(path: str) -> dict[str, dict[str, Any]]:
+    """--config.file read and validated: each section as `section` returns it."""
+    return validated_sections(load_yaml(path), path)

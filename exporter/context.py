@@ -5,6 +5,7 @@ tests and the demo cluster can point the same code at a fixture or simulated tre
 """
 from __future__ import annotations
 
+import copy
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,9 +32,15 @@ class Context:
     args: Any = None
     # Where `config` came from, for error messages.
     config_source: str = "config"
+    # True when `config` already holds every section validated and normalised
+    # (config.load_config_file, as `fabricscope exporter` reads --config.file at start-up).
+    config_validated: bool = False
 
     def section(self, name: str) -> dict[str, Any]:
         """The collector's section, validated against the one schema (exporter/config.py):
         only the keys that were set, so defaults stay with the code that uses them."""
-        from .config import section
+        if self.config_validated:
+            # A copy: a collector may adjust its section without changing the config.
+            return copy.deepcopy(self.config.get(name, {}))
+        from .config import section   # pydantic: only where the config was not checked yet
         return section(self.config, name, self.config_source)

@@ -18,9 +18,9 @@ from .exposition import Renderer
 from .framework import (COLLECTORS, DEFAULT_COLLECTOR_TIMEOUT, Collector, ScrapeCollector, build_collectors,
                         load_collector_modules)
 from .web import serve
-from .config import validate_config
-from .malloc import cap_malloc_arenas
-from .schema import ConfigError, load_yaml
+from .isolated import IsolatedStepError, in_child
+from .malloc import cap_malloc_arenas, return_free_heap
+from .schema import ConfigError
 from .webconfig import load_web_config
 
 log = logging.getLogger("fabricscope.exporter")
@@ -134,15 +134,31 @@ def context_from_args(args: argparse.Namespace) -> Context:
     if args.config_file:
         source = args.config_file
         try:
-            config = validate_config(load_yaml(args.config_file), source)
-        except ConfigError as exc:
+            # In a child process: pydantic and PyYAML are imported there, not here.
+            config = in_child(_load_config_file, args.config_file)
+        except (ConfigError, IsolatedStepError) as exc:
             raise SystemExit(f"fabricscope exporter: --config.file {exc}") from None
     ctx = Context(sysfs=Path(args.sysfs), procfs=Path(args.procfs), rootfs=Path(args.rootfs),
                   kmsg=Path(args.kmsg), state_dir=Path(args.state_dir), config=config, args=args,
-                  config_source=source)
+                  config_source=source, config_validated=True)
     if args.node is not None:
         ctx.node = args.node
     return ctx
+
+
+def _load_config_file(path: str) -> dict:
+    from .config import load_config_file   # imports pydantic: called in a child process
+    return load_config_file(path)
+
+
+def settle_after_start() -> None:
+    """Once everything is started: what start-up allocated for good (modules, caches,
+    static device info) lives for the whole process, so move it out of the cyclic GC's
+    reach: otherwise each full collection walks it all, which tripled the p99 scrape
+    latency (bench/scrape_latency.py). Then hand the heap start-up freed back to the kernel."""
+    gc.collect()
+    gc.freeze()
+    return_free_heap()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -154,13 +170,9 @@ def run(args: argparse.Namespace) -> int:
     enabled = enabled_collectors(args)
     try:
         exporter = start_exporter(ctx, enabled, args.listen, args.web_config, args.collector_timeout)
-    except (ConfigError, OSError) as exc:   # bad web config, address in use, ...
+    except (ConfigError, OSError, IsolatedStepError) as exc:   # bad web config, address in use, ...
         raise SystemExit(f"fabricscope exporter: {exc}") from None
-    # Everything allocated so far (modules, caches, static device info) lives for the
-    # whole process: move it out of the cyclic GC's reach. Otherwise each full collection
-    # walks it all, which tripled the p99 scrape latency (bench/scrape_latency.py).
-    gc.collect()
-    gc.freeze()
+    settle_after_start()
     log.info("fabricscope exporter %s on %s (node %r), collectors: %s", __version__, args.listen,
              ctx.node, ", ".join(enabled))
     stop = threading.Event()

@@ -10,6 +10,10 @@ The cap must be set before the threads first allocate: `fabricscope exporter` ca
 cap_malloc_arenas() first thing. MALLOC_ARENA_MAX in the environment (glibc reads it
 itself) wins over the cap. Non-glibc C libraries (musl has no per-thread arenas) are left
 alone.
+
+return_free_heap() (malloc_trim) gives back to the kernel the heap pages that start-up
+used and freed (parsing BTF and BPF objects, building collectors): glibc otherwise keeps
+them for reuse, resident, for the life of the process.
 """
 from __future__ import annotations
 
@@ -23,20 +27,39 @@ M_ARENA_MAX = -8            # malloc.h
 DEFAULT_ARENAS = 2
 
 
-def cap_malloc_arenas(limit: int = DEFAULT_ARENAS) -> bool:
-    """mallopt(M_ARENA_MAX, limit) where the C library is glibc; True if it took effect."""
-    if os.environ.get("MALLOC_ARENA_MAX"):
-        return False                               # the operator's setting stands
+def _glibc() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL(None)
         # Only glibc has gnu_get_libc_version; elsewhere mallopt may not know M_ARENA_MAX.
         libc.gnu_get_libc_version
-        mallopt = libc.mallopt
+        return libc
     except (OSError, AttributeError):
+        return None
+
+
+def cap_malloc_arenas(limit: int = DEFAULT_ARENAS) -> bool:
+    """mallopt(M_ARENA_MAX, limit) where the C library is glibc; True if it took effect."""
+    if os.environ.get("MALLOC_ARENA_MAX"):
+        return False                               # the operator's setting stands
+    libc = _glibc()
+    if libc is None:
         return False
+    mallopt = libc.mallopt
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     applied = mallopt(M_ARENA_MAX, limit) == 1
     if not applied:
         log.debug("mallopt(M_ARENA_MAX, %d) refused", limit)
     return applied
+
+
+def return_free_heap() -> bool:
+    """malloc_trim(0) where the C library is glibc: free pages of every arena go back to
+    the kernel. True if some memory was released."""
+    libc = _glibc()
+    if libc is None:
+        return False
+    malloc_trim = libc.malloc_trim
+    malloc_trim.argtypes = [ctypes.c_size_t]
+    malloc_trim.restype = ctypes.c_int
+    return malloc_trim(0) == 1

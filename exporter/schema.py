@@ -6,20 +6,26 @@ line per problem: the file, the key path, what was expected and (shortened) what
 found, e.g.
 
     config.yml: infiniband.thresholds.link_downed.delta: expected a number, got 'high'
+
+Importing this module costs nothing: pydantic and PyYAML are imported by the functions that
+use them. `fabricscope exporter` runs those in a short-lived child process
+(exporter/isolated.py), so neither stays resident in the serving exporter (`shown` and
+ConfigError are used while serving).
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+if TYPE_CHECKING:
+    from pydantic import BaseModel, ValidationError
 
-Model = TypeVar("Model", bound=BaseModel)
+Model = TypeVar("Model", bound="BaseModel")
 
 # Strict: YAML already carries types, so "3" for a number or 1 for a name is a mistake
 # to report, not a value to coerce. Forbid: a misspelt key must not be silently ignored.
-STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
+# (pydantic's ConfigDict is a TypedDict: this plain dict is the same value.)
+STRICT = dict(extra="forbid", strict=True, frozen=True)
 
 
 class ConfigError(ValueError):
@@ -68,6 +74,8 @@ def format_errors(source: str, exc: ValidationError, at: tuple = ()) -> str:
 def validate(model: type[Model], data: Any, source: str, at: tuple = ()) -> Model:
     """`data` as a `model`, or a ConfigError naming `source` and each key path (prefixed
     with `at` when `data` is part of a larger file)."""
+    from pydantic import ValidationError
+
     try:
         return model.model_validate({} if data is None else data)
     except ValidationError as exc:
@@ -76,6 +84,8 @@ def validate(model: type[Model], data: Any, source: str, at: tuple = ()) -> Mode
 
 def load_yaml(path: str | Path) -> Any:
     """The parsed file, or a ConfigError naming it."""
+    import yaml
+
     try:
         text = Path(path).read_text()
     except OSError as exc:

@@ -13,9 +13,11 @@
       headers: {X-Frame-Options: deny}
 
 Relative paths are resolved against the config file's directory, as exporter-toolkit does.
-The file is validated against one schema at start-up: an unknown key (including
-exporter-toolkit keys this exporter does not implement), a wrong type, an unknown TLS
-version or a hash bcrypt cannot use stops the exporter with the key path.
+The file is validated against one schema (exporter/webconfig_schema.py) at start-up: an
+unknown key (including exporter-toolkit keys this exporter does not implement), a wrong
+type, an unknown TLS version or a hash bcrypt cannot use stops the exporter with the key
+path. The schema check runs in a short-lived child process (exporter/isolated.py), so
+pydantic and PyYAML are not kept in the serving exporter.
 """
 from __future__ import annotations
 
@@ -30,12 +32,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Literal
 
-import bcrypt
-from pydantic import BaseModel, field_validator
-
-from .schema import STRICT, ConfigError, load_yaml, validate
+from .isolated import IsolatedStepError, in_child
+from .schema import ConfigError
 
 _TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,
@@ -50,50 +51,11 @@ _CLIENT_AUTH = {
     "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
-TlsVersion = Literal["TLS10", "TLS11", "TLS12", "TLS13"]
-ClientAuth = Literal["NoClientCert", "RequestClientCert", "RequireAnyClientCert", "VerifyClientCertIfGiven",
-                     "RequireAndVerifyClientCert"]
-# RFC 9110 token characters: a header name outside them, or a value with CR/LF, would let
-# the config file split a response.
-_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
-_HEADER_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*\Z")
 _BCRYPT_MAX_PASSWORD = 72   # bytes bcrypt looks at; longer is refused, never silently cut
 
 
 class WebConfigError(ConfigError):
     pass
-
-
-class TlsServerConfig(BaseModel):
-    model_config = STRICT
-    cert_file: str
-    key_file: str
-    client_auth_type: ClientAuth = "NoClientCert"
-    client_ca_file: str | None = None
-    min_version: TlsVersion = "TLS12"
-    max_version: TlsVersion | None = None
-
-
-class HttpServerConfig(BaseModel):
-    model_config = STRICT
-    headers: dict[str, str] = {}
-
-    @field_validator("headers")
-    @classmethod
-    def _safe_headers(cls, headers: dict[str, str]) -> dict[str, str]:
-        for name, value in headers.items():
-            if not _HEADER_NAME.match(name):
-                raise ValueError(f"header name {name[:40]!r} is not an HTTP token")
-            if not _HEADER_VALUE.match(value):
-                raise ValueError(f"header {name!r} has a control character (CR/LF) in its value")
-        return headers
-
-
-class WebConfigFile(BaseModel):
-    model_config = STRICT
-    tls_server_config: TlsServerConfig | None = None
-    basic_auth_users: dict[str, str] = {}
-    http_server_config: HttpServerConfig = HttpServerConfig()
 
 
 class Auth(Enum):
@@ -166,6 +128,7 @@ class WebConfig:
         if not self._rate.take():
             return Auth.THROTTLED
         hashed = self.users.get(user)
+        import bcrypt   # users are configured (none: returned above)
         try:
             ok = bcrypt.checkpw(password_bytes, hashed if hashed is not None else self._decoy) and hashed is not None
         except ValueError:      # cannot happen for validated hashes; refuse rather than fail
@@ -182,23 +145,26 @@ def load_web_config(path: str | Path | None) -> WebConfig:
     if not path:
         return WebConfig()
     path = Path(path)
-    raw = load_yaml(path)
-    if raw is not None and not isinstance(raw, dict):
-        raise WebConfigError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
     try:
-        parsed = validate(WebConfigFile, raw, str(path))
-    except ConfigError as exc:
+        parsed = in_child(_read_web_config_file, str(path))
+    except (ConfigError, IsolatedStepError) as exc:
         raise WebConfigError(str(exc)) from None
-    config = WebConfig(headers=dict(parsed.http_server_config.headers))
-    if parsed.tls_server_config is not None:
-        config.ssl_context = _ssl_context(parsed.tls_server_config, path.parent, path)
+    config = WebConfig(headers=dict(parsed["http_server_config"]["headers"]))
+    if parsed["tls_server_config"] is not None:
+        config.ssl_context = _ssl_context(SimpleNamespace(**parsed["tls_server_config"]), path.parent, path)
     costs = []
-    for user, hashed in parsed.basic_auth_users.items():
+    for user, hashed in parsed["basic_auth_users"].items():
         config.users[user] = _usable_hash(hashed, user, path)
         costs.append(int(config.users[user][4:6]))
     if costs:
+        import bcrypt   # only an exporter that checks passwords imports it (0.5 MB resident)
         config._decoy = bcrypt.hashpw(b"decoy", bcrypt.gensalt(rounds=max(costs)))
     return config
+
+
+def _read_web_config_file(path: str) -> dict:
+    from .webconfig_schema import read_web_config_file   # imports pydantic: in a child process
+    return read_web_config_file(path)
 
 
 def _usable_hash(hashed: str, user: str, path: Path) -> bytes:
@@ -209,6 +175,8 @@ def _usable_hash(hashed: str, user: str, path: Path) -> bytes:
     raw = raw.replace(b"$2y$", b"$2b$", 1)
     # A hash with the right prefix can still be one bcrypt refuses (bad cost, truncated
     # salt): find out now, not on the first login.
+    import bcrypt
+
     try:
         bcrypt.checkpw(b"", raw)
     except ValueError as exc:
@@ -218,7 +186,7 @@ def _usable_hash(hashed: str, user: str, path: Path) -> bytes:
     return raw
 
 
-def _ssl_context(tls: TlsServerConfig, base: Path, path: Path) -> ssl.SSLContext:
+def _ssl_context(tls: SimpleNamespace, base: Path, path: Path) -> ssl.SSLContext:
     def resolve(name: str | None) -> str | None:
         return str(base / name) if name else None
 

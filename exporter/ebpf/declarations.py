@@ -8,8 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from .histogram import BucketLayout
 from .objects import SOURCE_DIR
 
@@ -86,6 +84,8 @@ def _layout(metric: dict, origin: str) -> BucketLayout:
 
 def load_declarations(directory: Path = SOURCE_DIR) -> list[ObjectDecl]:
     """Every <name>.yaml in `directory` that has a matching <name>.bpf.c."""
+    import yaml   # here, not at the top: only an exporter with the ebpf collector on needs it
+
     decls = []
     for path in sorted(directory.glob("*.yaml")):
         if not (directory / f"{path.stem}.bpf.c").exists():

@@ -1,0 +1,157 @@
+"""Where the exporter's RSS goes: the process's memory after each start-up stage.
+
+Runs `fabricscope exporter`'s own start-up steps (exporter/main.py: run()) one by one in
+this process, with a --config.file and a --web.config.file (basic auth) so the start-up
+validation runs as it does on a configured node, and prints RSS, anonymous and
+file-backed, after each stage and what it added; then the largest mappings
+(/proc/self/smaps), the threads, and which heavy packages are resident while serving.
+
+    sudo .venv/bin/python bench/exporter_memory.py [--collectors all|ebpf,nccl,...]
+Root for the eBPF collectors (ebpf, nccl, tcp); without root, pass host collectors only.
+bench/exporter_cost.py measures the same exporter as its own process on a busy node.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+
+def memory() -> dict[str, float]:
+    """VmRSS, RssAnon, RssFile in MB (/proc/self/status)."""
+    values = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssFile"):
+                values[key] = int(rest.split()[0]) / 1024
+    return values
+
+
+STAGES: list[tuple[str, dict[str, float], int]] = []
+
+
+def stage(name: str) -> None:
+    STAGES.append((name, memory(), len(sys.modules)))
+
+
+stage("interpreter")
+
+import argparse  # noqa: E402
+import collections  # noqa: E402
+import resource  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+stage("bench's own imports")
+
+from fabricscope.exporter import main as exporter_main  # noqa: E402
+
+stage("import fabricscope.exporter.main")
+
+ALL = ["ebpf", "infiniband", "kmsg", "nccl", "netdev", "nvlink", "tcp"]
+# Packages that cost megabytes; the serving exporter should hold only those it uses.
+HEAVY = ["pydantic", "pydantic_core", "yaml", "prometheus_client", "cheroot", "bcrypt", "http.server", "wsgiref",
+         "email", "urllib.request", "pynvml", "concurrent.futures", "ssl", "asyncio"]
+CONFIG = """\
+nvlink: {sample_interval_seconds: 10}
+nccl: {window: 20}
+infiniband: {thresholds: [{counter: symbol_error, type: velocity, threshold: 50, unit: minute}]}
+"""
+# bcrypt of "secret" at cost 4 (cheap to check).
+WEB_CONFIG = "basic_auth_users:\n  prometheus: $2b$04$8OrintucnpU.dL/r2luHMu6dveVSc8Wmh7SJtyfN0J4HeiHllbbuS\n"
+
+
+def mappings(top: int) -> list[tuple[float, float, int, str]]:
+    """(RSS MB, anon MB, mapping count, name) per mapped object, largest first."""
+    rss, anon, count = collections.Counter(), collections.Counter(), collections.Counter()
+    name = "[anon]"
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):
+                name = fields[5] if len(fields) > 5 else "[anon]"
+                count[name] += 1
+            elif fields[0] == "Rss:":
+                rss[name] += int(fields[1])
+            elif fields[0] == "Anonymous:":
+                anon[name] += int(fields[1])
+    return [(kb / 1024, anon[n] / 1024, count[n], n) for n, kb in rss.most_common(top)]
+
+
+def thread_stacks_kb() -> tuple[int, int]:
+    """(count, resident KB) of the thread stacks: anonymous mappings of exactly the stack
+    size glibc gives a new thread (threading.stack_size(), else RLIMIT_STACK)."""
+    sizes = {threading.stack_size() or resource.getrlimit(resource.RLIMIT_STACK)[0]}
+    count = resident = 0
+    stack = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                stack = len(fields) <= 5 and fields[1] == "rw-p" and end - start in sizes
+            elif fields[0] == "Rss:" and stack:
+                count += 1
+                resident += int(fields[1])
+    return count, resident
+
+
+def main() -> int:
+    cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cli.add_argument("--collectors", default="all", help="comma-separated, or 'all' (default)")
+    cli.add_argument("--top", type=int, default=12, help="mappings to list")
+    options = cli.parse_args()
+    enabled = ALL if options.collectors == "all" else options.collectors.split(",")
+
+    work = Path(tempfile.mkdtemp(prefix="fabric-memory-"))
+    (work / "config.yml").write_text(CONFIG)
+    (work / "web.yml").write_text(WEB_CONFIG)
+    parser = argparse.ArgumentParser()
+    exporter_main.add_arguments(parser)
+    args = parser.parse_args(["--web.listen-address", "127.0.0.1:0", "--path.state", str(work / "state"),
+                              "--config.file", str(work / "config.yml"),
+                              "--web.config.file", str(work / "web.yml"), "--log.level", "warning",
+                              *[f"--collector.{name}" for name in ALL if name in enabled],
+                              *[f"--no-collector.{name}" for name in ALL if name not in enabled]])
+    stage("collector modules and flags")
+    exporter_main.cap_malloc_arenas()
+    ctx = exporter_main.context_from_args(args)
+    stage("--config.file validated")
+    exporter = exporter_main.start_exporter(ctx, exporter_main.enabled_collectors(args), args.listen,
+                                            args.web_config, args.collector_timeout)
+    stage("web config validated, collectors started")
+    exporter.render_metrics()
+    stage("first scrape")
+    settle = getattr(exporter_main, "settle_after_start", None)
+    settle() if settle else (__import__("gc").collect(), __import__("gc").freeze())
+    stage("after start-up: gc, free heap returned")
+    for _ in range(3):
+        exporter.render_metrics()
+    stage("three more scrapes")
+
+    print(f"exporter start-up, collectors: {', '.join(enabled)} (python {sys.version.split()[0]})")
+    print(f"{'stage':<44} {'RSS MB':>7} {'anon':>6} {'file':>6} {'+RSS':>6} {'+anon':>6} {'modules':>8}")
+    previous = None
+    for name, mem, modules in STAGES:
+        delta = "" if previous is None else f"{mem['VmRSS'] - previous['VmRSS']:+6.1f} " \
+                                            f"{mem['RssAnon'] - previous['RssAnon']:+6.1f}"
+        print(f"{name:<44} {mem['VmRSS']:7.1f} {mem['RssAnon']:6.1f} {mem['RssFile']:6.1f} {delta:>13} {modules:8d}")
+        previous = mem
+    count, resident = thread_stacks_kb()
+    print(f"threads: {threading.active_count()} Python threads ({len(os.listdir('/proc/self/task'))} in all); "
+          f"{count} thread stacks with {resident} KB resident")
+    resident_packages = [name for name in HEAVY if name in sys.modules]
+    print(f"resident while serving: {', '.join(resident_packages) or 'none of ' + ', '.join(HEAVY)}")
+    print(f"not imported: {', '.join(name for name in HEAVY if name not in sys.modules)}")
+    print("largest mappings by RSS:")
+    for rss, anon, count, name in mappings(options.top):
+        print(f"  {rss:6.2f} MB (anon {anon:5.2f}) x{count:<3d} {name}")
+    exporter.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
