@@ -1,5 +1,5 @@
-"""The query sidecar under load, as it runs in production: `fabricscope sidecar` under
-gunicorn with TLS, SQLite storage, a real local Prometheus.
+"""The query sidecar under load, as it runs in production: `fabricscope sidecar` with
+TLS, SQLite storage, a real local Prometheus.
 
   ingest       POST /tracing/spans with 1,000-span batches from several clients:
                spans stored per second (target >= 20,000 on a 2-core machine).
@@ -99,7 +99,7 @@ class Rig:
 
 
 def process_tree_cpu_seconds(root_pid: int) -> float:
-    """user+system CPU of a process and its children (gunicorn master and worker), from /proc."""
+    """user+system CPU of a process and its children, from /proc."""
     ticks = os.sysconf("SC_CLK_TCK")
     total = 0.0
     for entry in Path("/proc").iterdir():

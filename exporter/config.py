@@ -128,7 +128,9 @@ class NvlinkSection(_Section):
 class NcclSection(_Section):
     hang_multiplier: Annotated[float, Field(gt=1)] | None = None
     min_completed: PositiveInt | None = None
-    window: PositiveInt | None = None
+    # At most the last 64 durations per (comm, rank, op): what the kernel keeps for the
+    # uprobes (RECENT_MAX in exporter/bpf/nccl.bpf.c).
+    window: Annotated[int, Field(ge=1, le=64)] | None = None
     max_comms: PositiveInt | None = None
     max_series: PositiveInt | None = None
     idle_evict_seconds: Seconds | None = None

@@ -14,7 +14,10 @@ to its end is closed after the response instead of being parsed for another requ
 TLS: the handshake runs on the worker thread that serves the connection, under the
 connection timeout, never on the thread that accepts connections, and a connection
 reaches a worker only once it has sent something - clients that connect and send nothing
-cannot stop the others from being served.
+cannot stop the others from being served. Once it has sent something, its request line
+and headers (and the TLS handshake) must all arrive within `header_timeout` seconds in
+total, else it gets a 408 and is closed: a client trickling a byte every few seconds,
+each read well inside the per-read `timeout`, cannot hold a worker for long either.
 """
 from __future__ import annotations
 
@@ -22,11 +25,13 @@ import logging
 import socket
 import ssl
 import threading
+import time
 from typing import Any, Callable
 
 from cheroot import errors as cheroot_errors
 from cheroot import server as cheroot_server
 from cheroot import wsgi
+from cheroot.makefile import MakeFile, StreamReader
 from cheroot.ssl.builtin import BuiltinSSLAdapter
 
 log = logging.getLogger("fabricscope.http")
@@ -87,8 +92,44 @@ class _StrictHeaderReader(cheroot_server.HeaderReader):
         return b"_" not in key_name
 
 
+class _DeadlineSocketIO(socket.SocketIO):
+    """The raw socket reads under a connection's buffered reader. While `deadline` is set
+    each read may wait only for what is left until it (the socket timeout alone bounds
+    one read, and a trickling client keeps every read short); past it, a timeout."""
+
+    deadline: float | None = None
+
+    def readinto(self, buffer):
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("timed out")     # cheroot answers it with a 408
+            self._sock.settimeout(min(left, self.read_timeout))
+        return super().readinto(buffer)
+
+
+class _DeadlineReader(StreamReader):
+    def __init__(self, sock, read_timeout: float, bufsize: int) -> None:  # noqa: D107
+        raw = _DeadlineSocketIO(sock, "rb")
+        raw.read_timeout = read_timeout
+        super(StreamReader, self).__init__(raw, bufsize)      # as StreamReader, over this raw
+        self.bytes_read = 0
+
+
 class _Request(cheroot_server.HTTPRequest):
     header_reader = _StrictHeaderReader()
+
+    def parse_request(self):
+        raw = self.conn.rfile.raw
+        raw.deadline = time.monotonic() + self.server.header_timeout
+        try:
+            super().parse_request()
+        finally:
+            raw.deadline = None
+            try:
+                self.conn.socket.settimeout(self.server.timeout)    # the body: per read again
+            except OSError:
+                pass                                            # already closed
 
     def read_request_headers(self):
         try:
@@ -109,6 +150,13 @@ class _Request(cheroot_server.HTTPRequest):
 
 class _Connection(cheroot_server.HTTPConnection):
     RequestHandlerClass = _Request
+
+    def __init__(self, server, sock, makefile=MakeFile):
+        def files(sock, mode, bufsize):
+            if "r" in mode:
+                return _DeadlineReader(sock, server.timeout, bufsize)
+            return makefile(sock, mode, bufsize)     # TLS or plain writer, as cheroot chose
+        super().__init__(server, sock, files)
 
 
 class _Server(wsgi.Server):
@@ -143,14 +191,20 @@ class HttpServer:
 
     def __init__(self, app: WsgiApp, host: str = "127.0.0.1", port: int = 0, *, name: str = "http",
                  threads: int = 4, max_queued_connections: int = 64, timeout: float = 10.0,
+                 header_timeout: float | None = None,
                  max_header_bytes: int = 64 * 1024, max_body_bytes: int = 4 * 1024 * 1024,
                  ssl_context: ssl.SSLContext | None = None) -> None:
         self.name = name
         self.server = _Server((host, port), app, numthreads=threads, max=threads, server_name="fabricscope",
                               timeout=timeout, shutdown_timeout=2,
+                              # The listen backlog (cheroot's default is 5): a burst of
+                              # connects beyond it waits for SYN retransmits, 1 s and more.
+                              request_queue_size=128,
                               # Beyond this many connections waiting for a worker, new
                               # ones are answered 503 and closed instead of piling up.
                               accepted_queue_size=max_queued_connections, accepted_queue_timeout=1)
+        # Request line + headers (+ TLS handshake) in total; by default one `timeout`.
+        self.server.header_timeout = timeout if header_timeout is None else header_timeout
         self.server.max_request_header_size = max_header_bytes
         self.server.max_request_body_size = max_body_bytes
         if ssl_context is not None:

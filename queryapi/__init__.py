@@ -32,7 +32,7 @@ Adding an area (a blueprint)
 2. Add `"fabricscope.queryapi.<area>:bp"` to `BLUEPRINTS` in queryapi/app.py. If the
    module defines `setup(app, state)`, it is called once after registration: add a
    capability name to `state.capabilities` (listed by GET /api/versions) or a
-   `workers.PeriodicWorker` to `state.workers` (started after gunicorn forks).
+   `workers.PeriodicWorker` to `state.workers` (started once the server listens).
 3. Nothing else: auth → audit → rate limit run before every handler, errors come out as
    `{"error": {"code", "message", "detail"}}`, and the endpoint appears in
    GET /api/v1/openapi.json.

@@ -49,7 +49,7 @@ def create_app(config: SidecarConfig | Mapping[str, Any] | None = None) -> APIFl
     """The app for `config` (a SidecarConfig, a mapping of settings, or None for the
     environment). Opens storage (migrations, lock) and fails here, before serving, on any
     problem. Background workers are not started: call
-    `app.extensions["fabricscope"].start_background()` (the server does, after forking)."""
+    `app.extensions["fabricscope"].start_background()` (the server does, once it listens)."""
     if config is None:
         config = load_config()
     elif not isinstance(config, SidecarConfig):

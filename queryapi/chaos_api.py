@@ -89,7 +89,7 @@ class ChaosService:
     # Listed among the sidecar's workers so shutdown waits for running simulations before
     # the store closes under them.
     def start(self) -> None:
-        """Nothing to start: pool threads start with the first simulation (after the fork)."""
+        """Nothing to start: pool threads start with the first simulation."""
 
     def stop(self, timeout: float = 10.0) -> None:
         self.executor.shutdown(wait=True, cancel_futures=False)

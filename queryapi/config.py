@@ -49,6 +49,9 @@ class SidecarConfig(BaseModel):
     retention_hours: float = Field(24.0 * 7, gt=0)
     audit_log: Path | None = None          # None: the audit records go to stderr
     threads: int = Field(8, ge=1, le=256)
+    # The TLS handshake, request line and headers must arrive within this many seconds,
+    # each later read too; a connection idle this long is closed (fabricscope/httpserver.py).
+    client_timeout_seconds: float = Field(10.0, gt=0, le=300)
     slo_default_ms: float = Field(DEFAULT_SLO_MS, gt=0)
     # (service, operation) -> ms, from TRACING_SLO_<service>_<operation>; see slo_for().
     slo_overrides: dict[str, float] = Field(default_factory=dict)

@@ -1,17 +1,26 @@
-"""`fabricscope sidecar`: validate the configuration, open storage, serve the app with
-gunicorn (one worker process with threads, TLS unless --insecure-no-tls).
+"""`fabricscope sidecar`: validate the configuration, open storage, serve the app on the
+HTTP server every fabricscope process uses (fabricscope/httpserver.py, cheroot: a pool of
+worker threads, TLS unless --insecure-no-tls).
 
-One worker process per replica because the SQLite file is held under an exclusive lock
-and the rate limiter and background workers are in-process; threads give the
-concurrency. The app is built before forking (preload), so a bad setting, a locked
-database or a newer schema stops the command with a one-line error instead of a worker
-crash loop. For several replicas use PostgreSQL and a load balancer.
+One process per replica because the SQLite file is held under an exclusive lock and the
+rate limiter and background workers are in-process; threads give the concurrency. The
+app is built before anything listens, so a bad setting, a locked database or a newer
+schema stops the command with a one-line error. For several replicas use PostgreSQL and
+a load balancer.
+
+Slow and silent clients: a new connection waits in the server's selector, without a
+thread, until it sends something; the TLS handshake, request line and headers must then
+arrive within `client_timeout_seconds`, and each later read within the same time, else
+408 and the connection is closed. Silent connections are closed after that long idle.
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
+import ssl
 import sys
+import threading
 from pathlib import Path
 
 from .config import DEFAULT_PORT, ENV_PREFIX, ConfigError, SidecarConfig, load_config
@@ -48,6 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--audit-log", type=Path, default=None,
                         help=f"audit log file, one JSON object per request (default stderr) {env('audit_log')}")
     parser.add_argument("--threads", type=int, default=None, help=f"request threads (default 8) {env('threads')}")
+    parser.add_argument("--client-timeout", dest="client_timeout_seconds", type=float, default=None,
+                        help="seconds a client has for its TLS handshake, request line and headers, and for "
+                             f"each later read; idle connections close after it (default 10) "
+                             f"{env('client_timeout_seconds')}")
     parser.add_argument("--gpu-hour-rates", default=None,
                         help="GPU-hour prices per rate class for get_cost, e.g. default=2.5,h100=4 "
                              f"{env('gpu_hour_rates')}")
@@ -67,43 +80,61 @@ def flags_from_args(args: argparse.Namespace) -> dict:
     flags = {name: getattr(args, name) for name in (
         "host", "port", "tls_cert", "tls_key", "insecure_no_tls", "keys_file", "prometheus_url",
         "prometheus_timeout_seconds", "database", "max_body_bytes", "retention_hours", "audit_log", "threads",
-        "gpu_hour_rates", "chaos_topology", "chaos_refresh_seconds")}
+        "client_timeout_seconds", "gpu_hour_rates", "chaos_topology", "chaos_refresh_seconds")}
     rate = {k: v for k, v in (("per_second", args.rate_limit), ("burst", args.rate_burst)) if v is not None}
     if rate:
         flags["rate_limit"] = rate
     return flags
 
 
-def serve(app, config: SidecarConfig) -> None:
-    from gunicorn.app.base import BaseApplication
+def server_body_limit(config: SidecarConfig) -> int:
+    """The HTTP server's own body limit, well above the app's: the app refuses an oversized
+    body itself (a declared Content-Length before reading it, a chunked one after limit + 1
+    bytes, a gzip one after decompressing limit + 1) with its JSON 413, and the server
+    then reads and discards the rest of a declared body to keep the connection; a body
+    declared larger than this is refused by the server (a plain 413) before any of it is
+    read, so a client cannot make a worker drain gigabytes."""
+    return 2 * config.max_body_bytes + 65536
+
+
+def tls_context(config: SidecarConfig) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(str(config.tls_cert), str(config.tls_key))
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load --tls-cert {config.tls_cert} / --tls-key {config.tls_key}: {exc}") from None
+    return context
+
+
+def serve(app, config: SidecarConfig) -> int:
+    """Serve until SIGTERM or SIGINT, then stop the workers and close storage; the exit
+    status (2 when the port cannot be bound)."""
+    from fabricscope.httpserver import HttpServer
 
     state = app.extensions["fabricscope"]
-
-    class SidecarServer(BaseApplication):
-        def load_config(self) -> None:
-            options = {
-                "bind": f"[{config.host}]:{config.port}" if ":" in config.host else f"{config.host}:{config.port}",
-                "workers": 1,
-                "worker_class": "gthread",
-                "threads": config.threads,
-                "preload_app": True,
-                "timeout": 120,
-                "graceful_timeout": 15,
-                "accesslog": None,          # the audit log is the access log
-                "errorlog": "-",
-                "loglevel": "warning",
-                "post_worker_init": lambda worker: state.start_background(),
-                "worker_exit": lambda server, worker: state.close(),
-            }
-            if config.uses_tls:
-                options.update(certfile=str(config.tls_cert), keyfile=str(config.tls_key))
-            for key, value in options.items():
-                self.cfg.set(key, value)
-
-        def load(self):
-            return app
-
-    SidecarServer().run()
+    try:
+        context = tls_context(config) if config.uses_tls else None
+        server = HttpServer(app, config.host, config.port, name="sidecar", threads=config.threads,
+                            timeout=config.client_timeout_seconds,
+                            max_body_bytes=server_body_limit(config),
+                            ssl_context=context).start()
+    except (ConfigError, OSError) as exc:
+        state.close()
+        print(f"fabricscope sidecar: {exc}" if isinstance(exc, ConfigError) else
+              f"fabricscope sidecar: cannot listen on {config.host}:{config.port}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    state.start_background()
+    try:
+        stop.wait()
+    finally:
+        server.stop()
+        state.close()
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,8 +154,7 @@ def run(args: argparse.Namespace) -> int:
         log.warning("--insecure-no-tls: serving plaintext HTTP; API keys are sent in the clear")
     log.info("serving on %s://%s:%d (database %s, Prometheus %s)", scheme, config.host, config.port,
              app.extensions["fabricscope"].storage.describe(), config.prometheus_url)
-    serve(app, config)
-    return 0
+    return serve(app, config)
 
 
 def _add_key(args: argparse.Namespace) -> int:

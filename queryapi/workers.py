@@ -1,6 +1,6 @@
 """Background work of the sidecar: a thread that runs a function every `interval`
-seconds until stopped. Started after gunicorn forks its worker (threads do not survive a
-fork), stopped on shutdown; a failing run is logged and retried next interval."""
+seconds until stopped. Started once the server listens, stopped on shutdown; a failing
+run is logged and retried next interval."""
 from __future__ import annotations
 
 import logging

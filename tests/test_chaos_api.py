@@ -193,8 +193,8 @@ def test_critical_alerts_get_the_blast_radius_of_their_device(env):
 
 
 def test_real_sidecar_process_simulates_and_keeps_results_across_a_restart(tmp_path):
-    """`fabricscope sidecar` under gunicorn (TLS, forked worker): the pool and the refresh
-    worker run after the fork, and a result outlives the process."""
+    """`fabricscope sidecar` (TLS): the pool and the refresh worker run in the serving
+    process, and a result outlives the process."""
     import requests
 
     from fabricscope.stack.sidecar import start_sidecar

@@ -1,5 +1,5 @@
 """The query layer on real components: the demo cluster -> a real Prometheus with the
-committed rules -> `fabricscope sidecar` (gunicorn, TLS) -> HTTP and the real `mcp`
+committed rules -> `fabricscope sidecar` (TLS) -> HTTP and the real `mcp`
 client SDK.
 
 A link and an NVLink are down from the first second, so registered queries have live

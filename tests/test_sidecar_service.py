@@ -1,4 +1,4 @@
-"""The sidecar as operators run it: `fabricscope sidecar` under gunicorn with TLS, over
+"""The sidecar as operators run it: `fabricscope sidecar` with TLS, over
 real sockets. Security defaults (TLS, keys and scopes, rate limit, body limit, audit),
 probes, the OpenAPI document and key rotation."""
 from __future__ import annotations

@@ -1,15 +1,30 @@
 // SPDX-License-Identifier: GPL-2.0
-/* NCCL collectives from uprobes on libnccl: entry and return of every collective, and the
- * communicator initialisations that map an ncclComm_t pointer to (unique id, rank, nranks).
+/* NCCL collectives from uprobes on libnccl, accounted in the kernel.
  *
- * Everything goes to user space through one ring buffer (exporter/nccl/uprobe.py decodes
- * `struct nccl_event`; keep the two in step). A collective is one event, at its return,
- * carrying its entry (nccl_open_calls below); calls still open are read from that map.
- * Collective events are submitted without waking the reader (BPF_RB_NO_WAKEUP): it drains
- * them in batches every 100 ms, instead of waking once per event (a wakeup per event cost
- * ~50 µs of exporter CPU each). Communicator init and destroy wake it at once. A call
- * blocked inside NCCL is visible while it is blocked (its open entry). No decisions are
- * made here.
+ * Every collective call is accounted here, in maps that user space reads about once a
+ * second (exporter/nccl/kernel_state.py; keep the structs in step): per (process, comm,
+ * op) the calls, bytes, enqueue-time and duration histograms and the last durations
+ * (nccl_op_stats); per (process, comm) the sequence number, the latest call, the latest
+ * sequence boundary and the arrival-lag histogram (nccl_rank_state); calls still inside
+ * NCCL by thread (nccl_open_calls). So the exporter's work is bounded by the number of
+ * (comm, rank, op) series, whatever the collective rate: no per-call event reaches user
+ * space. Only communicator init and destroy go through the ring buffer (rare, and they
+ * wake the reader at once).
+ *
+ * The histograms' bounds and the datatype sizes come from user space (nccl_config,
+ * written before the probes attach), so their one home stays exporter/nccl/tracker.py
+ * and exporter/nccl/uprobe.py.
+ *
+ * Arrival lag is joined in the kernel: the ranks of one communicator on this node are
+ * different processes with different ncclComm_t pointers, but the same comm identity,
+ * computed here at init from the ncclUniqueId (the hash exporter/nccl/commid.py
+ * specifies). The k-th collective (Send/Recv excluded) is the same operation on every
+ * rank; the first rank to enter op k on the node records its entry time in
+ * nccl_arrivals, and every rank's lag is its entry minus that.
+ *
+ * Not atomic: NCCL forbids using one comm from several threads at once, so one thread at
+ * a time updates a (process, comm) entry; the v1 instruction set this object is built
+ * for has no fetch-and-add returning a value anyway.
  *
  * x86-64 SysV: integer arguments in rdi, rsi, rdx, rcx, r8, r9, then the stack; at a
  * function's first instruction [rsp] is the return address, so the first stack argument
@@ -33,13 +48,16 @@ char LICENSE[] SEC("license") = "GPL";
 
 #define NCCL_UNIQUE_ID_BYTES 128
 #define MAX_INIT_ALL_DEVICES 16
+/* Histogram bounds per histogram (the +Inf slot is one more), and the last durations
+ * kept per (process, comm, op) for the hang judgement's rolling average. */
+#define MAX_BOUNDS 16
+#define RECENT_MAX 64
+#define NUM_OPS 8
+#define NUM_DATATYPES 16
 
 enum event_kind {
-	EV_COLL_ENTER = 1,
-	EV_COLL_RETURN = 2,
 	EV_COMM_INIT = 3,
 	EV_COMM_END = 4,
-	EV_COLL_DONE = 5,  /* a collective that returned: its entry, aux = entry-to-return ns */
 };
 
 /* Collective op codes: index into OPS in exporter/nccl/events.py. */
@@ -53,21 +71,26 @@ enum init_fn {
 	INIT_RANK = 1, INIT_ALL = 2, INIT_SPLIT = 3, INIT_SCALABLE = 4,
 };
 
+/* Counters of what could not be accounted (nccl_problems slots). */
+enum problem {
+	PROBLEM_EVENTS_LOST = 0,       /* ring buffer full: an init or destroy event dropped */
+	PROBLEM_UNKNOWN_DATATYPE = 1,  /* a call's ncclDataType_t is not one we know: 0 bytes */
+	PROBLEM_STATE_FULL = 2,        /* no room for a new (process, comm[, op]) entry */
+	NUM_PROBLEMS = 3,
+};
+
 struct nccl_event {
 	__u64 ts_ns;       /* bpf_ktime_get_ns: CLOCK_MONOTONIC */
 	__u64 comm;        /* ncclComm_t */
-	__u64 count;       /* element count (collectives) */
+	__u64 ident;       /* init: the comm identity (0: unknown, a split of an unknown parent) */
 	__u64 aux;         /* split: parent comm; init-all: first comm of the clique */
 	__u32 pid;
 	__u32 tid;
 	__u16 kind;
 	__u16 op;
-	__s32 dtype;
-	__s32 peer;        /* root or peer; split: color */
-	__s32 rank;        /* init: rank; return: the ncclResult_t */
+	__s32 peer;        /* split: color */
+	__s32 rank;        /* init: rank (split: the key) */
 	__s32 nranks;
-	__u32 seq;         /* collective entry: its sequence number on the comm (0: Send/Recv) */
-	__u8 unique_id[NCCL_UNIQUE_ID_BYTES];
 };
 
 struct init_args {
@@ -80,35 +103,91 @@ struct init_args {
 	__u8 unique_id[NCCL_UNIQUE_ID_BYTES];
 };
 
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 1 << 22);
-} nccl_events SEC(".maps");
+/* Written once by user space before the probes attach. Bounds in ns, ascending. */
+struct nccl_config {
+	__u64 enqueue_bounds[MAX_BOUNDS];
+	__u64 duration_bounds[MAX_BOUNDS];
+	__u64 lag_bounds[MAX_BOUNDS];
+	__u32 enqueue_n;
+	__u32 duration_n;
+	__u32 lag_n;
+	__u32 boundary_ops;            /* sequence boundaries: multiples of this */
+	__u8 datatype_bytes[NUM_DATATYPES];   /* 0: unknown */
+};
 
-/* Events dropped because the ring buffer was full: user space exports the sum. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64);
-} nccl_events_lost SEC(".maps");
+struct hist {
+	__u64 counts[MAX_BOUNDS + 1];  /* counts[i]: bound[i-1] < v <= bound[i]; counts[n]: above */
+	__u64 sum_ns;
+};
 
-/* A collective is not sent at entry: its entry waits here, by thread, and goes to user
- * space once, with its enqueue time, when the call returns (EV_COLL_DONE): one event per
- * call instead of two. User space reads this map every batch for calls still open after
- * a few milliseconds (hang candidates, exporter/nccl/uprobe.py), so a call blocked inside
- * NCCL is still seen while it is blocked. LRU: a thread killed inside a call never
- * returns to delete its entry. */
+struct comm_key {
+	__u32 pid;
+	__u32 pad;
+	__u64 comm;
+};
+
+struct rank_state {
+	__u64 ident;       /* comm identity, 0 until its init was seen */
+	__u64 last_ts;     /* entry of the rank's latest call on the comm, any op */
+	__u64 last_bytes;
+	__u64 boundary_ts; /* entry of the op at `boundary` */
+	__u32 seq;         /* collectives entered, Send/Recv excluded */
+	__u32 boundary;    /* latest seq that is a multiple of boundary_ops */
+	__u16 last_op;
+	__u16 pad16;
+	__u32 pad32;
+	struct hist lag;   /* entry minus the first local entry of the same op */
+};
+
+struct op_key {
+	__u32 pid;
+	__u32 op;
+	__u64 comm;
+};
+
+struct op_stats {
+	__u64 calls;
+	__u64 bytes;
+	__u64 last_ts;             /* entry of the latest call of this op */
+	struct hist enqueue;       /* API entry to return */
+	struct hist duration;      /* entry to the rank's next call on the comm */
+	__u64 recent[RECENT_MAX];  /* the last durations, ns: slot (durations % RECENT_MAX) is next */
+	__u64 durations;           /* durations observed in all */
+};
+
+struct arrival_key {
+	__u64 ident;
+	__u64 seq;
+};
+
+/* A call inside NCCL, by thread: its entry, for the enqueue time at return and for user
+ * space to tell a call blocked inside NCCL (api_returned false). LRU: a thread killed
+ * inside a call never returns to delete its entry. */
 struct open_call {
 	__u64 ts_ns;
 	__u64 comm;
-	__u64 count;
-	__u32 seq;
-	__u16 op;
-	__u16 pad;
-	__s32 dtype;
-	__s32 peer;
+	__u32 op;
+	__u32 pad;
 };
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 16);
+} nccl_events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, NUM_PROBLEMS);
+	__type(key, __u32);
+	__type(value, __u64);
+} nccl_problems SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct nccl_config);
+} nccl_config SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -117,22 +196,29 @@ struct {
 	__type(value, struct open_call);
 } nccl_open_calls SEC(".maps");
 
-/* Collectives entered per (process, comm), Send/Recv excluded. Counted here, before the
- * ring buffer can drop the event, so one lost event does not shift a rank's later sequence
- * numbers against its peers' (user space joins ranks on them). Reset at init and destroy:
- * a comm pointer may be reused. */
-struct comm_key {
-	__u32 pid;
-	__u32 pad;
-	__u64 comm;
-};
+/* Reset at init (a comm pointer may be reused); user space deletes a destroyed comm's
+ * entries after reading them one last time, and a process's entries when it exits. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct comm_key);
+	__type(value, struct rank_state);
+} nccl_rank_state SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct op_key);
+	__type(value, struct op_stats);
+} nccl_op_stats SEC(".maps");
+
+/* First local entry of op `seq` on a comm. LRU: old ops age out on their own. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
-	__type(key, struct comm_key);
-	__type(value, __u32);
-} nccl_comm_seq SEC(".maps");
+	__type(key, struct arrival_key);
+	__type(value, __u64);
+} nccl_arrivals SEC(".maps");
 
 /* Arguments of an init call in progress, by thread: the comm exists only at return. */
 struct {
@@ -142,13 +228,27 @@ struct {
 	__type(value, struct init_args);
 } nccl_init_args SEC(".maps");
 
-/* A zeroed template: init_args is too big to build on the 512-byte BPF stack twice. */
+/* Zeroed templates: these structs are too big to build on the 512-byte BPF stack. */
+struct scratch {
+	struct init_args init;
+	struct op_stats stats;
+	struct rank_state state;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, struct init_args);
-} nccl_init_scratch SEC(".maps");
+	__type(value, struct scratch);
+} nccl_scratch SEC(".maps");
+
+static __always_inline void problem(__u32 which)
+{
+	__u64 *count = bpf_map_lookup_elem(&nccl_problems, &which);
+
+	if (count)
+		*count += 1;
+}
 
 static __always_inline struct nccl_event *reserve(__u16 kind, __u16 op)
 {
@@ -156,10 +256,7 @@ static __always_inline struct nccl_event *reserve(__u16 kind, __u16 op)
 	__u64 id = bpf_get_current_pid_tgid();
 
 	if (!e) {
-		__u32 zero = 0;
-		__u64 *lost = bpf_map_lookup_elem(&nccl_events_lost, &zero);
-		if (lost)
-			*lost += 1;
+		problem(PROBLEM_EVENTS_LOST);
 		return 0;
 	}
 	__builtin_memset(e, 0, sizeof(*e));
@@ -171,52 +268,145 @@ static __always_inline struct nccl_event *reserve(__u16 kind, __u16 op)
 	return e;
 }
 
-static __always_inline __u32 next_seq(__u64 comm)
+static __always_inline struct scratch *scratch(void)
 {
-	struct comm_key key = { .pid = bpf_get_current_pid_tgid() >> 32, .comm = comm };
-	__u32 one = 1, *seq = bpf_map_lookup_elem(&nccl_comm_seq, &key);
+	__u32 zero = 0;
 
-	if (!seq) {
-		bpf_map_update_elem(&nccl_comm_seq, &key, &one, BPF_NOEXIST);
-		return 1;
-	}
-	/* Not atomic: NCCL forbids using one comm from several threads at once, so one
-	 * thread at a time enters here for a key (and the v1 instruction set this object is
-	 * built for cannot return a fetch-and-add's value). */
-	*seq += 1;
-	return *seq;
+	return bpf_map_lookup_elem(&nccl_scratch, &zero);
 }
 
-static __always_inline void reset_seq(__u64 comm)
+/* counts[i] for the first bound >= v (Prometheus `le`), counts[n] above every bound. */
+static __always_inline void observe(struct hist *h, const __u64 *bounds, __u32 n, __u64 v)
 {
-	struct comm_key key = { .pid = bpf_get_current_pid_tgid() >> 32, .comm = comm };
+	__u32 slot = n < MAX_BOUNDS ? n : MAX_BOUNDS;
 
-	bpf_map_delete_elem(&nccl_comm_seq, &key);
+	for (__u32 i = 0; i < MAX_BOUNDS; i++) {
+		if (i >= n)
+			break;
+		if (v <= bounds[i]) {
+			slot = i;
+			break;
+		}
+	}
+	asm volatile("" : "+r"(slot));
+	if (slot <= MAX_BOUNDS)
+		h->counts[slot] += 1;
+	h->sum_ns += v;
+}
+
+static __always_inline __u64 splitmix64(__u64 v)
+{
+	v += 0x9E3779B97F4A7C15ULL;
+	v = (v ^ (v >> 30)) * 0xBF58476D1CE4E5B9ULL;
+	v = (v ^ (v >> 27)) * 0x94D049BB133111EBULL;
+	return v ^ (v >> 31);
+}
+
+static __always_inline struct rank_state *rank_state(__u32 pid, __u64 comm)
+{
+	struct comm_key key = { .pid = pid, .comm = comm };
+	struct rank_state *state = bpf_map_lookup_elem(&nccl_rank_state, &key);
+	struct scratch *s;
+
+	if (state)
+		return state;
+	s = scratch();
+	if (!s)
+		return 0;
+	__builtin_memset(&s->state, 0, sizeof(s->state));
+	bpf_map_update_elem(&nccl_rank_state, &key, &s->state, BPF_NOEXIST);
+	state = bpf_map_lookup_elem(&nccl_rank_state, &key);
+	if (!state)
+		problem(PROBLEM_STATE_FULL);
+	return state;
+}
+
+static __always_inline struct op_stats *op_stats(__u32 pid, __u32 op, __u64 comm)
+{
+	struct op_key key = { .pid = pid, .op = op, .comm = comm };
+	struct op_stats *stats = bpf_map_lookup_elem(&nccl_op_stats, &key);
+	struct scratch *s;
+
+	if (stats)
+		return stats;
+	s = scratch();
+	if (!s)
+		return 0;
+	__builtin_memset(&s->stats, 0, sizeof(s->stats));
+	bpf_map_update_elem(&nccl_op_stats, &key, &s->stats, BPF_NOEXIST);
+	stats = bpf_map_lookup_elem(&nccl_op_stats, &key);
+	if (!stats)
+		problem(PROBLEM_STATE_FULL);
+	return stats;
 }
 
 static __always_inline int coll_enter(__u16 op, __u64 comm, __u64 count, __s32 dtype, __s32 peer)
 {
-	__u32 seq = (op == OP_SEND || op == OP_RECV) ? 0 : next_seq(comm);
+	__u32 zero = 0;
+	struct nccl_config *cfg = bpf_map_lookup_elem(&nccl_config, &zero);
 	__u64 id = bpf_get_current_pid_tgid();
-	struct open_call call = {
-		.ts_ns = bpf_ktime_get_ns(), .comm = comm, .count = count, .seq = seq, .op = op,
-		.dtype = dtype, .peer = peer,
-	};
-	struct nccl_event *e;
+	__u32 pid = id >> 32;
+	__u64 now = bpf_ktime_get_ns();
+	struct open_call call = { .ts_ns = now, .comm = comm, .op = op };
+	struct rank_state *state;
+	struct op_stats *stats;
+	__u32 d = (__u32)dtype, size = 0;
+	__u64 bytes = 0;
 
-	if (!bpf_map_update_elem(&nccl_open_calls, &id, &call, BPF_ANY))
+	if (!cfg)
 		return 0;
-	/* No room to keep it open (cannot happen with an LRU map, kept for safety): send it now. */
-	e = reserve(EV_COLL_ENTER, op);
-	if (!e)
+	if (d < NUM_DATATYPES) {
+		/* Hide the range from the compiler, or it drops the mask the verifier needs. */
+		asm volatile("" : "+r"(d));
+		size = cfg->datatype_bytes[d & (NUM_DATATYPES - 1)];
+	}
+	if (size)
+		bytes = count * size;
+	else
+		problem(PROBLEM_UNKNOWN_DATATYPE);
+	bpf_map_update_elem(&nccl_open_calls, &id, &call, BPF_ANY);
+	state = rank_state(pid, comm);
+	if (!state)
 		return 0;
-	e->ts_ns = call.ts_ns;
-	e->seq = seq;
-	e->comm = comm;
-	e->count = count;
-	e->dtype = dtype;
-	e->peer = peer;
-	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	/* This call is the earliest evidence that the rank moved past its previous one
+	 * (NCCL serialises a comm's operations): the previous op's duration ends here. */
+	if (state->last_ts && now >= state->last_ts) {
+		__u64 duration = now - state->last_ts;
+
+		stats = op_stats(pid, state->last_op & (NUM_OPS - 1), comm);
+		if (stats) {
+			observe(&stats->duration, cfg->duration_bounds, cfg->duration_n, duration);
+			stats->recent[stats->durations & (RECENT_MAX - 1)] = duration;
+			stats->durations += 1;
+		}
+	}
+	stats = op_stats(pid, op, comm);
+	if (stats) {
+		stats->calls += 1;
+		stats->bytes += bytes;
+		stats->last_ts = now;
+	}
+	state->last_ts = now;
+	state->last_op = op;
+	state->last_bytes = bytes;
+	if (op == OP_SEND || op == OP_RECV)
+		return 0;
+	state->seq += 1;
+	if (cfg->boundary_ops && state->seq % cfg->boundary_ops == 0) {
+		state->boundary = state->seq;
+		state->boundary_ts = now;
+	}
+	if (state->ident) {
+		struct arrival_key key = { .ident = state->ident, .seq = state->seq };
+		__u64 *first = bpf_map_lookup_elem(&nccl_arrivals, &key);
+
+		if (!first) {
+			bpf_map_update_elem(&nccl_arrivals, &key, &now, BPF_NOEXIST);
+			first = bpf_map_lookup_elem(&nccl_arrivals, &key);
+		}
+		if (first)
+			observe(&state->lag, cfg->lag_bounds, cfg->lag_n, now > *first ? now - *first : 0);
+	}
 	return 0;
 }
 
@@ -296,50 +486,35 @@ int BPF_KPROBE(nccl_recv_enter)
 			  (__s32)PT_REGS_PARM4(ctx));
 }
 
-/* Return of any collective: user space pairs it with the thread's open entry. */
+/* Return of any collective: its enqueue time, and the call is no longer inside NCCL. */
 SEC("uretprobe")
 int BPF_KRETPROBE(nccl_coll_return)
 {
+	__u32 zero = 0;
+	struct nccl_config *cfg = bpf_map_lookup_elem(&nccl_config, &zero);
 	__u64 id = bpf_get_current_pid_tgid();
 	struct open_call *call = bpf_map_lookup_elem(&nccl_open_calls, &id);
-	struct nccl_event *e;
+	__u64 now = bpf_ktime_get_ns();
+	struct op_stats *stats;
 
-	if (!call) {                        /* entered before the probes, or sent at entry */
-		e = reserve(EV_COLL_RETURN, 0);
-		if (!e)
-			return 0;
-		e->rank = (__s32)PT_REGS_RC(ctx);
-		bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	if (!call || !cfg)                  /* entered before the probes were attached */
 		return 0;
-	}
-	e = reserve(EV_COLL_DONE, call->op);
-	if (e) {
-		__u64 now = e->ts_ns;
-
-		e->ts_ns = call->ts_ns;
-		e->aux = now - call->ts_ns;
-		e->comm = call->comm;
-		e->count = call->count;
-		e->seq = call->seq;
-		e->dtype = call->dtype;
-		e->peer = call->peer;
-		e->rank = (__s32)PT_REGS_RC(ctx);
-		bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
-	}
+	stats = op_stats(id >> 32, call->op & (NUM_OPS - 1), call->comm);
+	if (stats && now >= call->ts_ns)
+		observe(&stats->enqueue, cfg->enqueue_bounds, cfg->enqueue_n, now - call->ts_ns);
 	bpf_map_delete_elem(&nccl_open_calls, &id);
 	return 0;
 }
 
-static __always_inline struct init_args *scratch(void)
+static __always_inline struct init_args *init_scratch(void)
 {
-	__u32 zero = 0;
-	struct init_args *a = bpf_map_lookup_elem(&nccl_init_scratch, &zero);
+	struct scratch *s = scratch();
 
-	if (a)
-		__builtin_memset(a, 0, sizeof(*a));
-	return a;
+	if (!s)
+		return 0;
+	__builtin_memset(&s->init, 0, sizeof(s->init));
+	return &s->init;
 }
-
 static __always_inline int save_init(struct init_args *a)
 {
 	__u64 id = bpf_get_current_pid_tgid();
@@ -353,7 +528,7 @@ static __always_inline int save_init(struct init_args *a)
 SEC("uprobe")
 int BPF_KPROBE(nccl_comm_init_rank_enter)
 {
-	struct init_args *a = scratch();
+	struct init_args *a = init_scratch();
 
 	if (!a)
 		return 0;
@@ -369,7 +544,7 @@ int BPF_KPROBE(nccl_comm_init_rank_enter)
 SEC("uprobe")
 int BPF_KPROBE(nccl_comm_init_scalable_enter)
 {
-	struct init_args *a = scratch();
+	struct init_args *a = init_scratch();
 
 	if (!a)
 		return 0;
@@ -385,7 +560,7 @@ int BPF_KPROBE(nccl_comm_init_scalable_enter)
 SEC("uprobe")
 int BPF_KPROBE(nccl_comm_init_all_enter)
 {
-	struct init_args *a = scratch();
+	struct init_args *a = init_scratch();
 
 	if (!a)
 		return 0;
@@ -399,7 +574,7 @@ int BPF_KPROBE(nccl_comm_init_all_enter)
 SEC("uprobe")
 int BPF_KPROBE(nccl_comm_split_enter)
 {
-	struct init_args *a = scratch();
+	struct init_args *a = init_scratch();
 
 	if (!a)
 		return 0;
@@ -414,22 +589,59 @@ int BPF_KPROBE(nccl_comm_split_enter)
 	return save_init(a);
 }
 
-static __always_inline void emit_init(struct init_args *a, __u64 comm, __s32 rank, __s32 nranks, __u64 aux)
+/* The comm identity (exporter/nccl/commid.py): splitmix64 folded over the 16 words of the
+ * ncclUniqueId; for ncclCommInitAll, over (pid, first comm); for a split, the parent's
+ * mixed with the color; 0 when the parent is unknown (initialised before we attached). */
+static __always_inline __u64 comm_ident(struct init_args *a, __u32 pid, __u64 first)
 {
+	__u64 h = 0, word;
+
+	if (a->op == INIT_ALL)
+		return splitmix64(splitmix64(pid) ^ first);
+	if (a->op == INIT_SPLIT) {
+		struct comm_key key = { .pid = pid, .comm = a->aux };
+		struct rank_state *parent = bpf_map_lookup_elem(&nccl_rank_state, &key);
+
+		if (!parent || !parent->ident)
+			return 0;
+		return splitmix64(parent->ident ^ splitmix64((__u64)(__s64)a->color));
+	}
+	for (int i = 0; i < NCCL_UNIQUE_ID_BYTES / 8; i++) {
+		__builtin_memcpy(&word, a->unique_id + 8 * i, sizeof(word));
+		h = splitmix64(h ^ word);
+	}
+	return h;
+}
+
+/* A new comm (or a reused pointer): fresh state, then tell user space. */
+static __always_inline void emit_init(struct init_args *a, __u64 comm, __s32 rank, __s32 nranks, __u64 aux,
+				      __u64 ident)
+{
+	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+	struct comm_key key = { .pid = pid, .comm = comm };
+	struct scratch *s = scratch();
 	struct nccl_event *e;
 
-	if (!comm)
+	if (!comm || !s)
 		return;
-	reset_seq(comm);
+	__builtin_memset(&s->state, 0, sizeof(s->state));
+	s->state.ident = ident;
+	if (bpf_map_update_elem(&nccl_rank_state, &key, &s->state, BPF_ANY))
+		problem(PROBLEM_STATE_FULL);
+	for (__u32 op = 0; op < NUM_OPS; op++) {
+		struct op_key stale = { .pid = pid, .op = op, .comm = comm };
+
+		bpf_map_delete_elem(&nccl_op_stats, &stale);
+	}
 	e = reserve(EV_COMM_INIT, a->op);
 	if (!e)
 		return;
 	e->comm = comm;
+	e->ident = ident;
 	e->rank = rank;
 	e->nranks = nranks;
 	e->aux = aux;
 	e->peer = a->color;
-	__builtin_memcpy(e->unique_id, a->unique_id, NCCL_UNIQUE_ID_BYTES);
 	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 }
 
@@ -453,25 +665,24 @@ int BPF_KRETPROBE(nccl_comm_init_return)
 					break;
 				comm = 0;
 				bpf_probe_read_user(&comm, sizeof(comm), (void *)(a->out + 8 * i));
-				emit_init(a, comm, i, a->nranks, first);
+				emit_init(a, comm, i, a->nranks, first, comm_ident(a, id >> 32, first));
 			}
 		} else {
 			bpf_probe_read_user(&comm, sizeof(comm), (void *)a->out);
-			emit_init(a, comm, a->rank, a->nranks, a->aux);
+			emit_init(a, comm, a->rank, a->nranks, a->aux, comm_ident(a, id >> 32, 0));
 		}
 	}
 	bpf_map_delete_elem(&nccl_init_args, &id);
 	return 0;
 }
 
-/* ncclCommDestroy(comm) / ncclCommAbort(comm): the pointer may be reused afterwards. */
+/* ncclCommDestroy(comm) / ncclCommAbort(comm): the pointer may be reused afterwards. User
+ * space reads the comm's entries one last time, then deletes them. */
 SEC("uprobe")
 int BPF_KPROBE(nccl_comm_end_enter)
 {
-	struct nccl_event *e;
+	struct nccl_event *e = reserve(EV_COMM_END, 0);
 
-	reset_seq(PT_REGS_PARM1(ctx));
-	e = reserve(EV_COMM_END, 0);
 	if (!e)
 		return 0;
 	e->comm = PT_REGS_PARM1(ctx);

@@ -1,7 +1,9 @@
 """Per-(communicator, rank, op) accounting of NCCL collectives, and hang judgement.
 
-Every source feeds the same tracker: uprobes (call_entered at the API entry, call_returned
-at its return), POST /nccl/operations and the demo (record / record_batch).
+Every source feeds the same tracker: POST /nccl/operations and the demo apply whole call
+records (record / record_batch); the uprobes' accounting is done per call in the kernel
+(exporter/bpf/nccl.bpf.c) and applied here as cumulative state, about once a second
+(apply_probed), so the judgements below are the same whatever the source.
 
 "In flight" and "completed", honestly (see docs/nccl.md):
 - NCCL calls are asynchronous: the API returns once the work is enqueued on the stream.
@@ -87,6 +89,13 @@ class Histogram:
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.buckets, value)] += 1
         self.total += value
+
+    def load(self, counts: list[int], total: float) -> None:
+        """Take cumulative counts kept elsewhere (the kernel), one per bucket plus +Inf."""
+        if len(counts) != len(self.counts):
+            raise ValueError(f"{len(counts)} bucket counts for {len(self.counts)} buckets")
+        self.counts = list(counts)
+        self.total = total
 
     def cumulative(self) -> list[tuple[str, float]]:
         """[(le, cumulative count)] including +Inf, as prometheus_client wants them."""
@@ -221,6 +230,35 @@ class ActiveOperation:
 
 
 @dataclass(frozen=True)
+class ProbedOp:
+    """One (comm, rank, op) as the kernel counted it since the comm's init: cumulative."""
+    op: str
+    calls: int
+    nbytes: int
+    last_call: float                       # UNIX seconds of the latest entry
+    enqueue: tuple[list[int], float]       # bucket counts (ENQUEUE_BUCKETS + above), sum seconds
+    duration: tuple[list[int], float]      # (DURATION_BUCKETS + above), sum seconds
+    recent: list[float]                    # the latest completed durations, oldest first
+
+
+@dataclass(frozen=True)
+class ProbedRank:
+    """A local rank's state in the kernel (exporter/nccl/kernel_state.py)."""
+    comm: str
+    rank: int
+    nranks: int
+    ops: tuple[ProbedOp, ...] = ()
+    sequence: int = 0
+    last_op: str | None = None             # the rank's latest call: in flight until its next
+    last_start: float | None = None
+    last_nbytes: int = 0
+    api_returned: bool = True
+    boundary: int = 0
+    boundary_start: float | None = None
+    lag: tuple[list[int], float] | None = None   # bucket counts (LAG_BUCKETS + above), sum seconds
+
+
+@dataclass(frozen=True)
 class TrackerSnapshot:
     comms: list[tuple[str, int, int]]          # (comm, rank, nranks)
     ops: list[OpSnapshot]
@@ -315,6 +353,36 @@ class NcclTracker:
         with self._lock:
             self._pending.pop(token, None)
 
+    def apply_probed(self, probed: ProbedRank) -> None:
+        """Take a local rank's kernel accounting: its counters and histograms replace what
+        is stored (they are cumulative), its latest call is its operation in flight."""
+        with self._lock:
+            state = self._comm(probed.comm, probed=True)
+            state.nranks[probed.rank] = probed.nranks
+            for op in probed.ops:
+                stats = self._stats(state, probed.comm, (probed.rank, op.op), probed=True)
+                if stats is None:
+                    continue
+                stats.calls, stats.nbytes = op.calls, op.nbytes
+                stats.last_call = max(stats.last_call, op.last_call)
+                stats.enqueue.load(*op.enqueue)
+                stats.duration.load(*op.duration)
+                stats.recent = deque(op.recent[-self.window:], maxlen=self.window)
+            if probed.last_start is None or probed.last_op is None:
+                return
+            state.last_activity = max(state.last_activity, probed.last_start)
+            state.inflight[probed.rank] = _InFlight(probed.last_op, probed.last_start, probed.last_nbytes,
+                                                    probed.api_returned)
+            if probed.rank < 0 or probed.last_op in _P2P and not probed.sequence:
+                return
+            seq = state.ranks.setdefault(probed.rank, _RankSequence())
+            seq.sequence = probed.sequence
+            if probed.last_op not in _P2P:
+                seq.last_op = probed.last_op
+            seq.boundary, seq.boundary_start = probed.boundary, probed.boundary_start
+            if probed.lag is not None:
+                seq.lag.load(*probed.lag)
+
     def record(self, call: NcclCall) -> None:
         self.record_batch([call])
 
@@ -366,9 +434,12 @@ class NcclTracker:
                         duration_sum=stats.duration.total,
                         completed_average=(sum(stats.recent) / len(stats.recent)) if stats.recent else None))
             active = self._active(now)
+            # Arrival lag needs a local peer to be late against: with one local rank there is
+            # none (the kernel still counts its zeros), and the sequence boundaries join nodes.
             sequences = [RankSequence(comm=comm, rank=rank, sequence=seq.sequence, boundary=seq.boundary,
                                       boundary_start=seq.boundary_start, lag=seq.lag.cumulative(),
-                                      lag_sum=seq.lag.total, lag_count=sum(seq.lag.counts))
+                                      lag_sum=seq.lag.total,
+                                      lag_count=sum(seq.lag.counts) if len(state.ranks) >= 2 else 0)
                          for comm, state in self._comms.items() for rank, seq in sorted(state.ranks.items())]
             return TrackerSnapshot(comms=comms, ops=ops, active=active, evicted=dict(self._evicted),
                                    dropped_calls=self._dropped_calls, sequences=sequences,
@@ -445,16 +516,9 @@ class NcclTracker:
     def _open(self, call: NcclCall, api_returned: bool, probed: bool) -> bool:
         """Count the call and make it the rank's open operation. False if refused."""
         state = self._comm(call.comm, probed)
-        key = (call.rank, call.op)
-        stats = state.stats.get(key)
+        stats = self._stats(state, call.comm, (call.rank, call.op), probed)
         if stats is None:
-            while self._series >= self.max_series and self._evict_lru(exclude=call.comm, probed_too=probed):
-                pass
-            if self._series >= self.max_series:
-                self._dropped_calls += 1
-                return False
-            stats = state.stats[key] = _OpStats(recent=deque(maxlen=self.window))
-            self._series += 1
+            return False
         state.nranks[call.rank] = call.nranks
         if call.pid is not None:
             state.pids[call.rank] = call.pid
@@ -472,6 +536,20 @@ class NcclTracker:
             self._complete(state, call.rank, previous, call.start - previous.start)
         state.inflight[call.rank] = _InFlight(call.op, call.start, call.nbytes, api_returned)
         return True
+
+    def _stats(self, state: _Comm, comm: str, key: tuple[int, str], probed: bool) -> _OpStats | None:
+        """The (rank, op) series, made room for under max_series; None (and a dropped call)
+        when there is none."""
+        stats = state.stats.get(key)
+        if stats is None:
+            while self._series >= self.max_series and self._evict_lru(exclude=comm, probed_too=probed):
+                pass
+            if self._series >= self.max_series:
+                self._dropped_calls += 1
+                return None
+            stats = state.stats[key] = _OpStats(recent=deque(maxlen=self.window))
+            self._series += 1
+        return stats
 
     def _arrive(self, state: _Comm, call: NcclCall) -> None:
         """Number the rank's collective and judge arrival lag once every local rank entered it."""

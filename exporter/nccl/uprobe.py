@@ -1,17 +1,20 @@
-"""NCCL through uprobes: discovery, attach/detach per library file, event decoding.
+"""NCCL through uprobes: discovery, attach/detach per library file, the kernel's accounting.
 
-exporter/bpf/nccl.bpf.c emits one `struct nccl_event` per collective entry, collective
-return, communicator init and communicator destroy. This module:
-- decodes those records (decode_event, pure) and applies them to an NcclTracker
-  (EventHandler): comm pointer -> (comm id hash, rank, nranks), entry/return pairing per
-  thread, bytes = count x datatype size;
+exporter/bpf/nccl.bpf.c accounts every collective call in BPF maps (per process, comm and
+op) and sends only communicator init and destroy through its ring buffer. This module:
+- decodes those two events (decode_event, pure) and keeps comm pointer -> (comm id, rank,
+  nranks) per process (EventHandler);
+- reads the kernel's accounting about once a second (KernelReader, layouts in
+  kernel_state.py) and hands each local rank's cumulative state to the NcclTracker, which
+  judges hangs, culprits and lag as it does for every source. The work per read is
+  bounded by the (comm, rank, op) series, whatever the collective rate;
 - finds libnccl.so* in processes' maps (libtorch_cuda.so where NCCL is linked in
   statically and still exports ncclAllReduce), attaches once per library *file* (uprobes
   are per inode, so one attach covers every process mapping it), and detaches a library
   when no process maps it any more. Which processes to look at comes from exec and
   dlopen hints (exporter/bpf/procwatch.bpf.c, discovery.ProcessWatch) and from pids first
-  seen in NCCL events; a full rescan of every process runs only as a slow safety net
-  (every 2 s when the hints are unavailable).
+  seen in the kernel's accounting; a full rescan of every process runs only as a slow
+  safety net (every 2 s when the hints are unavailable).
 Every failure is a metric and a log line; nothing here raises into the exporter.
 """
 from __future__ import annotations
@@ -27,20 +30,20 @@ from pathlib import Path
 from typing import NamedTuple
 
 from . import discovery
-from .commid import comm_label, fold_words, splitmix64, unique_id_hash
-from .events import OPS, NcclCall
+from . import kernel_state as ks
+from .commid import comm_label, fold_words
+from .tracker import DURATION_BUCKETS, ENQUEUE_BUCKETS, LAG_BUCKETS
 
 log = logging.getLogger("fabricscope.exporter.nccl")
 
 # struct nccl_event in exporter/bpf/nccl.bpf.c
-EVENT = struct.Struct("<QQQQIIHHiiiiI128s")
-EV_COLL_ENTER, EV_COLL_RETURN, EV_COMM_INIT, EV_COMM_END, EV_COLL_DONE = 1, 2, 3, 4, 5
-# struct open_call in exporter/bpf/nccl.bpf.c (nccl_open_calls, keyed by pid_tgid)
-OPEN_CALL = struct.Struct("<QQQIHHii")
+EVENT = struct.Struct("<QQQQIIHHiii")
+EV_COMM_INIT, EV_COMM_END = 3, 4
 INIT_RANK, INIT_ALL, INIT_SPLIT, INIT_SCALABLE = 1, 2, 3, 4
 
 # ncclDataType_t -> bytes per element (nccl.h): Int8/Char, Uint8, Int32/Int, Uint32,
 # Int64, Uint64, Float16/Half, Float32/Float, Float64/Double, Bfloat16, Float8e4m3, Float8e5m2.
+# Written into the program's nccl_config: the kernel sizes calls with it.
 DATATYPE_BYTES = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2, 10: 1, 11: 1}
 
 # (symbol, entry program, return program or None). A library gets every one it exports.
@@ -67,57 +70,41 @@ PROBES = [
 
 
 class NcclEvent(NamedTuple):
-    """One decoded record. A NamedTuple, not a dataclass: decoding runs once per NCCL call
-    entry and return, and building a frozen dataclass cost 4x the unpacking (docs/cost.md)."""
+    """One decoded communicator init or destroy."""
     ts_ns: int
     comm: int
-    count: int
+    ident: int           # init: the comm identity the kernel computed (0: unknown parent)
     aux: int
     pid: int
     tid: int
     kind: int
     op: int
-    dtype: int
     peer: int
     rank: int
     nranks: int
-    unique_id: bytes
-    seq: int = 0         # collective entry: sequence number on the comm, counted in the kernel
 
 
 def decode_event(raw: bytes) -> NcclEvent:
     if len(raw) < EVENT.size:
         raise ValueError(f"event record of {len(raw)} bytes, expected {EVENT.size}")
-    (ts, comm, count, aux, pid, tid, kind, op, dtype, peer, rank, nranks, seq,
-     unique_id) = EVENT.unpack_from(raw)
-    return NcclEvent(ts, comm, count, aux, pid, tid, kind, op, dtype, peer, rank, nranks, unique_id, seq)
+    return NcclEvent(*EVENT.unpack_from(raw))
 
 
-@dataclass
-class _CommRef:
-    label: str
-    rank: int
-    nranks: int
+def kernel_config(tracker) -> bytes:
+    """struct nccl_config for this tracker: its bucket bounds and sequence boundaries."""
+    return ks.encode_config(ENQUEUE_BUCKETS, DURATION_BUCKETS, LAG_BUCKETS, tracker.boundary_ops, DATATYPE_BYTES)
 
 
 class EventHandler:
-    """Applies decoded events to the tracker. Single-threaded (the ring-buffer poller)."""
+    """Communicator init and destroy events. Single-threaded (the ring-buffer poller)."""
 
-    def __init__(self, tracker, monotonic_to_wall=None) -> None:
+    def __init__(self, tracker) -> None:
         self.tracker = tracker
-        # bpf_ktime_get_ns is CLOCK_MONOTONIC; wall = monotonic + offset.
-        self._offset = monotonic_to_wall if monotonic_to_wall is not None else time.time() - time.monotonic()
-        self.comms: dict[tuple[int, int], _CommRef] = {}      # (pid, comm pointer) -> comm
-        self.open_calls: dict[tuple[int, int], int] = {}   # (pid, tid) -> entry ts_ns
+        self.comms: dict[tuple[int, int], ks.CommRef] = {}      # (pid, comm pointer) -> comm
+        self.ended: list[tuple[int, int]] = []                  # destroyed, for a last read
         self.invalid: dict[str, int] = {}
         self.events = 0
         self._counts_lock = threading.Lock()     # counters are read from scrape threads
-
-    def resync_clock(self) -> None:
-        self._offset = time.time() - time.monotonic()
-
-    def _wall(self, ts_ns: int) -> float:
-        return ts_ns / 1e9 + self._offset
 
     def _invalid(self, reason: str) -> None:
         with self._counts_lock:
@@ -137,86 +124,43 @@ class EventHandler:
 
     def handle(self, event: NcclEvent) -> None:
         self.events += 1
-        if event.kind == EV_COLL_DONE:
-            # One event per returned call. Its entry may already be known: a call open long
-            # enough to be read as a hang candidate (open_call_seen).
-            token = (event.pid, event.tid)
-            if self.open_calls.get(token) != event.ts_ns:
-                self._enter(event)
-            if self.open_calls.pop(token, None) is not None:
-                self.tracker.call_returned(token, event.aux / 1e9)
-        elif event.kind == EV_COLL_ENTER:
-            self._enter(event)
-        elif event.kind == EV_COLL_RETURN:
-            entered = self.open_calls.pop((event.pid, event.tid), None)
-            if entered is None:
-                self._invalid("unpaired_return")     # the entry was lost or predates attach
-                return
-            self.tracker.call_returned((event.pid, event.tid), (event.ts_ns - entered) / 1e9)
-        elif event.kind == EV_COMM_INIT:
+        if event.kind == EV_COMM_INIT:
             self._init(event)
         elif event.kind == EV_COMM_END:
-            ref = self.comms.pop((event.pid, event.comm), None)
-            if ref is not None:
-                self.tracker.drop_inflight(ref.label, ref.rank)
+            if (event.pid, event.comm) in self.comms:
+                self.ended.append((event.pid, event.comm))
         else:
             self._invalid("unknown_kind")
 
-    def open_call_seen(self, pid: int, tid: int, raw: bytes) -> None:
-        """A collective still open in the kernel (nccl_open_calls): entered once, as if its
-        entry event had come, so a call blocked inside NCCL is in flight while it blocks."""
-        ts, comm, count, seq, op, _pad, dtype, peer = OPEN_CALL.unpack_from(raw)
-        if self.open_calls.get((pid, tid)) == ts:
-            return
-        self.handle(NcclEvent(ts, comm, count, 0, pid, tid, EV_COLL_ENTER, op, dtype, peer, 0, 0, b"", seq))
-
-    def _comm(self, pid: int, pointer: int) -> _CommRef:
+    def comm(self, pid: int, pointer: int) -> ks.CommRef:
         ref = self.comms.get((pid, pointer))
         if ref is None:
             # Initialised before we attached: no unique id, rank or size to be had.
-            ref = _CommRef(label="unknown-" + comm_label(fold_words([pid, pointer]))[:8], rank=-1, nranks=0)
+            ref = ks.CommRef(label="unknown-" + comm_label(fold_words([pid, pointer]))[:8], rank=-1, nranks=0)
             self.comms[(pid, pointer)] = ref
         return ref
 
-    def _enter(self, event: NcclEvent) -> None:
-        if not 0 <= event.op < len(OPS):
-            self._invalid("unknown_op")
-            return
-        size = DATATYPE_BYTES.get(event.dtype)
-        if size is None:
-            self._invalid("unknown_datatype")
-            size = 0
-        ref = self._comm(event.pid, event.comm)
-        call = NcclCall(op=OPS[event.op], comm=ref.label, rank=ref.rank, nranks=ref.nranks,
-                        nbytes=event.count * size, start=self._wall(event.ts_ns), sequence=event.seq or None)
-        self.open_calls[(event.pid, event.tid)] = event.ts_ns
-        self.tracker.call_entered(call, token=(event.pid, event.tid))
-
     def _init(self, event: NcclEvent) -> None:
-        if event.op in (INIT_RANK, INIT_SCALABLE):
-            label = comm_label(unique_id_hash(event.unique_id))
-            rank, nranks = event.rank, event.nranks
-        elif event.op == INIT_ALL:
-            # One process, all devices: NCCL makes its own unique id; the clique is named by
-            # the process and its first communicator.
-            label = comm_label(fold_words([event.pid, event.aux]))
-            rank, nranks = event.rank, event.nranks
-        elif event.op == INIT_SPLIT:
-            parent = self._comm(event.pid, event.aux)
-            color = splitmix64(event.peer & (2**64 - 1))
-            if parent.label.startswith("unknown-"):
-                label = "unknown-" + comm_label(fold_words([event.pid, event.comm]))[:8]
-            else:
-                label = comm_label(splitmix64(int(parent.label, 16) ^ color))
-            # The new rank and size are decided inside NCCL, not visible in the arguments:
-            # report the split key as the rank (it orders the ranks) and nranks 0 (unknown).
-            rank, nranks = event.rank, 0
-        else:
+        if event.op not in (INIT_RANK, INIT_SCALABLE, INIT_ALL, INIT_SPLIT):
             self._invalid("unknown_init")
             return
-        self.comms[(event.pid, event.comm)] = _CommRef(label, rank, nranks)
-        if rank >= 0:
-            self.tracker.register_comm(label, rank, nranks)
+        if event.op == INIT_SPLIT and not event.ident:
+            # A split of a comm initialised before we attached: no identity to derive.
+            label = "unknown-" + comm_label(fold_words([event.pid, event.comm]))[:8]
+        else:
+            label = comm_label(event.ident)
+        # A split's new rank and size are decided inside NCCL, not visible in the
+        # arguments: the split key stands for the rank (it orders the ranks), nranks 0.
+        nranks = 0 if event.op == INIT_SPLIT else event.nranks
+        self.comms[(event.pid, event.comm)] = ks.CommRef(label, event.rank, nranks)
+        if event.rank >= 0:
+            self.tracker.register_comm(label, event.rank, nranks)
+
+    def end(self, pid: int, pointer: int) -> None:
+        """A destroyed comm, read one last time: it no longer takes part."""
+        ref = self.comms.pop((pid, pointer), None)
+        if ref is not None:
+            self.tracker.drop_inflight(ref.label, ref.rank)
 
     def rank_processes(self) -> list[tuple[str, int, int, int]]:
         """(comm, rank, nranks, pid) of every communicator seen initialised."""
@@ -224,16 +168,96 @@ class EventHandler:
         return [(ref.label, ref.rank, ref.nranks, pid) for (pid, _), ref in list(self.comms.items())
                 if ref.rank >= 0]
 
-    def process_exited(self, pid: int) -> int:
-        """Forget the process; returns how many of its calls were still inside NCCL."""
-        blocked = [k for k in self.open_calls if k[0] == pid]
-        for key in blocked:
-            del self.open_calls[key]
-            self.tracker.forget_token(key)
+    def process_exited(self, pid: int) -> None:
+        """Forget the process's comms: their open operations will never be followed."""
         for key in [k for k in self.comms if k[0] == pid]:
             ref = self.comms.pop(key)
             self.tracker.drop_inflight(ref.label, ref.rank)
-        return len(blocked)
+
+
+class KernelReader:
+    """Reads nccl_rank_state, nccl_op_stats and nccl_open_calls and applies what changed
+    to the tracker. A rank whose entries are byte-for-byte what the last read saw is not
+    applied again (a comm the tracker evicted as idle stays evicted)."""
+
+    def __init__(self, obj, handler: EventHandler) -> None:
+        self.obj = obj
+        self.handler = handler
+        self.rank_state = obj.map("nccl_rank_state")
+        self.op_stats = obj.map("nccl_op_stats")
+        self.open_calls = obj.map("nccl_open_calls")
+        self.problems = obj.map("nccl_problems")
+        # bpf_ktime_get_ns is CLOCK_MONOTONIC; wall = monotonic + offset.
+        self._offset = time.time() - time.monotonic()
+        self._seen: dict[tuple[int, int], tuple] = {}
+        self.reads = 0
+        self.applied = 0
+
+    def resync_clock(self) -> None:
+        self._offset = time.time() - time.monotonic()
+
+    def to_wall(self, ts_ns: int) -> float:
+        return ts_ns / 1e9 + self._offset
+
+    def read(self) -> set[int]:
+        """Apply every rank that changed; returns the pids seen in the maps."""
+        self.reads += 1
+        tracker = self.handler.tracker
+        lag_n, enqueue_n, duration_n = len(LAG_BUCKETS), len(ENQUEUE_BUCKETS), len(DURATION_BUCKETS)
+        inside: set[tuple[int, int, int]] = set()        # (pid, comm, entry ts) of calls not returned
+        for key, raw in self.open_calls.items():
+            ts, comm, _op, _pad = ks.OPEN_CALL.unpack_from(raw)
+            inside.add((ks.PID_TGID.unpack(key)[0] >> 32, comm, ts))
+        ranks: dict[tuple[int, int], list] = {}
+        for key, raw in self.rank_state.items():
+            pid, _pad, comm = ks.COMM_KEY.unpack(key)
+            ranks[(pid, comm)] = [raw, {}]
+        for key, raw in self.op_stats.items():
+            pid, op, comm = ks.OP_KEY.unpack(key)
+            ranks.setdefault((pid, comm), [None, {}])[1][op] = raw
+        for (pid, comm), (state_raw, ops_raw) in ranks.items():
+            state = ks.decode_rank_state(state_raw, lag_n) if state_raw is not None else None
+            returned = state is None or (pid, comm, state.last_ts) not in inside
+            signature = (state_raw, tuple(sorted(ops_raw.items())), returned)
+            if self._seen.get((pid, comm)) == signature:
+                continue
+            self._seen[(pid, comm)] = signature
+            ops = {op: ks.decode_op_stats(raw, enqueue_n, duration_n) for op, raw in ops_raw.items()}
+            tracker.apply_probed(ks.probed_rank(self.handler.comm(pid, comm), state, ops, returned, self.to_wall))
+            self.applied += 1
+        return {pid for pid, _ in ranks}
+
+    def end_comms(self) -> None:
+        """Comms destroyed since the last read: read once more (done by the caller), then
+        drop their entries here and their open operation in the tracker."""
+        ended, self.handler.ended = self.handler.ended, []
+        for pid, comm in ended:
+            self.rank_state.delete(ks.COMM_KEY.pack(pid, 0, comm))
+            for op in range(ks.NUM_OPS):
+                self.op_stats.delete(ks.OP_KEY.pack(pid, op, comm))
+            self._seen.pop((pid, comm), None)
+            self.handler.end(pid, comm)
+
+    def forget_processes(self, pids: set[int]) -> None:
+        """Delete every entry of processes that exited (their threads' open calls too)."""
+        if not pids:
+            return
+        for bpf_map, layout in ((self.rank_state, ks.COMM_KEY), (self.op_stats, ks.OP_KEY)):
+            for key in list(bpf_map.keys()):
+                if layout.unpack(key)[0] in pids:
+                    bpf_map.delete(key)
+        for key in list(self.open_calls.keys()):
+            if ks.PID_TGID.unpack(key)[0] >> 32 in pids:
+                self.open_calls.delete(key)
+        for key in [k for k in self._seen if k[0] in pids]:
+            del self._seen[key]
+
+    def problem_counts(self) -> dict[str, int]:
+        out = {}
+        for slot, name in enumerate(ks.PROBLEMS):
+            value = self.problems.lookup(struct.pack("<I", slot))
+            out[name] = struct.unpack("<Q", value)[0] if value else 0
+        return out
 
 
 @dataclass
@@ -262,15 +286,17 @@ class UprobeSource:
     # Full rescans: a safety net when exec/dlopen hints arrive, the only way when they cannot.
     RESCAN_WITH_HINTS = 300.0
     RESCAN_WITHOUT_HINTS = 2.0
-    # Collective events are drained in batches this often (ms).
-    BATCH_MS = 100
+    # The loop wakes this often (ms) for discovery hints; communicator init and destroy
+    # wake it at once.
+    LOOP_MS = 250
+    # The kernel's accounting is read this often: what a scrape sees is at most this old.
+    READ_SECONDS = 1.0
     # How often traced processes are checked for having exited (a stat each).
     EXIT_CHECK_SECONDS = 1.0
 
-    # Ring buffer for NCCL events. Drained every BATCH_MS, it must hold one batch: 1 MiB is
-    # ~5,400 events, 54,000 a second (a job of 8 ranks at 3,000 calls/s each). Its pages count
-    # in the exporter's RSS (twice the size once the ring has wrapped), so it is not larger.
-    RING_BYTES = 1 << 20
+    # Ring buffer for communicator init and destroy only (64 bytes each): 64 KiB holds
+    # 1,000, a job creating its communicators all at once. Its pages count in RSS.
+    RING_BYTES = 1 << 16
 
     def __init__(self, procfs: Path, sysfs: Path, object_path: Path, rescan_seconds: float | None = None,
                  watch_object_path: Path | None = None, ring_bytes: int | None = None) -> None:
@@ -292,12 +318,14 @@ class UprobeSource:
         self.full_rescans = 0
         self.looks = 0
         self._calling_untraced: set[int] = set()
+        self._calling: set[int] = set()            # pids in the kernel's accounting
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._obj = None
         self._ring = None
         self._handler: EventHandler | None = None
+        self._reader: KernelReader | None = None
         self._libraries: dict[tuple[int, int], _Library] = {}
         self._pids: set[int] = set()
         self._exited = 0
@@ -327,8 +355,10 @@ class UprobeSource:
             return self._unavailable(*problem)
         try:
             self._obj = BpfObject.load(self.object_path, map_sizes={"nccl_events": self.ring_bytes})
+            self._obj.map("nccl_config").update(b"\0" * 4, kernel_config(self._handler.tracker))
             self._ring = self._obj.ring_buffer("nccl_events", self._handler.handle_raw)
-        except (BpfUnavailable, KeyError) as exc:
+            self._reader = KernelReader(self._obj, self._handler)
+        except (BpfUnavailable, KeyError, ValueError) as exc:
             if self._obj is not None:
                 self._obj.close()
                 self._obj = None
@@ -398,14 +428,13 @@ class UprobeSource:
     # ---- the loop ------------------------------------------------------------------------
 
     def _run(self) -> None:
-        next_scan = next_exit_check = 0.0
-        batch = 0
+        next_scan = next_exit_check = next_read = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
             try:
                 if now >= next_scan or (self.watch is not None and self._hints_lost()):
                     self.rescan()
-                    self._handler.resync_clock()
+                    self._reader.resync_clock()
                     next_scan = time.monotonic() + self.rescan_seconds
                 elif self.watch is not None:
                     self._look_at_hinted()
@@ -414,48 +443,28 @@ class UprobeSource:
                         next_exit_check = now + self.EXIT_CHECK_SECONDS
             except Exception:              # a scan bug must not end tracing
                 log.exception("NCCL process discovery failed")
-            # Collective events do not wake this thread (nccl.bpf.c): wait for an init/destroy
-            # or the batch interval, then drain everything pending in one go.
-            # A batch that filled a quarter of the ring: drain again sooner, before it fills.
-            busy = batch * (EVENT.size + 8) > self.ring_bytes // 4
-            rc = self._ring.poll(10 if busy else self.BATCH_MS)
-            if rc >= 0:
-                batch = rc = rc + self._ring.consume()
+            rc = self._ring.poll(self.LOOP_MS)
             if rc < 0 and rc != -4:        # -EINTR is harmless
                 log.warning("NCCL ring buffer poll failed: %s", os.strerror(-rc))
                 self._stop.wait(0.5)
             if self._watch_ring is not None:
                 self._watch_ring.consume()
-            self._read_open_calls()
+            if rc > 0 or self._handler.ended or time.monotonic() >= next_read:
+                self._read_kernel()
+                next_read = time.monotonic() + self.READ_SECONDS
 
-    # A call open longer than this is entered from the open-calls map (a hang candidate);
-    # shorter ones arrive, entry and return together, when they return.
-    CANDIDATE_NS = 20_000_000
-
-    def _read_open_calls(self) -> None:
-        """Calls still inside NCCL for over CANDIDATE_NS: the tracker must see them in flight.
-        Entries of processes no longer traced (killed inside a call) are deleted."""
+    def _read_kernel(self) -> None:
+        """Apply the kernel's accounting to the tracker; pids seen in it but not traced
+        (forks that never exec'd map an already-probed library) get a look."""
         try:
-            open_calls = self._obj.map("nccl_open_calls")
-            entries = open_calls.items()
+            self._ring.consume()           # inits first: their comms are named when read
+            pids = self._reader.read()
+            self._reader.end_comms()
         except Exception as exc:            # a read failure must not end tracing
-            log.debug("cannot read nccl_open_calls: %s", exc)
+            log.warning("cannot read the NCCL accounting maps: %s", exc)
             return
-        now = time.monotonic_ns()             # bpf_ktime_get_ns is CLOCK_MONOTONIC
-        # The thread's previous call returned before this one entered, so its event is in
-        # the ring already: deliver it first, or the tracker would see the two out of order.
-        self._ring.consume()
         with self._lock:
-            traced = set(self._pids)
-        for key, raw in entries:
-            pid_tgid = struct.unpack("<Q", key)[0]
-            pid, tid = pid_tgid >> 32, pid_tgid & 0xFFFFFFFF
-            if now - struct.unpack_from("<Q", raw)[0] < self.CANDIDATE_NS:
-                continue
-            if pid not in traced and not (self.procfs / str(pid)).exists():
-                open_calls.delete(key)
-                continue
-            self._handler.open_call_seen(pid, tid, raw)
+            self._calling = pids - self._pids
 
     def _hints_lost(self) -> bool:
         """Hints dropped (kernel ring full, or too many pending): only a full rescan is safe."""
@@ -477,7 +486,7 @@ class UprobeSource:
         yet known (forks that never exec'd map an already-probed library)."""
         with self._lock:
             known = self._pids | self._calling_untraced
-        calling = {pid for pid, _ in list(self._handler.comms)} - known
+        calling = self._calling - known
         pids = set(self.watch.due()) | calling
         if not pids:
             return
@@ -517,16 +526,19 @@ class UprobeSource:
                 self._process_exited(pid)
 
     def _process_exited(self, pid: int) -> None:
-        inflight = self._handler.process_exited(pid)
+        self._handler.process_exited(pid)
+        try:
+            self._reader.forget_processes({pid})
+        except Exception as exc:            # stale entries age out of the LRU maps anyway
+            log.debug("cannot delete the kernel entries of process %d: %s", pid, exc)
         self._exited += 1
-        log.info("traced process %d exited%s", pid, f" with {inflight} NCCL call(s) open" if inflight else "")
+        log.info("traced process %d exited", pid)
 
     def poll_once(self, timeout_ms: int = 100) -> None:
         """Drain pending events now (tests and benches; the thread does this on its own)."""
         if self._ring is not None:
             self._ring.poll(timeout_ms)
-            self._ring.consume()
-            self._read_open_calls()
+            self._read_kernel()
 
     def rescan(self) -> None:
         """Read every process's maps: the safety net (and the only way without hints)."""
@@ -641,19 +653,21 @@ class UprobeSource:
         return self._handler.rank_processes() if self._handler is not None else []
 
     def status(self) -> UprobeStatus:
-        lost = 0
+        lost, kernel_invalid = 0, {}
         with self._lock:
-            if self._obj is not None:
+            if self._obj is not None and self._reader is not None:
                 try:
-                    value = self._obj.map("nccl_events_lost").lookup(b"\0" * 4)
-                    lost = struct.unpack("<Q", value)[0] if value else 0
+                    problems = self._reader.problem_counts()
+                    lost = problems.pop("events_lost")
+                    kernel_invalid = {k: v for k, v in problems.items() if v}
                     if lost > self._lost_logged:
                         log.warning("NCCL ring buffer full: %d event(s) dropped in the kernel so far", lost)
                         self._lost_logged = lost
                 except Exception as exc:        # reading a counter must not fail the scrape
-                    log.debug("cannot read nccl_events_lost: %s", exc)
+                    log.debug("cannot read nccl_problems: %s", exc)
             libraries = {lib.ref.path: bool(lib.links) for lib in self._libraries.values()}
             events, invalid = self._handler.counts() if self._handler else (0, {})
+            invalid.update(kernel_invalid)
             return UprobeStatus(reason=self.reason, libraries=libraries, processes_traced=len(self._pids),
                                 processes_exited=self._exited,
                                 events_lost=lost, invalid=invalid, events=events)

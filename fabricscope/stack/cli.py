@@ -142,7 +142,7 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
     host = "127.0.0.1"
     for binary in ("prometheus", "prometheus-alertmanager"):
         find_binary(binary)   # fail before anything starts, not halfway through
-    missing = [module for module in ("cryptography", "apiflask", "gunicorn") if importlib.util.find_spec(module) is None]
+    missing = [module for module in ("cryptography", "apiflask") if importlib.util.find_spec(module) is None]
     if missing:
         raise StackError(f"the stack runs the query sidecar, which needs {', '.join(missing)}: "
                          "pip install 'fabricscope[sidecar]' (make setup installs it)")

@@ -1,9 +1,9 @@
 """MCP (streamable HTTP) at /mcp, inside the Flask sidecar.
 
-The `mcp` SDK's server is ASGI; the sidecar is WSGI behind gunicorn. The Flask route at
+The `mcp` SDK's server is ASGI; the sidecar is WSGI. The Flask route at
 /mcp runs the sidecar's auth -> audit -> rate-limit pipeline like any endpoint, then hands
 the request to the SDK's StreamableHTTPSessionManager (stateless, JSON responses) on an
-event loop owned by this worker process. Tool calls come back to `ToolRegistry.call`, the
+event loop owned by the sidecar process. Tool calls come back to `ToolRegistry.call`, the
 same function POST /api/v1/tools/<name> uses, with the caller's key, so both transports
 answer alike.
 """
@@ -30,7 +30,6 @@ class McpBridge:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped: asyncio.Event | None = None
         self._lock = threading.Lock()
-        self._pid: int | None = None
 
     # -- MCP handlers ------------------------------------------------------------------
     @staticmethod
@@ -52,10 +51,8 @@ class McpBridge:
 
     # -- event loop of this process ----------------------------------------------------
     def _ensure_started(self) -> asyncio.AbstractEventLoop:
-        import os
         with self._lock:
-            # gunicorn forks workers after the app is built: each process starts its own loop.
-            if self._loop is not None and self._pid == os.getpid():
+            if self._loop is not None:
                 return self._loop
             loop = asyncio.new_event_loop()
             ready = threading.Event()
@@ -72,7 +69,7 @@ class McpBridge:
             asyncio.run_coroutine_threadsafe(serve(), loop)
             if not ready.wait(10):
                 raise RuntimeError("the MCP session manager did not start")
-            self._loop, self._manager, self._pid = loop, manager, os.getpid()
+            self._loop, self._manager = loop, manager
             return loop
 
     def stop(self) -> None:

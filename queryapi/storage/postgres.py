@@ -4,7 +4,6 @@ claimed with row locks (SKIP LOCKED) and leases."""
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import threading
 
@@ -40,12 +39,12 @@ class PostgresStorage(SqlStorage):
 
     def _connection(self):
         conn = getattr(self._local, "conn", None)
-        if conn is None or conn.closed or self._local.pid != os.getpid():
+        if conn is None or conn.closed:
             try:
                 conn = self._psycopg.connect(self.url, connect_timeout=int(self._connect_timeout), autocommit=True)
             except self._psycopg.Error as exc:
                 raise StorageError(f"cannot connect to PostgreSQL {self.describe()}: {exc}".strip()) from None
-            self._local.conn, self._local.pid = conn, os.getpid()
+            self._local.conn = conn
             with self._connections_lock:
                 self._connections.append(conn)
         return conn

@@ -51,14 +51,13 @@ class SQLiteStorage(SqlStorage):
 
     def _connection(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
-        # gunicorn forks after the app is built: a connection is never used across a fork.
-        if conn is None or self._local.pid != os.getpid():
+        if conn is None:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
             conn.execute("PRAGMA journal_mode=WAL")
             # FULL: a write acknowledged to a client is on disk, not only in the page cache.
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA busy_timeout=30000")
-            self._local.conn, self._local.pid = conn, os.getpid()
+            self._local.conn = conn
             with self._connections_lock:
                 self._connections.append(conn)
         return conn

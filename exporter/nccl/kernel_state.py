@@ -1,0 +1,146 @@
+"""The per-call accounting that exporter/bpf/nccl.bpf.c keeps in BPF maps: its layouts
+(keep them in step with the C structs), decoding, and the configuration user space writes
+into the program before the probes attach.
+
+Decoding is pure: raw map keys and values in, ProbedRank records (exporter/nccl/tracker.py)
+out, so it is tested without a kernel. Times in the maps are CLOCK_MONOTONIC nanoseconds
+(bpf_ktime_get_ns); `to_wall` turns them into UNIX seconds.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from .events import OPS
+from .tracker import ProbedOp, ProbedRank
+
+MAX_BOUNDS = 16          # MAX_BOUNDS in nccl.bpf.c: bounds per histogram
+RECENT_MAX = 64          # RECENT_MAX: last durations kept per (process, comm, op)
+NUM_DATATYPES = 16
+NUM_OPS = len(OPS)       # NUM_OPS: op codes 0-7 (exporter/nccl/events.py OPS)
+
+# struct nccl_config
+CONFIG = struct.Struct(f"<{MAX_BOUNDS}Q{MAX_BOUNDS}Q{MAX_BOUNDS}QIIII{NUM_DATATYPES}B")
+# struct hist: MAX_BOUNDS + 1 counts (the last above every bound), then the sum in ns
+_HIST_WORDS = MAX_BOUNDS + 2
+# struct rank_state
+RANK_STATE = struct.Struct(f"<QQQQIIHHI{_HIST_WORDS}Q")
+# struct op_stats
+OP_STATS = struct.Struct(f"<QQQ{_HIST_WORDS}Q{_HIST_WORDS}Q{RECENT_MAX}QQ")
+# struct comm_key (pid, pad, comm) and struct op_key (pid, op, comm)
+COMM_KEY = struct.Struct("<IIQ")
+OP_KEY = struct.Struct("<IIQ")
+# struct open_call, keyed by pid_tgid
+OPEN_CALL = struct.Struct("<QQII")
+PID_TGID = struct.Struct("<Q")
+
+# nccl_problems slots
+PROBLEMS = ("events_lost", "unknown_datatype", "state_full")
+
+
+class LayoutError(ValueError):
+    """A map value of the wrong size: the object and this module are out of step."""
+
+
+def encode_config(enqueue_bounds: Iterable[float], duration_bounds: Iterable[float],
+                  lag_bounds: Iterable[float], boundary_ops: int, datatype_bytes: dict[int, int]) -> bytes:
+    """struct nccl_config: bounds in seconds become ns (ascending, at most MAX_BOUNDS each)."""
+    lists = []
+    for name, bounds in (("enqueue", enqueue_bounds), ("duration", duration_bounds), ("lag", lag_bounds)):
+        ns = [round(b * 1e9) for b in bounds]
+        if len(ns) > MAX_BOUNDS or ns != sorted(ns) or any(b <= 0 for b in ns):
+            raise ValueError(f"{name} bounds must be at most {MAX_BOUNDS} ascending positive values, got {ns}")
+        lists.append(ns)
+    sizes = [0] * NUM_DATATYPES
+    for dtype, size in datatype_bytes.items():
+        if not 0 <= dtype < NUM_DATATYPES or not 0 < size < 256:
+            raise ValueError(f"datatype {dtype} of {size} bytes does not fit struct nccl_config")
+        sizes[dtype] = size
+    padded = [ns + [0] * (MAX_BOUNDS - len(ns)) for ns in lists]
+    return CONFIG.pack(*padded[0], *padded[1], *padded[2], len(lists[0]), len(lists[1]), len(lists[2]),
+                       int(boundary_ops), *sizes)
+
+
+@dataclass(frozen=True)
+class RankState:
+    ident: int
+    last_ts: int
+    last_bytes: int
+    boundary_ts: int
+    seq: int
+    boundary: int
+    last_op: int
+    lag: tuple[list[int], int]          # counts (n bounds + 1), sum ns
+
+
+@dataclass(frozen=True)
+class OpStats:
+    calls: int
+    nbytes: int
+    last_ts: int
+    enqueue: tuple[list[int], int]
+    duration: tuple[list[int], int]
+    recent: list[int]                   # ns, oldest first
+    durations: int
+
+
+def _hist(words: tuple[int, ...], n: int) -> tuple[list[int], int]:
+    """The first n bounds' counts plus the one above them (slot n), and the sum."""
+    return list(words[:n + 1]), words[_HIST_WORDS - 1]
+
+
+def _check(raw: bytes, layout: struct.Struct, what: str) -> None:
+    if len(raw) < layout.size:
+        raise LayoutError(f"{what}: {len(raw)} bytes, expected {layout.size} (nccl.bpf.o and "
+                          "exporter/nccl/kernel_state.py disagree)")
+
+
+def decode_rank_state(raw: bytes, lag_n: int) -> RankState:
+    _check(raw, RANK_STATE, "rank_state")
+    w = RANK_STATE.unpack_from(raw)
+    ident, last_ts, last_bytes, boundary_ts, seq, boundary, last_op = w[:7]
+    return RankState(ident, last_ts, last_bytes, boundary_ts, seq, boundary, last_op, _hist(w[9:], lag_n))
+
+
+def decode_op_stats(raw: bytes, enqueue_n: int, duration_n: int) -> OpStats:
+    _check(raw, OP_STATS, "op_stats")
+    w = OP_STATS.unpack_from(raw)
+    calls, nbytes, last_ts = w[:3]
+    enqueue = _hist(w[3:3 + _HIST_WORDS], enqueue_n)
+    duration = _hist(w[3 + _HIST_WORDS:3 + 2 * _HIST_WORDS], duration_n)
+    ring = w[3 + 2 * _HIST_WORDS:3 + 2 * _HIST_WORDS + RECENT_MAX]
+    durations = w[-1]
+    if durations <= RECENT_MAX:
+        recent = list(ring[:durations])
+    else:                                    # slot durations % RECENT_MAX is the oldest
+        start = durations % RECENT_MAX
+        recent = list(ring[start:] + ring[:start])
+    return OpStats(calls, nbytes, last_ts, enqueue, duration, recent, durations)
+
+
+@dataclass(frozen=True)
+class CommRef:
+    """What user space knows of a (process, comm pointer) from its init event."""
+    label: str
+    rank: int
+    nranks: int
+
+
+def probed_rank(ref: CommRef, state: RankState | None, ops: dict[int, OpStats], api_returned: bool,
+                to_wall: Callable[[int], float]) -> ProbedRank:
+    """One local rank's kernel accounting as the tracker takes it."""
+    def seconds(hist: tuple[list[int], int]) -> tuple[list[int], float]:
+        return hist[0], hist[1] / 1e9
+
+    probed_ops = tuple(
+        ProbedOp(op=OPS[op], calls=s.calls, nbytes=s.nbytes, last_call=to_wall(s.last_ts) if s.last_ts else 0.0,
+                 enqueue=seconds(s.enqueue), duration=seconds(s.duration), recent=[d / 1e9 for d in s.recent])
+        for op, s in sorted(ops.items()) if 0 <= op < len(OPS) and s.calls)
+    if state is None or not state.last_ts:
+        return ProbedRank(comm=ref.label, rank=ref.rank, nranks=ref.nranks, ops=probed_ops)
+    return ProbedRank(
+        comm=ref.label, rank=ref.rank, nranks=ref.nranks, ops=probed_ops, sequence=state.seq,
+        last_op=OPS[state.last_op] if state.last_op < len(OPS) else None, last_start=to_wall(state.last_ts),
+        last_nbytes=state.last_bytes, api_returned=api_returned, boundary=state.boundary,
+        boundary_start=to_wall(state.boundary_ts) if state.boundary else None, lag=seconds(state.lag))

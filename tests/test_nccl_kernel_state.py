@@ -1,0 +1,125 @@
+"""The kernel's per-call NCCL accounting (exporter/bpf/nccl.bpf.c maps), decoded and applied
+to the tracker without a kernel: what the tracker judges from it. The real maps are read in
+tests/test_nccl_uprobe.py (root, fake libnccl)."""
+from __future__ import annotations
+
+import pytest
+
+from fabricscope.exporter.nccl import kernel_state as ks
+from fabricscope.exporter.nccl.tracker import DURATION_BUCKETS, ENQUEUE_BUCKETS, LAG_BUCKETS, NcclTracker
+from fabricscope.exporter.nccl.uprobe import DATATYPE_BYTES, kernel_config
+
+NOW = 1_700_000_000.0
+MS = 1_000_000
+
+
+def wall(ts_ns: int) -> float:
+    return NOW + ts_ns / 1e9          # monotonic 0 is NOW: entries at small ts are recent
+
+
+def hist(n_bounds: int, slots: dict[int, int], sum_ns: int) -> list[int]:
+    """struct hist words: MAX_BOUNDS + 1 counts, then the sum."""
+    counts = [0] * (ks.MAX_BOUNDS + 1)
+    for slot, count in slots.items():
+        assert slot <= n_bounds
+        counts[slot] = count
+    return counts + [sum_ns]
+
+
+def rank_state(ident=0xABC, last_ts=0, last_bytes=0, boundary_ts=0, seq=0, boundary=0, last_op=0, lag=None):
+    lag = lag or hist(len(LAG_BUCKETS), {}, 0)
+    return ks.RANK_STATE.pack(ident, last_ts, last_bytes, boundary_ts, seq, boundary, last_op, 0, 0, *lag)
+
+
+def op_stats(calls, nbytes, last_ts, enqueue, duration, durations_ns):
+    ring = [0] * ks.RECENT_MAX
+    for i, d in enumerate(durations_ns):
+        ring[i % ks.RECENT_MAX] = d
+    return ks.OP_STATS.pack(calls, nbytes, last_ts, *enqueue, *duration, *ring, len(durations_ns))
+
+
+def apply(tracker, ref, state_raw, ops_raw, returned=True):
+    state = ks.decode_rank_state(state_raw, len(LAG_BUCKETS)) if state_raw is not None else None
+    ops = {op: ks.decode_op_stats(raw, len(ENQUEUE_BUCKETS), len(DURATION_BUCKETS)) for op, raw in ops_raw.items()}
+    tracker.apply_probed(ks.probed_rank(ref, state, ops, returned, wall))
+
+
+def test_counters_histograms_and_the_rolling_average_come_from_the_kernel():
+    tracker = NcclTracker(clock=lambda: NOW + 10, window=4, min_completed=2)
+    ref = ks.CommRef("c0ffee", 1, 2)
+    durations = [100 * MS] * 70                    # more than the ring holds: it has wrapped
+    durations[-1] = 300 * MS                       # the newest
+    allreduce = op_stats(71, 71 * 4096, 7_100 * MS,
+                         hist(len(ENQUEUE_BUCKETS), {0: 70, 5: 1}, 71_000),
+                         hist(len(DURATION_BUCKETS), {6: 69, 7: 1}, sum(durations)), durations)
+    apply(tracker, ref, rank_state(last_ts=7_100 * MS, last_bytes=4096, seq=71, boundary=64,
+                                   boundary_ts=6_400 * MS, last_op=0), {0: allreduce})
+    snap = tracker.snapshot()
+    [op] = snap.ops
+    assert (op.comm, op.rank, op.op, op.calls, op.nbytes) == ("c0ffee", 1, "AllReduce", 71, 71 * 4096)
+    assert op.last_call == pytest.approx(NOW + 7.1)
+    assert op.enqueue[0] == (repr(ENQUEUE_BUCKETS[0]), 70) and op.enqueue[-1] == ("+Inf", 71)
+    assert op.enqueue_sum == pytest.approx(71e-6)
+    assert dict(op.duration)["0.1"] == 69 and dict(op.duration)["+Inf"] == 70
+    # The window's last 4 durations, newest last: 100, 100, 100, 300 ms.
+    assert op.completed_average == pytest.approx(0.15)
+    [seq] = snap.sequences
+    assert (seq.sequence, seq.boundary, seq.boundary_start) == (71, 64, pytest.approx(NOW + 6.4))
+    assert seq.lag_count == 0                      # one local rank: nobody to be late against
+    [active] = snap.active
+    assert (active.op, active.start, active.nbytes, active.api_returned) == ("AllReduce", pytest.approx(NOW + 7.1),
+                                                                             4096, True)
+    assert active.elapsed == pytest.approx(2.9) and active.hanging is True     # 2.9 s > 3 x 0.15 s
+
+
+def test_a_rank_behind_its_peer_is_the_culprit_and_a_call_inside_nccl_is_not_returned():
+    tracker = NcclTracker(clock=lambda: NOW + 60)
+    one = [100 * MS] * 10
+    for rank, seq, returned in ((0, 20, False), (1, 19, True)):
+        ref = ks.CommRef("feed", rank, 2)
+        tracker.register_comm("feed", rank, 2)
+        lag = hist(len(LAG_BUCKETS), {0: seq} if rank == 0 else {5: seq}, 0 if rank == 0 else seq * 5 * MS)
+        stats = op_stats(seq, seq * 8, seq * 100 * MS, hist(len(ENQUEUE_BUCKETS), {0: seq}, seq * 1000),
+                         hist(len(DURATION_BUCKETS), {3: len(one)}, sum(one)), one)
+        apply(tracker, ref, rank_state(last_ts=seq * 100 * MS, seq=seq, last_op=0, lag=lag), {0: stats},
+              returned=returned)
+    snap = tracker.snapshot()
+    [culprit] = snap.culprits
+    assert culprit.message() == "rank 1 never entered AllReduce #20, which rank 0 is waiting in"
+    assert {a.rank: a.api_returned for a in snap.active} == {0: False, 1: True}
+    lag = {s.rank: (s.lag_count, s.lag_sum) for s in snap.sequences}
+    assert lag[0] == (20, 0.0) and lag[1] == (19, pytest.approx(19 * 0.005))
+
+
+def test_unknown_comm_is_counted_without_a_rank_sequence():
+    tracker = NcclTracker(clock=lambda: NOW)
+    ref = ks.CommRef("unknown-1234abcd", -1, 0)
+    stats = op_stats(3, 24, 300 * MS, hist(len(ENQUEUE_BUCKETS), {0: 3}, 3000),
+                     hist(len(DURATION_BUCKETS), {3: 2}, 200 * MS), [100 * MS, 100 * MS])
+    apply(tracker, ref, rank_state(ident=0, last_ts=300 * MS, seq=3, last_op=0), {0: stats})
+    snap = tracker.snapshot()
+    assert [(o.comm, o.rank, o.calls) for o in snap.ops] == [("unknown-1234abcd", -1, 3)]
+    assert snap.sequences == []
+
+
+def test_a_wrong_sized_value_is_a_layout_error_not_garbage():
+    with pytest.raises(ks.LayoutError, match="rank_state: 10 bytes"):
+        ks.decode_rank_state(b"\0" * 10, len(LAG_BUCKETS))
+    with pytest.raises(ks.LayoutError, match="op_stats"):
+        ks.decode_op_stats(b"\0" * 100, 12, 15)
+
+
+def test_the_config_carries_the_trackers_bounds_in_ns_and_refuses_what_does_not_fit():
+    raw = kernel_config(NcclTracker(boundary_ops=32))
+    words = ks.CONFIG.unpack(raw)
+    m = ks.MAX_BOUNDS
+    assert words[:len(ENQUEUE_BUCKETS)] == tuple(round(b * 1e9) for b in ENQUEUE_BUCKETS)
+    assert words[m:m + len(DURATION_BUCKETS)] == tuple(round(b * 1e9) for b in DURATION_BUCKETS)
+    assert words[3 * m:3 * m + 4] == (len(ENQUEUE_BUCKETS), len(DURATION_BUCKETS), len(LAG_BUCKETS), 32)
+    assert words[3 * m + 4 + 9] == DATATYPE_BYTES[9] == 2                 # bfloat16
+    with pytest.raises(ValueError, match="ascending"):
+        ks.encode_config([2.0, 1.0], DURATION_BUCKETS, LAG_BUCKETS, 64, DATATYPE_BYTES)
+    with pytest.raises(ValueError, match="at most 16"):
+        ks.encode_config([i + 1.0 for i in range(17)], DURATION_BUCKETS, LAG_BUCKETS, 64, DATATYPE_BYTES)
+    with pytest.raises(ValueError, match="datatype 20"):
+        ks.encode_config(ENQUEUE_BUCKETS, DURATION_BUCKETS, LAG_BUCKETS, 64, {20: 4})

@@ -1,0 +1,137 @@
+"""`fabricscope sidecar` against slow and silent clients, over real sockets and real TLS:
+connections that never send a byte (not even a TLS ClientHello), requests cut off halfway
+and headers trickled a byte at a time must not stop a new client from being served; the
+server closes them itself. Also its shutdown on SIGTERM and a port already taken."""
+from __future__ import annotations
+
+import signal
+import socket
+import ssl
+import subprocess
+import time
+
+import pytest
+import requests
+
+from fabricscope.stack import free_port
+from fabricscope.stack.sidecar import sidecar_argv, start_sidecar
+from tests.sidecar_helpers import make_keys
+
+CLIENT_TIMEOUT = 2      # --client-timeout: the server gives up on a slow client after this
+THREADS = 4
+SILENT = 40
+HALF_SENT = THREADS + 4  # more than the worker threads
+
+
+@pytest.fixture(scope="module", params=["tls", "plain"])
+def sidecar(request, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp(f"slow-{request.param}")
+    make_keys(workdir / "keys.yaml")
+    process = start_sidecar(workdir, "127.0.0.1", free_port(), f"http://127.0.0.1:{free_port()}",
+                            workdir / "keys.yaml", tls=request.param == "tls",
+                            extra_args=["--threads", str(THREADS), "--client-timeout", str(CLIENT_TIMEOUT)])
+    yield process
+    process.stop()
+
+
+def port_of(sidecar) -> int:
+    return int(sidecar.url.rsplit(":", 1)[1])
+
+
+def versions_within(sidecar, seconds: float) -> None:
+    started = time.monotonic()
+    verify = str(sidecar.certs.ca) if sidecar.certs else True
+    reply = requests.get(sidecar.url + "/api/versions", verify=verify, timeout=seconds)
+    assert reply.status_code == 200 and "version" in reply.json()
+    assert time.monotonic() - started < seconds
+
+
+def open_connections(port: int, count: int, send: bytes = b"") -> list[socket.socket]:
+    socks = []
+    for _ in range(count):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        if send:
+            sock.sendall(send)
+        socks.append(sock)
+    return socks
+
+
+def closed_by_server(sock: socket.socket, within: float) -> bytes | None:
+    """What the server sent before closing `sock` (None: still open after `within` s)."""
+    sock.settimeout(within)
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except socket.timeout:
+        return None
+    except ConnectionResetError:
+        pass
+    return received
+
+
+def test_silent_and_half_sent_connections_do_not_stop_a_new_client(sidecar):
+    port = port_of(sidecar)
+    held = open_connections(port, SILENT)
+    try:
+        versions_within(sidecar, 15)
+        # Half a request on more connections than there are worker threads: for TLS this
+        # is not even a ClientHello, for plain HTTP it holds a worker until the deadline.
+        held += open_connections(port, HALF_SENT, b"GET /api/v1/health HTTP/1.1\r\nHo")
+        versions_within(sidecar, 15)
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_the_server_closes_connections_that_stay_silent(sidecar):
+    silent = open_connections(port_of(sidecar), 3)
+    try:
+        for sock in silent:
+            assert closed_by_server(sock, 5 * CLIENT_TIMEOUT + 5) is not None
+    finally:
+        for sock in silent:
+            sock.close()
+
+
+def test_headers_trickled_a_byte_at_a_time_get_a_408(sidecar):
+    raw = socket.create_connection(("127.0.0.1", port_of(sidecar)), timeout=30)
+    if sidecar.certs:
+        raw = ssl.create_default_context(cafile=str(sidecar.certs.ca)).wrap_socket(raw, server_hostname="127.0.0.1")
+    with raw as sock:
+        sock.sendall(b"GET /api/versions HTTP/1.1\r\n")
+        started = time.monotonic()
+        try:
+            # Each byte well inside the per-read timeout; the headers never end.
+            while time.monotonic() - started < 6 * CLIENT_TIMEOUT:
+                sock.sendall(b"X")
+                time.sleep(CLIENT_TIMEOUT / 4)
+        except OSError:
+            pass                                            # the server closed it
+        reply = closed_by_server(sock, 5)
+    assert time.monotonic() - started < 6 * CLIENT_TIMEOUT
+    assert reply is not None and reply.startswith(b"HTTP/1.1 408"), reply
+
+
+def test_sigterm_stops_the_sidecar_cleanly_and_closes_its_database(tmp_path):
+    make_keys(tmp_path / "keys.yaml")
+    sidecar = start_sidecar(tmp_path, "127.0.0.1", free_port(), f"http://127.0.0.1:{free_port()}",
+                            tmp_path / "keys.yaml", tls=False)
+    try:
+        # A second one on the same port: a one-line error, no traceback.
+        taken = subprocess.run(sidecar_argv("--insecure-no-tls", "--database", str(tmp_path / "other.db"),
+                                            "--port", str(port_of(sidecar))),
+                               capture_output=True, text=True, timeout=60)
+        assert taken.returncode == 2 and "Traceback" not in taken.stderr
+        assert taken.stderr.strip().splitlines()[-1].startswith("fabricscope sidecar: cannot listen on 127.0.0.1:")
+        sidecar.process.process.send_signal(signal.SIGTERM)
+        assert sidecar.process.process.wait(20) == 0
+    finally:
+        sidecar.stop()
+    assert "Traceback" not in (tmp_path / "sidecar.log").read_text()
+    # SQLite removes the write-ahead log when the last connection closes cleanly, and
+    # the sidecar's exclusive lock is gone: a new sidecar opens the same file.
+    assert not (tmp_path / "sidecar.db-wal").exists()
+    again = start_sidecar(tmp_path, "127.0.0.1", free_port(), f"http://127.0.0.1:{free_port()}",
+                          tmp_path / "keys.yaml", tls=False)
+    again.stop()
