@@ -128,8 +128,9 @@ def open_nvml(results: dict):
     step("nvmlInit")
     count = pynvml.nvmlDeviceGetCount()
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-    results["gpu_names"] = sorted({str(pynvml.nvmlDeviceGetName(h)) for h in handles})
-    step(f"device handles, {count} GPUs")
+    names = [pynvml.nvmlDeviceGetName(h) for h in handles]
+    results["gpu_names"] = sorted({n.decode() if isinstance(n, bytes) else str(n) for n in names})
+    step(f"device handles, {count} GPUs ({', '.join(results['gpu_names'])})")
     from fabricscope.exporter.nvml.real import PynvmlBackend
     return PynvmlBackend()   # nvmlInit again (NVML counts them), as the nvlink collector opens it
 
