@@ -112,15 +112,23 @@ def straggler_condition(window: dict[int, dict[str, float]], cfg: dict[str, floa
 
 # ---- scraping --------------------------------------------------------------------------------------
 
-def scrape(base: str) -> dict[tuple[str, frozenset], float]:
+def fetch(base: str) -> str:
+    """One scrape's body: what a scrape's latency is measured over."""
+    return urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+
+
+def parse(body: str) -> dict[tuple[str, frozenset], float]:
     from prometheus_client.parser import text_string_to_metric_families
 
-    body = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
     out = {}
     for family in text_string_to_metric_families(body):
         for sample in family.samples:
             out[(sample.name, frozenset(sample.labels.items()))] = sample.value
     return out
+
+
+def scrape(base: str) -> dict[tuple[str, frozenset], float]:
+    return parse(fetch(base))
 
 
 def pick(samples, name: str, **labels) -> dict[tuple, float]:

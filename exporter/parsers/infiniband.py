@@ -289,7 +289,7 @@ def _read_counter_dir(directory: str, names: tuple[str, ...], problems: list[Rea
     values: dict[str, int] = {}
     for name, text in read_small_texts(directory, names):
         if text.__class__ is str:
-            value = parse_counter(text, Path(directory, name))
+            value = parse_counter(text, directory, name)
             if value.__class__ is ReadProblem:
                 problems.append(value)
             else:

@@ -135,7 +135,7 @@ def _read_statistics(directory: Path, device: NetDevice) -> dict[str, int]:
             device.problems.append(ReadProblem(directory / stat, "bad_name"))
     # One directory open, files opened relative to it: ~25 files per interface per scrape.
     for stat, text in read_small_texts(str(directory), wanted):
-        value = _value(text if isinstance(text, ReadProblem) else parse_counter(text, directory / stat), device)
+        value = _value(text if isinstance(text, ReadProblem) else parse_counter(text, directory, stat), device)
         if value is not None:
             stats[stat] = value
     return stats
