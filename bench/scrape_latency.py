@@ -20,8 +20,11 @@ seconds while the scrapes run, the link tier (per-link counters) every
 --nvlink-link-interval seconds. Beside the scrape figures it prints what the same node's
 NVML reads would have added to every scrape on the old synchronous path (the old call
 pattern, timed directly), how old the served samples were per tier, the CPU of one round
-of each tier, and from those the sampling threads' share of a core for 4 and 8 GPUs at the
-default intervals (10 s and 120 s) and at the old single 10 s interval.
+of each tier (the link tier both gated, the GPU error totals unchanged, and reading every
+per-link counter), and from those the sampling threads' share of a core for 4 and 8 GPUs
+at the default intervals (10 s and 120 s): in steady state (a gated link round, and one
+full read every GATE_SAFETY_INTERVALS rounds), while errors climb (every link round
+full), and at the old single 10 s interval.
 """
 from __future__ import annotations
 
@@ -173,12 +176,23 @@ def old_synchronous_path_seconds(backend, gpus) -> float:
     return time.perf_counter() - start
 
 
+def link_rounds_cpu(nvlink, rounds: int) -> float:
+    """Median CPU of one GPU's link round (with its gpu tier) over `rounds` refreshes."""
+    per_round = []
+    for _ in range(rounds):
+        before = [s.cpu_seconds for s in nvlink.samplers]
+        assert nvlink.refresh(), "a GPU sample timed out"
+        per_round += [s.cpu_seconds - b for s, b in zip(nvlink.samplers, before)]
+    return statistics.median(per_round)
+
+
 def measure_gpu_side(args: argparse.Namespace, tree: Path, node: SimNode) -> int:
     from fabricscope.exporter.context import Context
     from fabricscope.demo.sim_sources import NodeSources, discover_source_modules
     from fabricscope.demo.sources.nvml import H200_COSTS
     from fabricscope.exporter.framework import COLLECTORS, load_collector_modules
     from fabricscope.exporter.main import start_exporter
+    from fabricscope.exporter.nvml.sampler import GATE_SAFETY_INTERVALS
 
     spec = node.spec
     cluster = ClusterSpec(name="bench", nodes=(spec,), seed=7)
@@ -199,8 +213,13 @@ def measure_gpu_side(args: argparse.Namespace, tree: Path, node: SimNode) -> int
         conn = http.client.HTTPConnection("127.0.0.1", exporter.port, timeout=30)
         for _ in range(args.warmup):
             scrape(conn)
-        for _ in range(3):                            # link rounds to time (the schedule's are 120 s apart)
-            nvlink.refresh()
+        nvlink.refresh()                              # the first link round settles each GPU's plan
+        gated_cpu = link_rounds_cpu(nvlink, 3)       # error totals unchanged: gated
+        for sampler in nvlink.samplers:               # every per-link counter read, as when a total moves
+            sampler.gate_safety = 0.0
+        full_cpu = link_rounds_cpu(nvlink, 3)
+        for sampler in nvlink.samplers:
+            sampler.gate_safety = GATE_SAFETY_INTERVALS * sampler.link_interval
         conn.close()                                  # the server may have closed it while idle
         conn = http.client.HTTPConnection("127.0.0.1", exporter.port, timeout=30)
         times, nvlink_times, body = [], [], b""
@@ -226,9 +245,9 @@ def measure_gpu_side(args: argparse.Namespace, tree: Path, node: SimNode) -> int
         gpu_rounds = sum(s.rounds_by_tier["gpu"] - rounds0[s.gpu.index]["gpu"] for s in nvlink.samplers)
         gpu_round_cpu = (sum(s.cpu_by_tier["gpu"] - cpu0[s.gpu.index]["gpu"] for s in nvlink.samplers)
                          / max(1, gpu_rounds))
-        link_round_cpu = statistics.median(s.cpu_by_tier["link"] / s.rounds_by_tier["link"] for s in nvlink.samplers)
         link_rounds = [s.latest.link_duration for s in nvlink.samplers if s.latest and s.latest.link_duration]
         reads = nvlink.samplers[0].latest.error_reads
+        gated = nvlink.samplers[0].latest.gated
         print(f"simulated 8-GPU node, all collectors ({', '.join(enabled)}), {args.scrapes} scrapes, in-process; "
               f"simulated NVML at H200 per-call cost (as CPU), gpu tier every {args.nvlink_interval:g} s, "
               f"link tier every {args.nvlink_link_interval:g} s")
@@ -240,15 +259,19 @@ def measure_gpu_side(args: argparse.Namespace, tree: Path, node: SimNode) -> int
         for tier, interval in (("gpu", args.nvlink_interval), ("link", args.nvlink_link_interval)):
             print(f"sample age served, {tier} tier: p50 {statistics.median(ages[tier]):.2f} s, "
                   f"max {max(ages[tier]):.2f} s (interval {interval:g} s)")
-        print(f"one GPU's round: gpu tier {gpu_round_cpu * 1e3:.2f} ms CPU ({gpu_rounds} rounds), link tier "
-              f"{link_round_cpu * 1e3:.1f} ms CPU, {statistics.median(link_rounds) * 1e3:.0f} ms wall; error "
-              f"counters read per link round: {reads}")
+        print(f"one GPU's round: gpu tier {gpu_round_cpu * 1e3:.2f} ms CPU ({gpu_rounds} rounds); link tier "
+              f"gated {gated_cpu * 1e3:.1f} ms CPU ({gated} error counters not read: GPU totals unchanged), "
+              f"reading every counter {full_cpu * 1e3:.1f} ms CPU; error counters read per full link round: "
+              f"{reads}")
         print(f"CPU of the sampling threads in the window: {window_cpu:.3f} s over {wall:.1f} s = "
               f"{window_cpu / wall * 100:.2f}% of one core (simulated NVML calls burn the CPU the driver's do)")
+        steady_link = ((GATE_SAFETY_INTERVALS - 1) * gated_cpu + full_cpu) / GATE_SAFETY_INTERVALS
         for gpus in (4, 8):
-            tiered = gpus * (gpu_round_cpu / 10.0 + link_round_cpu / 120.0)
-            single = gpus * (gpu_round_cpu + link_round_cpu) / 10.0
-            print(f"sampling CPU share, {gpus} GPUs: {tiered * 100:.2f}% of a core at the defaults (10 s / 120 s); "
+            tiered = gpus * (gpu_round_cpu / 10.0 + steady_link / 120.0)
+            climbing = gpus * (gpu_round_cpu / 10.0 + full_cpu / 120.0)
+            single = gpus * (gpu_round_cpu + full_cpu) / 10.0
+            print(f"sampling CPU share, {gpus} GPUs: {tiered * 100:.3f}% of a core at the defaults (10 s / 120 s, "
+                  f"totals unchanged); {climbing * 100:.3f}% while errors climb (every link round full); "
                   f"{single * 100:.2f}% reading every tier every 10 s")
         return 0
     finally:

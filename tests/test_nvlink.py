@@ -350,9 +350,10 @@ def test_the_simulated_h200_pays_per_value_and_records_what_each_method_cost():
     per_call = get(registry, "fabric_nvlink_read_cost_seconds", gpu="1", method="per_call")
     batched = get(registry, "fabric_nvlink_read_cost_seconds", gpu="1", method="field_values")
     assert 0.7e-3 < per_call < 1.2e-3 and 0.7e-3 < batched < 1.2e-3, (per_call, batched)
-    # The link round pays for what it reads: 36 throughput values and 72 error counters, as CPU.
+    # A link round pays for what it reads, as CPU: the first one 36 throughput values and 72
+    # error counters; the later ones, with the GPU totals unchanged, all but the 54 gated counters.
     duration = get(registry, "fabric_nvlink_sample_duration_seconds", gpu="1", tier="link")
-    assert duration >= 36 * 0.82e-3 + 72 * 0.79e-3
+    assert 36 * 0.82e-3 + 18 * 0.79e-3 + 5 * 0.33e-3 <= duration < 36 * 0.82e-3 + 72 * 0.79e-3, duration
     assert get(registry, "fabric_nvlink_sample_duration_seconds", gpu="1", tier="gpu") < 20e-3
     assert get(registry, "fabric_nvlink_sample_interval_seconds", tier="gpu") == 60
     cpu = sum(get(registry, "fabric_nvlink_sample_cpu_seconds_total", gpu="1", tier=tier) for tier in ("gpu", "link"))
@@ -365,9 +366,10 @@ def test_a_clearly_cheaper_call_takes_the_error_counters_out_of_the_batch():
     assert get(registry, "fabric_nvlink_error_counter_reads", gpu="0", method="per_call") == 4 * 18
     calls = source.calls["nvmlDeviceGetNvLinkErrorCounter"]
     registry.collector.refresh()
-    # Every link round reads the 4 counters of the 18 links one call each. The sampler's own
-    # schedule may add a round beside the one refresh() asks for: whole rounds, never fewer.
-    rounds, partial = divmod(source.calls["nvmlDeviceGetNvLinkErrorCounter"] - calls, 4 * 18)
+    # Every link round reads the crc_data counters of the 18 links one call each; the other
+    # three types only when their GPU total moved (it did not). The sampler's own schedule may
+    # add a round beside the one refresh() asks for: whole rounds, never fewer.
+    rounds, partial = divmod(source.calls["nvmlDeviceGetNvLinkErrorCounter"] - calls, 18)
     assert rounds >= 1 and partial == 0, (rounds, partial)
 
 
@@ -385,6 +387,7 @@ def test_the_link_tier_keeps_its_own_slower_schedule_and_age():
     assert registry.collector.refresh()
     before, _ = scrape(registry)
     link_calls = source.calls["nvmlDeviceGetNvLinkErrorCounter"]
+    field_calls = source.calls["nvmlDeviceGetFieldValues"]
     source.step(5.0, [])                          # traffic moves on; no refresh() from here on
     time.sleep(6 * interval)
     values, _ = scrape(registry)
@@ -392,16 +395,104 @@ def test_the_link_tier_keeps_its_own_slower_schedule_and_age():
     link_age = by_gpu(values, "fabric_nvlink_sample_age_seconds", tier="link")
     assert all(gpu_age[g] < 3 * interval + 0.3 and link_age[g] > 5 * interval for g in "01"), (gpu_age, link_age)
     assert source.calls["nvmlDeviceGetNvLinkErrorCounter"] == link_calls      # no link round since
-    # The GPU totals moved with the traffic; the per-link counters are the link round's.
-    tx_gpu = by_gpu(values, "fabric_nvlink_gpu_transmit_bytes_total")
-    assert all(tx_gpu[g] > by_gpu(before, "fabric_nvlink_gpu_transmit_bytes_total")[g] for g in "01")
-    tx_links = [v for k, v in values["fabric_nvlink_transmit_bytes_total"].items() if dict(k)["gpu"] == "0"]
-    assert values["fabric_nvlink_transmit_bytes_total"] == before["fabric_nvlink_transmit_bytes_total"]
-    assert sum(tx_links) < tx_gpu["0"]
+    assert source.calls["nvmlDeviceGetFieldValues"] == field_calls            # the gpu tier reads link state only
+    # The GPU totals and the per-link counters are both the link round's: unmoved.
+    for name in ("fabric_nvlink_gpu_transmit_bytes_total", "fabric_nvlink_transmit_bytes_total"):
+        assert values[name] == before[name]
     assert registry.collector.refresh()           # a refresh reads both tiers
     values, _ = scrape(registry)
+    tx_gpu = by_gpu(values, "fabric_nvlink_gpu_transmit_bytes_total")
+    assert tx_gpu["0"] > by_gpu(before, "fabric_nvlink_gpu_transmit_bytes_total")["0"]
     tx_links = [v for k, v in values["fabric_nvlink_transmit_bytes_total"].items() if dict(k)["gpu"] == "0"]
-    assert sum(tx_links) == pytest.approx(by_gpu(values, "fabric_nvlink_gpu_transmit_bytes_total")["0"], rel=1e-3)
+    assert sum(tx_links) == pytest.approx(tx_gpu["0"], rel=1e-3)
+
+
+# ---- the gate: per-link error counters read when a GPU total moves ------------------------
+
+def gated_demo(**options):
+    """One simulated H200 whose error counters are all read per call (a call cheaper than a
+    batched value), so the calls made count the counters read; gpu tier never on its own."""
+    source, registry = demo(gpus=1, costs=replace(demo_nvml.H200_COSTS, error_counter=0.4e-3), **options)
+    assert get(registry, "fabric_nvlink_error_counter_reads", gpu="0", method="per_call") == 4 * 18
+    return source, registry, registry.collector.samplers[0]
+
+
+def counters_read_by(source, registry, action) -> int:
+    """Per-link error counter calls made by `action` and a link round after it."""
+    calls = source.calls["nvmlDeviceGetNvLinkErrorCounter"]
+    action()
+    assert registry.collector.refresh()
+    return source.calls["nvmlDeviceGetNvLinkErrorCounter"] - calls
+
+
+def plain(registry, name, **labels):
+    """The served value, without a fresh round first."""
+    return registry.registry.get_sample_value(name, labels)
+
+
+def test_per_link_error_counters_covered_by_unchanged_totals_are_not_read_again():
+    source, registry, sampler = gated_demo()
+    for t in (1.0, 2.0, 3.0):                     # traffic moves, no error anywhere
+        assert counters_read_by(source, registry, lambda: source.step(t, [])) == 18      # crc_data only
+    assert plain(registry, "fabric_nvlink_gated_error_counters", gpu="0") == 3 * 18
+    assert plain(registry, "fabric_nvlink_error_counter_rounds_total", gpu="0", outcome="unchanged") >= 3
+    assert plain(registry, "fabric_nvlink_error_counter_rounds_total", gpu="0", outcome="first") == 1
+    # Served: the values read in the first round, and their read age grows while the link tier's does not.
+    assert plain(registry, "fabric_nvlink_errors_total", gpu="0", link="7", type="replay") == 0
+    assert plain(registry, "fabric_nvlink_error_counter_read_age_seconds", gpu="0") > \
+        plain(registry, "fabric_nvlink_sample_age_seconds", gpu="0", tier="link")
+
+
+def test_a_moved_total_has_its_per_link_counters_read_in_the_same_round():
+    source, registry, sampler = gated_demo()
+    fault = Fault("nvlink_down", "gpu-node-0", 1.0, 60.0, target={"gpu": 0, "link": 7},
+                  params={"precursor_seconds": 30})
+    assert counters_read_by(source, registry, lambda: source.step(2.0, [fault])) == 4 * 18
+    crc = plain(registry, "fabric_nvlink_errors_total", gpu="0", link="7", type="crc_flit")
+    assert crc == source._links[0][7].errors["crc_flit"] > 0
+    assert plain(registry, "fabric_nvlink_errors_total", gpu="0", link="7", type="replay") > 0
+    assert plain(registry, "fabric_nvlink_errors_total", gpu="0", link="6", type="crc_flit") == 0
+    assert plain(registry, "fabric_nvlink_error_counter_rounds_total", gpu="0", outcome="totals_changed") == 1
+    assert plain(registry, "fabric_nvlink_error_counter_read_age_seconds", gpu="0") == pytest.approx(
+        plain(registry, "fabric_nvlink_sample_age_seconds", gpu="0", tier="link"), abs=0.05)
+    # The link goes down: one recovery, read in the round that sees its total move.
+    assert counters_read_by(source, registry, lambda: source.step(40.0, [fault])) == 4 * 18
+    assert plain(registry, "fabric_nvlink_errors_total", gpu="0", link="7", type="recovery") == 1
+    assert counters_read_by(source, registry, lambda: source.step(41.0, [fault])) == 18          # still
+
+
+def test_gated_counters_are_read_anyway_once_their_read_is_the_safety_interval_old():
+    source, registry, sampler = gated_demo()
+    assert sampler.gate_safety == 10 * sampler.link_interval
+    assert counters_read_by(source, registry, lambda: None) == 18
+    sampler.gate_safety = 0.0                     # every read is now that old
+    assert counters_read_by(source, registry, lambda: None) == 4 * 18
+    assert plain(registry, "fabric_nvlink_error_counter_rounds_total", gpu="0", outcome="safety") >= 1
+
+
+def test_a_gpu_without_error_totals_reads_every_counter_every_link_round():
+    source, registry, sampler = gated_demo(error_totals=False)
+    for t in (1.0, 2.0):
+        assert counters_read_by(source, registry, lambda: source.step(t, [])) == 4 * 18
+    assert plain(registry, "fabric_nvlink_gated_error_counters", gpu="0") == 0
+    assert plain(registry, "fabric_nvlink_error_counter_rounds_total", gpu="0", outcome="no_totals") >= 3
+    assert plain(registry, "fabric_nvlink_error_counter_rounds_total", gpu="0", outcome="unchanged") == 0
+    # The GPU-total throughput still answers.
+    assert plain(registry, "fabric_nvlink_gpu_transmit_bytes_total", gpu="0") > 0
+
+
+def test_a_failed_per_link_read_after_a_moved_total_is_retried_not_gated_off():
+    source, registry, sampler = gated_demo()
+    fault = Fault("nvlink_down", "gpu-node-0", 1.0, 60.0, target={"gpu": 0, "link": 3},
+                  params={"precursor_seconds": 30})
+    source.step(2.0, [fault])
+    real = source.error_counter
+    source.error_counter = lambda gpu, link, kind: (_ for _ in ()).throw(NvmlDeviceError("gpu_lost", "gone"))
+    assert registry.collector.refresh()
+    assert plain(registry, "fabric_nvml_device_read_errors", gpu="0", reason="gpu_lost") == 1
+    source.error_counter = real
+    assert counters_read_by(source, registry, lambda: None) == 4 * 18   # the totals' move is not lost
+    assert plain(registry, "fabric_nvlink_errors_total", gpu="0", link="3", type="crc_flit") > 0
 
 
 def test_without_error_fields_every_counter_is_a_call_and_unsupported_ones_have_no_series():

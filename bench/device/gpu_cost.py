@@ -7,9 +7,11 @@ Part 1, NVML (no job yet):
   * "before": the old synchronous collector's call pattern (link states, one throughput
     batch, one error-counter call per link and type, GPU after GPU), timed directly;
   * "after": each tier's round per GPU (exporter/nvml/sampler.py), GPU after GPU, its wall
-    time and CPU, the link rounds of all GPUs at once (driver contention), how each GPU
-    reads its error counters and the cost per value it measured, and the sampling CPU share
-    for 4 and 8 GPUs at the default intervals.
+    time and CPU: the gpu tier (link states), the link tier gated (GPU error totals
+    unchanged: the per-link counters they cover not read) and reading every per-link
+    counter; where each round's CPU goes, call by call; the full link rounds of all GPUs at
+    once (driver contention); how each GPU reads its error counters and the cost per value it
+    measured; and the sampling CPU share for 4 and 8 GPUs at the default intervals.
 Part 2, a 4-rank DDP job (one GPU each; an MLP whose 64 MB of gradients DDP all-reduces in
 4 MB buckets, ~20 steps a second; 8 DataLoader workers per rank), with one exporter process per collector set running side
 by side ("all", "all but nccl", "nvlink only", and "all" without the malloc arena cap), each scraped every --scrape-interval
@@ -90,6 +92,39 @@ def simulated_nvml():
     return NvmlSimSource(node, ClusterSpec("sim", (node,), 1), random.Random(1))
 
 
+class CallTimer:
+    """The backend, with the CPU of every call the sampler makes summed by call (field-values
+    calls by their first field and size): where a round's CPU goes."""
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+        self.cpu: dict[str, float] = {}
+
+    def reset(self) -> None:
+        self.cpu = {}
+
+    def per_round(self, rounds: int) -> dict[str, float]:
+        return {call: seconds / rounds * 1e3 for call, seconds in sorted(self.cpu.items(), key=lambda kv: -kv[1])}
+
+    def __getattr__(self, name: str):
+        function = getattr(self.backend, name)
+        if name not in ("link_states", "link_static", "field_values", "error_counter"):
+            return function
+
+        def timed_call(*args):
+            label = name
+            if name == "field_values":
+                fields = args[1]
+                scope = "total" if fields and fields[0][1] == 0xFFFFFFFF else "per-link"
+                label = f"field_values {scope} x{len(fields)}"
+            cpu = time.thread_time()
+            try:
+                return function(*args)
+            finally:
+                self.cpu[label] = self.cpu.get(label, 0.0) + time.thread_time() - cpu
+        return timed_call
+
+
 def nvml_part(results: dict, simulate: bool) -> None:
     from fabricscope.exporter.nvml import open_backend
     from fabricscope.exporter.nvml.backend import (ERROR_TYPES, FI_NVLINK_ERROR_DL_CRC, FI_NVLINK_ERROR_DL_RECOVERY,
@@ -123,8 +158,7 @@ def nvml_part(results: dict, simulate: bool) -> None:
         "field values: DL CRC/replay/recovery per link": [(f, link) for f in (FI_NVLINK_ERROR_DL_CRC,
                                                           FI_NVLINK_ERROR_DL_REPLAY, FI_NVLINK_ERROR_DL_RECOVERY)
                                                           for link in links],
-        # Not used by the sampler yet: if a driver answers these, a GPU-total error count read
-        # every gpu-tier round could tell when the per-link counters need reading.
+        # The sampler's gate: per-link counters are read when one of these totals moves.
         "field values: DL CRC/replay/recovery GPU total": [(FI_NVLINK_ERROR_DL_CRC, 0xFFFFFFFF),
                                                           (FI_NVLINK_ERROR_DL_REPLAY, 0xFFFFFFFF),
                                                           (FI_NVLINK_ERROR_DL_RECOVERY, 0xFFFFFFFF)],
@@ -154,7 +188,8 @@ def nvml_part(results: dict, simulate: bool) -> None:
         return time.perf_counter() - wall, time.process_time() - cpu
 
     before = [old_path() for _ in range(3)]
-    samplers = [GpuSampler(backend, g, 10.0, 120.0) for g in gpus]
+    timing = CallTimer(backend)
+    samplers = [GpuSampler(timing, g, 10.0, 120.0) for g in gpus]
 
     def rounds_of(link_round: bool, repeats: int) -> dict[int, list[tuple[float, float]]]:
         """(wall s, CPU s) of rounds of every GPU, one GPU after another (as the exporter's
@@ -167,8 +202,19 @@ def nvml_part(results: dict, simulate: bool) -> None:
                 out[s.gpu.index].append((time.perf_counter() - wall, time.thread_time() - cpu))
         return out
 
-    link_rounds = rounds_of(True, 3)                   # the first settles each GPU's plan
+    rounds_of(True, 1)                                 # the first settles each GPU's plan
+    timing.reset()
+    link_rounds = rounds_of(True, 3)                   # error totals unchanged: gated (a total that moves opens it)
+    gated_calls = timing.per_round(3 * len(gpus))
+    gate = {g.index: dict(samplers[i].gate_rounds) for i, g in enumerate(gpus)}
+    for s in samplers:                                 # every per-link counter read, as after a total moved
+        s.gate_safety = 0.0
+    timing.reset()
+    full_rounds = rounds_of(True, 3)
+    full_calls = timing.per_round(3 * len(gpus))
+    timing.reset()
     gpu_rounds = rounds_of(False, 5)
+    gpu_calls = timing.per_round(5 * len(gpus))
 
     def parallel_link_round(s: GpuSampler, cpus: list) -> None:
         cpu = time.thread_time()
@@ -183,26 +229,42 @@ def nvml_part(results: dict, simulate: bool) -> None:
     for t in threads:
         t.join()
     parallel = time.perf_counter() - wall
+    for s in samplers:
+        s.gate_safety = 10 * s.link_interval
     reads = {g.index: samplers[i].latest.error_reads for i, g in enumerate(gpus)}
+    gated = {g.index: samplers[i].latest.gated for i, g in enumerate(gpus)}
     costs = {g.index: {m: c * 1e3 for m, c in samplers[i].latest.read_costs.items()} for i, g in enumerate(gpus)}
-    link_cpu = statistics.median(c for r in link_rounds.values() for _, c in r[1:])
-    link_wall = statistics.median(w for r in link_rounds.values() for w, _ in r[1:])
+    link_cpu = statistics.median(c for r in full_rounds.values() for _, c in r)
+    link_wall = statistics.median(w for r in full_rounds.values() for w, _ in r)
+    gated_cpu = statistics.median(c for r in link_rounds.values() for _, c in r)
+    gated_wall = statistics.median(w for r in link_rounds.values() for w, _ in r)
     gpu_cpu = statistics.median(c for r in gpu_rounds.values() for _, c in r)
+    # Steady state: gated rounds, and every 10th round (the safety interval) a full one.
+    steady_cpu = (9 * gated_cpu + link_cpu) / 10
     say(f"before: old synchronous path, {len(gpus)} GPUs one after another: "
         f"{statistics.median(b[0] for b in before) * 1e3:.0f} ms wall, {statistics.median(b[1] for b in before) * 1e3:.0f} ms "
         f"CPU per scrape")
-    say(f"after, one GPU's round, GPUs one after another: gpu tier (link state + GPU totals) {gpu_cpu * 1e3:.2f} ms "
-        f"CPU; link tier (per-link counters, with the gpu tier) {link_wall * 1e3:.0f} ms wall, {link_cpu * 1e3:.1f} ms "
-        f"CPU; all {len(gpus)} GPUs' link rounds at once: {parallel * 1e3:.0f} ms wall, "
-        f"{statistics.median(parallel_cpu) * 1e3:.1f} ms CPU per GPU")
+    say(f"after, one GPU's round, GPUs one after another: gpu tier (link states) {gpu_cpu * 1e3:.2f} ms CPU; "
+        f"link tier (with the gpu tier) gated, GPU error totals unchanged ({gated[gpus[0].index]} counters not read) "
+        f"{gated_wall * 1e3:.1f} ms wall, {gated_cpu * 1e3:.1f} ms CPU; reading every per-link counter "
+        f"{link_wall * 1e3:.0f} ms wall, {link_cpu * 1e3:.1f} ms CPU; all {len(gpus)} GPUs' full link rounds at once: "
+        f"{parallel * 1e3:.0f} ms wall, {statistics.median(parallel_cpu) * 1e3:.1f} ms CPU per GPU")
+    say(f"gate outcomes of the gated rounds, GPU 0: {gate[gpus[0].index]}")
+    for name, per_call in (("gpu tier", gpu_calls), ("gated link round", gated_calls), ("full link round", full_calls)):
+        say(f"where a {name}'s CPU goes (ms per GPU round): "
+            + ", ".join(f"{call} {ms:.3f}" for call, ms in per_call.items()))
     say(f"error counters read per GPU 0 link round: {reads[gpus[0].index]}; measured ms per value: "
         f"{ {m: round(c, 3) for m, c in costs[gpus[0].index].items()} }")
     for n in (len(gpus), 2 * len(gpus)):
-        say(f"sampling CPU share, {n} GPUs: {n * (gpu_cpu / 10 + link_cpu / 120) * 100:.3f}% of a core at the "
-            f"defaults (gpu tier 10 s, link tier 120 s); {n * link_cpu / 10 * 100:.2f}% reading everything every 10 s")
+        say(f"sampling CPU share, {n} GPUs: {n * (gpu_cpu / 10 + steady_cpu / 120) * 100:.3f}% of a core at the "
+            f"defaults (gpu tier 10 s, link tier 120 s, error totals unchanged: 9 gated rounds in 10); "
+            f"{n * (gpu_cpu / 10 + link_cpu / 120) * 100:.3f}% while errors climb (every link round full); "
+            f"{n * link_cpu / 10 * 100:.2f}% reading everything every 10 s")
     results["nvml"] = {"gpus": len(gpus), "gpu_name": gpu.name, "links": len(links), "calls": calls,
                        "old_path_wall_s": [b[0] for b in before], "old_path_cpu_s": [b[1] for b in before],
-                       "link_round_wall_cpu_s": link_rounds, "gpu_round_wall_cpu_s": gpu_rounds,
+                       "link_round_wall_cpu_s": full_rounds, "gated_link_round_wall_cpu_s": link_rounds,
+                       "gpu_round_wall_cpu_s": gpu_rounds, "gate_outcomes": gate, "gated_counters": gated,
+                       "round_cpu_ms_by_call": {"gpu": gpu_calls, "gated_link": gated_calls, "full_link": full_calls},
                        "parallel_link_round_wall_s": parallel, "parallel_link_round_cpu_s": parallel_cpu,
                        "error_reads": reads, "read_cost_ms": costs}
     backend.close()

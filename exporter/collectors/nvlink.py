@@ -8,12 +8,14 @@ No NVML on the host is a normal state, not an error: fabric_nvml_available{reaso
 nothing else. One GPU that cannot be read is reported and never hides the others.
 
 Config section `nvlink`:
-  sample_interval_seconds (10): how often each GPU's link states and GPU-total throughput
-    are read (tier "gpu", ~1.2 ms of driver CPU per H200 GPU).
-  link_sample_interval_seconds (120): how often the per-link throughput and error counters
-    are read (tier "link", ~87 ms of driver CPU per H200 GPU with 18 links: every per-link
-    value costs ~0.8 ms). 120 s keeps 2-3 samples inside the 5m rate windows of the NVLink
-    error and throughput-collapse alerts (both `for: 10m`). docs/cost.md has the figures.
+  sample_interval_seconds (10): how often each GPU's link states are read (tier "gpu",
+    ~0.06 ms of driver CPU per GPU: what the link-down and flap alerts need).
+  link_sample_interval_seconds (120): how often the GPU totals (throughput, DL errors), the
+    per-link throughput and the per-link error counters are read (tier "link"; every per-link
+    value costs ~0.8 ms of driver CPU). The per-link counters the DL error totals cover are
+    read only when a total moved, or every GATE_SAFETY_INTERVALS link intervals. 120 s keeps
+    2-3 samples inside the 5m rate windows of the NVLink error and throughput-collapse
+    alerts (both `for: 10m`). docs/cost.md has the figures.
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from ..framework import Collector, register
 from ..nvml import GpuInfo, NvmlBackend, NvmlUnavailable, open_backend
-from ..nvml.sampler import BATCHED, GPU_TIER, LINK_TIER, PER_CALL, UNSUPPORTED, GpuSampler
+from ..nvml.sampler import (BATCHED, GATE_OUTCOMES, GATE_SAFETY_INTERVALS, GPU_TIER, LINK_TIER, PER_CALL,
+                             UNSUPPORTED, GpuSampler)
 
 log = logging.getLogger("fabricscope.exporter.nvlink")
 
@@ -117,22 +120,31 @@ class NvlinkCollector(Collector):
                                  "(NVML NVLINK_THROUGHPUT_DATA_RX, KiB x 1024).", labels=["gpu", "link"])
         errors = CounterMetricFamily("fabric_nvlink_errors", "NVLink data-link error counters; absent where "
                                      "the GPU answers NOT_SUPPORTED.", labels=["gpu", "link", "type"])
-        read_errors = GaugeMetricFamily("fabric_nvml_device_read_errors", "1 when the GPU's last sample could "
-                                        "not read it, or its sample has been running for over "
-                                        f"{STALL_INTERVALS:g} intervals (sample_stalled).", labels=["gpu", "reason"])
         gpu_tx = CounterMetricFamily("fabric_nvlink_gpu_transmit_bytes", "Data bytes sent on all the GPU's "
                                      "NVLinks (NVML NVLINK_THROUGHPUT_DATA_TX, all-links scope, KiB x 1024); "
-                                     "read every sample_interval_seconds.", labels=["gpu"])
+                                     "read every link_sample_interval_seconds.", labels=["gpu"])
         gpu_rx = CounterMetricFamily("fabric_nvlink_gpu_receive_bytes", "Data bytes received on all the GPU's "
                                      "NVLinks (NVML NVLINK_THROUGHPUT_DATA_RX, all-links scope, KiB x 1024); "
-                                     "read every sample_interval_seconds.", labels=["gpu"])
+                                     "read every link_sample_interval_seconds.", labels=["gpu"])
         read_errors = GaugeMetricFamily("fabric_nvml_device_read_errors", "1 when the GPU's last sample could "
                                         "not read it, or its sample has been running for over "
                                         f"{STALL_INTERVALS:g} intervals (sample_stalled).", labels=["gpu", "reason"])
         age = GaugeMetricFamily("fabric_nvlink_sample_age_seconds", "Time since the round that read the values "
-                                "served for the GPU began, per tier: gpu (link state, GPU-total throughput, every "
-                                "sample_interval_seconds), link (per-link throughput and error counters, every "
-                                "link_sample_interval_seconds).", labels=["gpu", "tier"])
+                                "served for the GPU began, per tier: gpu (link state, every sample_interval_seconds), "
+                                "link (GPU totals, per-link throughput and error counters, every "
+                                "link_sample_interval_seconds; gated error counters were verified unchanged "
+                                "then, see fabric_nvlink_error_counter_read_age_seconds).", labels=["gpu", "tier"])
+        gated = GaugeMetricFamily("fabric_nvlink_gated_error_counters", "Per-link error counters (crc_flit, "
+                                  "replay, recovery) the GPU reads only when its DL error total of that type "
+                                  "moved, or every " f"{GATE_SAFETY_INTERVALS} link intervals; 0 where the GPU "
+                                  "answers no totals (every counter read every link round).", labels=["gpu"])
+        errors_age = GaugeMetricFamily("fabric_nvlink_error_counter_read_age_seconds", "Time since the round "
+                                       "that last read the GPU's per-link error counters from NVML began; between "
+                                       "reads the gated counters served are the last read, verified current by "
+                                       "unchanged GPU totals at each link round.", labels=["gpu"])
+        gate_rounds = CounterMetricFamily("fabric_nvlink_error_counter_rounds", "Link rounds by what they did "
+                                          "with the gated per-link error counters: read (first, totals_changed, "
+                                          "safety, no_totals) or not (unchanged).", labels=["gpu", "outcome"])
         duration = GaugeMetricFamily("fabric_nvlink_sample_duration_seconds", "Time the GPU's latest round of "
                                      "the tier took in NVML.", labels=["gpu", "tier"])
         reads = GaugeMetricFamily("fabric_nvlink_error_counter_reads", "NVLink error counters read per link "
@@ -154,6 +166,8 @@ class NvlinkCollector(Collector):
             gpu_info.add_metric([g, gpu.uuid, gpu.name, gpu.pci_bus_id], 1.0)
             for tier, seconds in sampler.cpu_by_tier.items():
                 cpu.add_metric([g, tier], seconds)
+            for outcome in GATE_OUTCOMES:
+                gate_rounds.add_metric([g, outcome], float(sampler.gate_rounds[outcome]))
             if sampler.busy_for(now) > STALL_INTERVALS * self.interval:
                 read_errors.add_metric([g, "sample_stalled"], 1.0)
             sample = sampler.latest
@@ -175,6 +189,9 @@ class NvlinkCollector(Collector):
                 reads.add_metric([g, method], float(sample.error_reads.get(method, 0)))
             for method, seconds in sorted(sample.read_costs.items()):
                 read_cost.add_metric([g, method], seconds)
+            gated.add_metric([g], float(sample.gated))
+            if sample.errors_read is not None:
+                errors_age.add_metric([g], max(0.0, now - sample.errors_read))
             for reading in sample.links:
                 link = str(reading.link)
                 state.add_metric([g, link], 1.0 if reading.active else 0.0)
@@ -187,7 +204,7 @@ class NvlinkCollector(Collector):
                 for kind, value in sorted(reading.errors.items()):
                     errors.add_metric([g, link, kind], float(value))
         yield from (gpu_info, state, info, tx, rx, gpu_tx, gpu_rx, errors, read_errors, age, duration, reads,
-                    read_cost, cpu, interval)
+                    read_cost, gated, errors_age, gate_rounds, cpu, interval)
 
     def close(self) -> None:
         with self._lock:

@@ -25,6 +25,11 @@ SCOPE_ALL_LINKS = 0xFFFFFFFF
 FI_NVLINK_ERROR_DL_REPLAY = 161             # scopeId = link
 FI_NVLINK_ERROR_DL_RECOVERY = 162
 FI_NVLINK_ERROR_DL_CRC = 163                # the flit CRC counter (NVML_NVLINK_ERROR_DL_CRC_FLIT)
+# The error kinds whose DL field, scoped SCOPE_ALL_LINKS, answers the sum over the GPU's links
+# (H100 and H200, driver 580: 3 values ~1 ms). crc_data has no such total on these GPUs (the
+# legacy total, field 52, answers NOT_SUPPORTED), so it is always read per link.
+ERROR_TOTAL_FIELDS = {"crc_flit": FI_NVLINK_ERROR_DL_CRC, "replay": FI_NVLINK_ERROR_DL_REPLAY,
+                      "recovery": FI_NVLINK_ERROR_DL_RECOVERY}
 # The older per-link ids exist for links 0..11 only, link number encoded in the id.
 _FI_CRC_DATA_L0_5 = 39                      # NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L0..L5 = 39..44
 _FI_CRC_DATA_L6_11 = 102                    # ..._L6..L11 = 102..107

@@ -6,15 +6,22 @@ nvmlDeviceGetFieldValues 0.82 ms per link-scoped value), while link state costs 
 for all links and a GPU-total throughput field 0.58 ms. Reading everything every 10 s cost
 3% of a core on 4 GPUs. So each GPU's thread reads:
 
-- tier "gpu", every `interval` seconds: link states (version and remote endpoint only for
-  a link seen for the first time or whose state changed: they change only when a link
-  retrains) and the GPU-total throughput fields;
-- tier "link", every `link_interval` seconds: per-link throughput and the per-link error
-  counters. Each error counter type is read by whichever method the first link round
-  measured cheaper per value on this GPU (one nvmlDeviceGetFieldValues batch, or one
-  nvmlDeviceGetNvLinkErrorCounter call per link); a field answering NOT_SUPPORTED falls
+- tier "gpu", every `interval` seconds: link states only (version and remote endpoint only
+  for a link seen for the first time or whose state changed: they change only when a link
+  retrains). The link-down and flap alerts need nothing else every 10 s.
+- tier "link", every `link_interval` seconds: one field-values call for the GPU totals
+  (throughput TX/RX, DL CRC/replay/recovery errors: 5 values), per-link throughput, and the
+  per-link error counters. Each error counter type is read by whichever method the first
+  link round measured cheaper per value on this GPU (one nvmlDeviceGetFieldValues batch, or
+  one nvmlDeviceGetNvLinkErrorCounter call per link); a field answering NOT_SUPPORTED falls
   back to the call, a counter both refuse has no series. The plan is kept until the set of
   links changes.
+- the gate: a per-link counter of a kind the GPU totals cover (crc_flit, replay, recovery)
+  is read only when one of those totals changed since the last per-link read, when that
+  read is `gate_safety` seconds old, or when the links changed; otherwise its last value is
+  served (a sum that did not move means none of its terms did: the counters only grow).
+  crc_data, which no total covers, and every kind on a GPU answering no totals, are read
+  every link round.
 
 Each tier's values carry the time their round began, so a scrape serves both with their
 age. GPUs start their rounds `phase` seconds apart: rounds of several GPUs running at
@@ -29,8 +36,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .backend import (ERROR_TYPES, FI_NVLINK_THROUGHPUT_DATA_RX, FI_NVLINK_THROUGHPUT_DATA_TX, SCOPE_ALL_LINKS,
-                      FieldValuesUnsupported, GpuInfo, LinkReading, LinkStatic, NvmlBackend, NvmlDeviceError,
+from .backend import (ERROR_TOTAL_FIELDS, ERROR_TYPES, FI_NVLINK_THROUGHPUT_DATA_RX, FI_NVLINK_THROUGHPUT_DATA_TX,
+                      SCOPE_ALL_LINKS, FieldValuesUnsupported, GpuInfo, LinkReading, LinkStatic, NvmlBackend, NvmlDeviceError,
                       error_field)
 
 log = logging.getLogger("fabricscope.exporter.nvml")
@@ -44,6 +51,19 @@ TIERS = (GPU_TIER, LINK_TIER)
 # call must cost under CLEAR_WIN x a batched value to replace it.
 MEANINGFUL_COST = 0.2e-3
 CLEAR_WIN = 0.98
+# The gate: per-link counters the GPU totals cover are read anyway once their last read is
+# this many link intervals old (a driver resetting a total, or a total not the sum of its
+# links, is then wrong for at most this long).
+GATE_SAFETY_INTERVALS = 10
+# What a link round did with the gated per-link error counters (label values of
+# fabric_nvlink_error_counter_rounds_total): read because ...
+GATE_FIRST, GATE_CHANGED, GATE_SAFETY, GATE_NO_TOTALS = "first", "totals_changed", "safety", "no_totals"
+GATE_SKIPPED = "unchanged"                   # ... or not read: the totals had not moved
+GATE_OUTCOMES = (GATE_FIRST, GATE_CHANGED, GATE_SAFETY, GATE_NO_TOTALS, GATE_SKIPPED)
+# The GPU totals, read in one field-values call at the start of each link round.
+_TOTAL_KEYS = ("tx", "rx", *ERROR_TOTAL_FIELDS)
+_TOTAL_FIELDS = [(FI_NVLINK_THROUGHPUT_DATA_TX, SCOPE_ALL_LINKS), (FI_NVLINK_THROUGHPUT_DATA_RX, SCOPE_ALL_LINKS),
+                 *[(field_id, SCOPE_ALL_LINKS) for field_id in ERROR_TOTAL_FIELDS.values()]]
 
 
 @dataclass(frozen=True)
@@ -53,8 +73,10 @@ class GpuSample:
     duration: float                 # seconds the gpu-tier round took
     error_reads: dict[str, int]     # BATCHED / PER_CALL / UNSUPPORTED -> error counters read that way
     failure: str | None = None      # NvmlDeviceError reason when the GPU could not be read
-    tx_bytes: int | None = None     # GPU totals over all links (NVML reports KiB)
+    tx_bytes: int | None = None     # GPU totals over all links (NVML reports KiB), read by the link tier
     rx_bytes: int | None = None
+    gated: int = 0                  # per-link error counters read only when a GPU total moves
+    errors_read: float | None = None     # when the gated counters served were last read per link
     link_started: float | None = None    # when the link-tier round whose values `links` carry began
     link_duration: float | None = None
     read_costs: dict[str, float] = field(default_factory=dict)   # method -> measured CPU seconds per value
@@ -107,7 +129,12 @@ class GpuSampler:
         self._busy_since: float | None = None
         self._static: dict[int, tuple[bool, LinkStatic]] = {}   # link -> (state when read, attributes)
         self._plan: _Plan | None = None
-        self._totals_supported = True            # the GPU-total throughput fields answer
+        self.gate_safety = GATE_SAFETY_INTERVALS * self.link_interval
+        self._totals_supported = True            # some GPU-total field answers
+        self._totals: dict[str, int] = {}        # the GPU totals of the latest link round
+        self._gate: dict[str, int] | None = None     # error totals read just before the last per-link read
+        self._errors_read: float | None = None   # when that per-link read began
+        self.gate_rounds = {outcome: 0 for outcome in GATE_OUTCOMES}
         self._force_link = False
         # The link tier's latest values (raw, as NVML answers them) and when their round began.
         self._link_values: dict[tuple[int, str], int] = {}
@@ -177,7 +204,11 @@ class GpuSampler:
         self._wake.set()
         deadline = asked + timeout
         with self._done:
-            while self.latest is None or self.latest.link_started is None or self.latest.link_started < asked:
+            # A round that began after the call and read the link tier itself (a round that began
+            # before the call could take the request into its link tier, and then leave an extra
+            # forced round behind).
+            while (self.latest is None or self.latest.started < asked or self.latest.link_started is None
+                   or self.latest.link_started < self.latest.started):
                 if self.latest is not None and self.latest.failure and self.latest.started >= asked:
                     return True                      # the GPU answered with an error: a fresh answer
                 left = deadline - time.monotonic()
@@ -196,7 +227,6 @@ class GpuSampler:
             states = self.backend.link_states(self.gpu)
             links = tuple(sorted(states))
             statics = {link: self._static_of(link, active) for link, active in states.items()}
-            tx_total, rx_total = self._totals()
         except NvmlDeviceError as exc:
             log.warning("GPU %d (%s): %s", self.gpu.index, self.gpu.pci_bus_id, exc)
             self.cpu_by_tier[GPU_TIER] += time.thread_time() - cpu
@@ -209,9 +239,14 @@ class GpuSampler:
         if link_round or self._plan is None or self._plan.links != links or self._link_started is None:
             link_started = time.monotonic()
             try:
+                totals = self._read_totals()
                 if self._plan is None or self._plan.links != links:
                     self._plan = _Plan.for_links(links)
-                self._link_values = self._read(self._plan)
+                skip, gate = self._gate_decision(totals, link_started)
+                self._link_values = self._read(self._plan, skip)
+                self._totals = totals
+                if not skip:                         # committed only once the per-link read succeeded
+                    self._gate, self._errors_read = gate or None, link_started
             except NvmlDeviceError as exc:
                 log.warning("GPU %d (%s): %s", self.gpu.index, self.gpu.pci_bus_id, exc)
                 self.cpu_by_tier[LINK_TIER] += time.thread_time() - now_cpu
@@ -230,11 +265,13 @@ class GpuSampler:
                 remote_pci_bus_id=static.remote_pci_bus_id, remote_type=static.remote_type,
                 tx_bytes=None if tx is None else tx * 1024, rx_bytes=None if rx is None else rx * 1024,
                 errors={kind: values[(link, kind)] for kind in ERROR_TYPES if (link, kind) in values}))
+        tx_total, rx_total = self._totals.get("tx"), self._totals.get("rx")
         return GpuSample(tuple(readings), started, duration, self._plan.error_reads(),
                          tx_bytes=None if tx_total is None else tx_total * 1024,
                          rx_bytes=None if rx_total is None else rx_total * 1024,
                          link_started=self._link_started, link_duration=self._link_duration,
-                         read_costs=dict(self._plan.costs))
+                         read_costs=dict(self._plan.costs), gated=self._gated_count(),
+                         errors_read=self._errors_read)
 
     def _static_of(self, link: int, active: bool) -> LinkStatic:
         cached = self._static.get(link)
@@ -242,36 +279,74 @@ class GpuSampler:
             cached = self._static[link] = (active, self.backend.link_static(self.gpu, link))
         return cached[1]
 
-    def _totals(self) -> tuple[int | None, int | None]:
-        """GPU-total data KiB sent and received (one field-values call, two values)."""
+    def _read_totals(self) -> dict[str, int]:
+        """The GPU totals over all links that answer ("tx"/"rx" in KiB, and the error kinds of
+        ERROR_TOTAL_FIELDS): one field-values call, ~2 ms of driver CPU on an H100 or H200."""
         if not self._totals_supported:
-            return None, None
+            return {}
         try:
-            tx, rx = self.backend.field_values(self.gpu, [(FI_NVLINK_THROUGHPUT_DATA_TX, SCOPE_ALL_LINKS),
-                                                          (FI_NVLINK_THROUGHPUT_DATA_RX, SCOPE_ALL_LINKS)])
+            raw = self.backend.field_values(self.gpu, _TOTAL_FIELDS)
         except FieldValuesUnsupported:
-            tx = rx = None
-        if tx is None and rx is None:
+            raw = [None] * len(_TOTAL_FIELDS)
+        totals = {key: value for key, value in zip(_TOTAL_KEYS, raw) if value is not None}
+        if not totals:
             self._totals_supported = False           # not asked again: costs a call per round
-            log.info("GPU %d: no GPU-total NVLink throughput fields", self.gpu.index)
-        return tx, rx
+            log.info("GPU %d: no GPU-total NVLink fields; every error counter is read every link round",
+                     self.gpu.index)
+        elif self._gate is None and self._errors_read is None:
+            log.info("GPU %d: GPU-total NVLink error fields %s answer; their per-link counters are read when "
+                     "a total moves, or every %.0f s", self.gpu.index,
+                     sorted(k for k in ERROR_TOTAL_FIELDS if k in totals) or "none", self.gate_safety)
+        return totals
 
-    def _read(self, plan: _Plan) -> dict[tuple[int, str], int]:
+    def _gate_decision(self, totals: dict[str, int], now: float) -> tuple[set[str], dict[str, int]]:
+        """(error kinds this link round need not read per link, the error totals it read).
+        Only kinds the totals cover; never before a full per-link read of the current links.
+        The totals are read BEFORE the per-link counters: an error landing between the two
+        reads is in the per-link values but not in the snapshot kept, so the next round sees
+        the total move and reads again; the other order could hide it until the safety read."""
+        gate = {kind: totals[kind] for kind in ERROR_TOTAL_FIELDS if kind in totals}
+        plan = self._plan
+        if not gate:
+            outcome = GATE_NO_TOTALS
+        elif self._gate is None or self._errors_read is None or plan is None or not plan.settled:
+            outcome = GATE_FIRST
+        elif gate != self._gate:
+            outcome = GATE_CHANGED
+        elif now - self._errors_read >= self.gate_safety:
+            outcome = GATE_SAFETY
+        else:
+            outcome = GATE_SKIPPED
+        self.gate_rounds[outcome] += 1
+        return (set(gate) if outcome == GATE_SKIPPED else set()), gate
+
+    def _gated_count(self) -> int:
+        if not self._gate or self._plan is None:
+            return 0
+        return sum(1 for *_, key in self._plan.batched if key in self._gate) + \
+            sum(1 for _, kind in self._plan.per_call if kind in self._gate)
+
+    def _read(self, plan: _Plan, skip: frozenset[str] | set[str] = frozenset()) -> dict[tuple[int, str], int]:
+        """Read the plan's per-link values; the error kinds in `skip` are not read and keep
+        their last values."""
         values: dict[tuple[int, str], int] = {}
-        if plan.batched:
+        if skip:
+            values.update({key: value for key, value in self._link_values.items() if key[1] in skip})
+        batched = [entry for entry in plan.batched if entry[3] not in skip]
+        if batched:
             cpu = time.thread_time()
             try:
-                raw = self.backend.field_values(self.gpu, [(fid, scope) for fid, scope, _, _ in plan.batched])
+                raw = self.backend.field_values(self.gpu, [(fid, scope) for fid, scope, _, _ in batched])
             except FieldValuesUnsupported as exc:
                 if not plan.settled:
                     log.info("GPU %d: nvmlDeviceGetFieldValues unsupported (%s); one call per error counter, "
                              "no throughput", self.gpu.index, exc)
-                raw = [None] * len(plan.batched)
+                raw = [None] * len(batched)
             answered = sum(value is not None for value in raw)
             if not plan.settled and answered:
                 plan.costs[BATCHED] = (time.thread_time() - cpu) / answered
-            kept = []
-            for entry, value in zip(plan.batched, raw):
+            kept = []                                # skip is empty until the plan is settled
+            for entry, value in zip(batched, raw):
                 _, _, link, key = entry
                 if value is not None:
                     values[(link, key)] = value
@@ -280,9 +355,12 @@ class GpuSampler:
                     kept.append(entry)               # supported before: absent this round only
                 elif key in ERROR_TYPES:
                     plan.per_call.append((link, key))  # no such field here: the per-link call
-            plan.batched = kept
+            if not plan.settled:
+                plan.batched = kept
         spent, calls = 0.0, 0                    # CPU of the calls that answered a value
         for link, kind in list(plan.per_call):
+            if kind in skip:
+                continue
             cpu = time.thread_time()
             value = self.backend.error_counter(self.gpu, link, kind)
             if value is not None:

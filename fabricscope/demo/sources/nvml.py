@@ -10,10 +10,12 @@ costs it as CPU: the driver computes the answer on the calling thread (wall = CP
 so a call burns that much of its thread's CPU without holding the GIL (as a ctypes call
 into libnvidia-ml does); the demo's nodes (make_source) sleep it instead. Benchmarks and
 tests thus see the real shape: per-link values slow whichever call reads them, link state
-nearly free, and the sampling threads' CPU what it would be on the host. Field support follows the same host: the per-link DL error fields
-and the throughput fields (per link, or the GPU total with scope SCOPE_ALL_LINKS) answer in
-a batch; the legacy per-link CRC-data fields and the legacy error totals answer
-NOT_SUPPORTED (crc_data is then read by the per-link call).
+nearly free, and the sampling threads' CPU what it would be on the host. Field support
+follows the same host: the per-link DL error fields and the throughput fields (per link, or
+the GPU total with scope SCOPE_ALL_LINKS) answer in a batch, and so do the DL
+CRC/replay/recovery GPU totals (scope SCOPE_ALL_LINKS: the sum of the per-link counters the
+simulation keeps, so a fault's errors move both); the legacy per-link CRC-data fields and
+the legacy error totals answer NOT_SUPPORTED (crc_data is then read by the per-link call).
 
 Fault nvlink_down (target gpu, link; params precursor_seconds, default 10): for the first
 precursor_seconds the link stays up while its CRC-flit and replay counters climb; then it
@@ -68,6 +70,7 @@ class CallCosts:
     field_call: float = 0.0               # nvmlDeviceGetFieldValues, the call itself (in the values)
     field_per_link: float = 0.82e-3       # each link-scoped value: 36 throughput 29.6 ms, 54 DL errors 43.9 ms
     field_gpu_total: float = 0.58e-3      # each GPU-total value (scope SCOPE_ALL_LINKS): 2 took 1.16 ms
+    field_error_total: float = 0.33e-3    # each GPU-total DL error value: 3 took 0.99 ms (H100), 1.19 ms (H200)
     field_unsupported: float = 1.5e-6     # each NOT_SUPPORTED field: 16 took 0.022 ms
     burn_cpu: bool = True
 
@@ -77,7 +80,7 @@ H200_COSTS = CallCosts()
 # a laptop should not spend a core's percent on simulated driver work).
 DEMO_COSTS = CallCosts(burn_cpu=False)
 FREE = CallCosts(link_state=0.0, link_static=0.0, error_counter=0.0, field_call=0.0, field_per_link=0.0,
-                 field_gpu_total=0.0, field_unsupported=0.0, burn_cpu=False)
+                 field_gpu_total=0.0, field_error_total=0.0, field_unsupported=0.0, burn_cpu=False)
 # hashlib releases the GIL for buffers of 2 KiB and more: the burn runs outside the GIL,
 # as the driver's work does inside a ctypes call.
 _BURN_BLOCK = bytes(16384)
@@ -132,12 +135,14 @@ class NvmlSimSource:
 
     def __init__(self, node: NodeSpec, cluster: ClusterSpec, rng: random.Random,
                  costs: CallCosts = H200_COSTS, error_fields: bool = True,
-                 supported_errors: tuple[str, ...] = SUPPORTED_ERRORS) -> None:
+                 supported_errors: tuple[str, ...] = SUPPORTED_ERRORS, error_totals: bool = True) -> None:
         """error_fields False: the driver answers no error field in a batch (older drivers);
+        error_totals False: the DL error fields answer per link but not as GPU totals;
         supported_errors: the counters this GPU model answers at all."""
         self.node = node
         self.costs = costs
         self.error_fields = error_fields
+        self.error_totals = error_fields and error_totals
         self.supported_errors = supported_errors
         self.calls: Counter[str] = Counter()     # NVML calls made, by function
         self._lock = threading.Condition()       # step() writes, sampler threads read
@@ -241,6 +246,12 @@ class NvmlSimSource:
                     direction = _THROUGHPUT_FIELDS[field_id]
                     value = int(sum(link.tx if direction == "tx" else link.rx for link in links)) // 1024
                     seconds += costs.field_gpu_total
+                elif scope == SCOPE_ALL_LINKS and field_id in _SCOPED_ERROR_FIELDS and self.error_totals:
+                    # The sum of the per-link counters: what a per-link read answers adds up to it.
+                    kind = _SCOPED_ERROR_FIELDS[field_id]
+                    if kind in self.supported_errors:
+                        value = sum(link.errors[kind] for link in links)
+                    seconds += costs.field_unsupported if value is None else costs.field_error_total
                 elif 0 <= scope < len(links) and field_id in _THROUGHPUT_FIELDS:
                     link = links[scope]
                     value = int(link.tx if _THROUGHPUT_FIELDS[field_id] == "tx" else link.rx) // 1024
