@@ -55,6 +55,7 @@ sys.path.insert(0, str(REPO))
 stage("bench's own imports")
 
 from fabricscope.exporter import main as exporter_main  # noqa: E402
+from smaps import largest_mappings  # noqa: E402
 
 stage("import fabricscope.exporter.main")
 
@@ -69,23 +70,6 @@ infiniband: {thresholds: [{counter: symbol_error, type: velocity, threshold: 50,
 """
 # bcrypt of "secret" at cost 4 (cheap to check).
 WEB_CONFIG = "basic_auth_users:\n  prometheus: $2b$04$8OrintucnpU.dL/r2luHMu6dveVSc8Wmh7SJtyfN0J4HeiHllbbuS\n"
-
-
-def mappings(top: int) -> list[tuple[float, float, int, str]]:
-    """(RSS MB, anon MB, mapping count, name) per mapped object, largest first."""
-    rss, anon, count = collections.Counter(), collections.Counter(), collections.Counter()
-    name = "[anon]"
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            fields = line.split()
-            if "-" in fields[0] and not fields[0].endswith(":"):
-                name = fields[5] if len(fields) > 5 else "[anon]"
-                count[name] += 1
-            elif fields[0] == "Rss:":
-                rss[name] += int(fields[1])
-            elif fields[0] == "Anonymous:":
-                anon[name] += int(fields[1])
-    return [(kb / 1024, anon[n] / 1024, count[n], n) for n, kb in rss.most_common(top)]
 
 
 def thread_stacks_kb() -> tuple[int, int]:
@@ -155,7 +139,7 @@ def main() -> int:
         print(f"resident while serving: {', '.join(resident_packages) or 'none of ' + ', '.join(HEAVY)}")
         print(f"not imported: {', '.join(name for name in HEAVY if name not in sys.modules)}")
         print("largest mappings by RSS:")
-        for rss, anon, count, name in mappings(options.top):
+        for rss, anon, count, name in largest_mappings(options.top):
             print(f"  {rss:6.2f} MB (anon {anon:5.2f}) x{count:<3d} {name}")
         if options.python_heap:
             python_heap(options.top)

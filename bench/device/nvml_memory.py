@@ -50,7 +50,6 @@ STEPS: list[tuple[str, dict[str, float]]] = [("interpreter", status())]
 KEYS = ("VmRSS", "RssAnon", "RssFile", "Private", "Shared")
 
 import argparse  # noqa: E402
-import collections  # noqa: E402
 import json  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
@@ -58,8 +57,10 @@ from pathlib import Path  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))          # bench/: smaps
 
 from nccl_straggler import import_exporter  # noqa: E402
+from smaps import largest_mappings  # noqa: E402
 
 import_exporter()
 from fabricscope.exporter.malloc import cap_malloc_arenas, return_free_heap  # noqa: E402
@@ -83,23 +84,6 @@ def show(index: int) -> None:
 def step(name: str) -> None:
     STEPS.append((name, status()))
     show(len(STEPS) - 1)
-
-
-def largest_mappings(top: int = 15) -> list[tuple[float, float, int, str]]:
-    """(RSS MB, anonymous MB, mappings, name) per mapped file or kind, largest first."""
-    rss, anon, count = collections.Counter(), collections.Counter(), collections.Counter()
-    name = "[anon]"
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            fields = line.split()
-            if "-" in fields[0] and not fields[0].endswith(":"):
-                name = fields[5] if len(fields) > 5 else "[anon]"
-                count[name] += 1
-            elif fields[0] == "Rss:":
-                rss[name] += int(fields[1])
-            elif fields[0] == "Anonymous:":
-                anon[name] += int(fields[1])
-    return [(kb / 1024, anon[n] / 1024, count[n], n) for n, kb in rss.most_common(top)]
 
 
 def finish(results: dict) -> None:

@@ -228,11 +228,12 @@ struct {
 	__type(value, struct init_args);
 } nccl_init_args SEC(".maps");
 
-/* Zeroed templates: these structs are too big to build on the 512-byte BPF stack. */
+/* These structs are too big to build on the 512-byte BPF stack. zero_stats and zero_state
+ * are never written: the zeroed values new entries are created from. */
 struct scratch {
 	struct init_args init;
-	struct op_stats stats;
-	struct rank_state state;
+	struct op_stats zero_stats;
+	struct rank_state zero_state;
 };
 
 struct {
@@ -302,42 +303,35 @@ static __always_inline __u64 splitmix64(__u64 v)
 	return v ^ (v >> 31);
 }
 
+/* The map's entry for key, created from a zeroed value when absent (counted when there
+ * is no room). */
+static __always_inline void *lookup_or_create(void *map, const void *key, const void *zeroed)
+{
+	void *value = bpf_map_lookup_elem(map, key);
+
+	if (value)
+		return value;
+	bpf_map_update_elem(map, key, zeroed, BPF_NOEXIST);
+	value = bpf_map_lookup_elem(map, key);
+	if (!value)
+		problem(PROBLEM_STATE_FULL);
+	return value;
+}
+
 static __always_inline struct rank_state *rank_state(__u32 pid, __u64 comm)
 {
 	struct comm_key key = { .pid = pid, .comm = comm };
-	struct rank_state *state = bpf_map_lookup_elem(&nccl_rank_state, &key);
-	struct scratch *s;
+	struct scratch *s = scratch();
 
-	if (state)
-		return state;
-	s = scratch();
-	if (!s)
-		return 0;
-	__builtin_memset(&s->state, 0, sizeof(s->state));
-	bpf_map_update_elem(&nccl_rank_state, &key, &s->state, BPF_NOEXIST);
-	state = bpf_map_lookup_elem(&nccl_rank_state, &key);
-	if (!state)
-		problem(PROBLEM_STATE_FULL);
-	return state;
+	return s ? lookup_or_create(&nccl_rank_state, &key, &s->zero_state) : 0;
 }
 
 static __always_inline struct op_stats *op_stats(__u32 pid, __u32 op, __u64 comm)
 {
 	struct op_key key = { .pid = pid, .op = op, .comm = comm };
-	struct op_stats *stats = bpf_map_lookup_elem(&nccl_op_stats, &key);
-	struct scratch *s;
+	struct scratch *s = scratch();
 
-	if (stats)
-		return stats;
-	s = scratch();
-	if (!s)
-		return 0;
-	__builtin_memset(&s->stats, 0, sizeof(s->stats));
-	bpf_map_update_elem(&nccl_op_stats, &key, &s->stats, BPF_NOEXIST);
-	stats = bpf_map_lookup_elem(&nccl_op_stats, &key);
-	if (!stats)
-		problem(PROBLEM_STATE_FULL);
-	return stats;
+	return s ? lookup_or_create(&nccl_op_stats, &key, &s->zero_stats) : 0;
 }
 
 static __always_inline int coll_enter(__u16 op, __u64 comm, __u64 count, __s32 dtype, __s32 peer)
@@ -620,14 +614,16 @@ static __always_inline void emit_init(struct init_args *a, __u64 comm, __s32 ran
 	__u32 pid = bpf_get_current_pid_tgid() >> 32;
 	struct comm_key key = { .pid = pid, .comm = comm };
 	struct scratch *s = scratch();
+	struct rank_state *state;
 	struct nccl_event *e;
 
 	if (!comm || !s)
 		return;
-	__builtin_memset(&s->state, 0, sizeof(s->state));
-	s->state.ident = ident;
-	if (bpf_map_update_elem(&nccl_rank_state, &key, &s->state, BPF_ANY))
+	if (bpf_map_update_elem(&nccl_rank_state, &key, &s->zero_state, BPF_ANY))
 		problem(PROBLEM_STATE_FULL);
+	state = bpf_map_lookup_elem(&nccl_rank_state, &key);
+	if (state)
+		state->ident = ident;
 	for (__u32 op = 0; op < NUM_OPS; op++) {
 		struct op_key stale = { .pid = pid, .op = op, .comm = comm };
 
