@@ -17,7 +17,10 @@ reaches a worker only once it has sent something - clients that connect and send
 cannot stop the others from being served. Once it has sent something, its request line
 and headers (and the TLS handshake) must all arrive within `header_timeout` seconds in
 total, else it gets a 408 and is closed: a client trickling a byte every few seconds,
-each read well inside the per-read `timeout`, cannot hold a worker for long either.
+each read well inside the per-read `timeout`, cannot hold a worker for long either. The
+body then has `body_timeout` seconds, extended by one second for every `body_min_rate`
+bytes received (as Apache's mod_reqtimeout does): a client that sends its body slower
+than that gets a 408 and the connection is closed.
 """
 from __future__ import annotations
 
@@ -95,17 +98,38 @@ class _StrictHeaderReader(cheroot_server.HeaderReader):
 class _DeadlineSocketIO(socket.SocketIO):
     """The raw socket reads under a connection's buffered reader. While `deadline` is set
     each read may wait only for what is left until it (the socket timeout alone bounds
-    one read, and a trickling client keeps every read short); past it, a timeout."""
+    one read, and a trickling client keeps every read short); past it, a timeout. With
+    `min_rate`, every `min_rate` bytes received since the deadline was set push it one
+    second further."""
 
     deadline: float | None = None
+    min_rate: float | None = None
+    received = 0
+    expired = False           # a read under a deadline timed out: the connection is done
+
+    def set_deadline(self, deadline: float | None, min_rate: float | None = None) -> None:
+        self.deadline, self.min_rate, self.received = deadline, min_rate, 0
 
     def readinto(self, buffer):
-        if self.deadline is not None:
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                raise socket.timeout("timed out")     # cheroot answers it with a 408
-            self._sock.settimeout(min(left, self.read_timeout))
-        return super().readinto(buffer)
+        if self.deadline is None:
+            return super().readinto(buffer)
+        deadline = self.deadline + (self.received / self.min_rate if self.min_rate else 0.0)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            self.expired = True
+            raise socket.timeout("timed out")     # cheroot answers it with a 408
+        self._sock.settimeout(min(left, self.read_timeout))
+        try:
+            count = super().readinto(buffer)
+        except socket.timeout:
+            self.expired = True                   # at the deadline, or one read's timeout
+            raise
+        finally:
+            # The socket's timeout also bounds the response's writes, and Python checks
+            # it before every send: a few milliseconds left here would time the reply out.
+            self._sock.settimeout(self.read_timeout)
+        self.received += count or 0
+        return count
 
 
 class _DeadlineReader(StreamReader):
@@ -121,15 +145,12 @@ class _Request(cheroot_server.HTTPRequest):
 
     def parse_request(self):
         raw = self.conn.rfile.raw
-        raw.deadline = time.monotonic() + self.server.header_timeout
+        raw.set_deadline(time.monotonic() + self.server.header_timeout)
         try:
             super().parse_request()
         finally:
-            raw.deadline = None
-            try:
-                self.conn.socket.settimeout(self.server.timeout)    # the body: per read again
-            except OSError:
-                pass                                            # already closed
+            # The body (read by the application, if it reads it) at a minimum rate.
+            raw.set_deadline(time.monotonic() + self.server.body_timeout, self.server.body_min_rate)
 
     def read_request_headers(self):
         try:
@@ -145,11 +166,39 @@ class _Request(cheroot_server.HTTPRequest):
         if self.chunked_read and not getattr(self.rfile, "closed", False):
             # Whatever is left of the body would be read as the next request.
             self.close_connection = True
+        if self.conn.rfile.raw.expired:
+            # The body came too slowly (the application answered its timeout, e.g. with a
+            # 408): the rest of it is not waited for.
+            self.close_connection = True
         super().send_headers()
 
 
 class _Connection(cheroot_server.HTTPConnection):
     RequestHandlerClass = _Request
+    # After a 408 for a body that came too slowly, how long the unread rest of it is
+    # drained before the socket closes.
+    LINGER_SECONDS = 1.0
+
+    def close(self):
+        raw = getattr(self.rfile, "raw", None)
+        if getattr(raw, "expired", False):
+            self._linger()
+        super().close()
+
+    def _linger(self) -> None:
+        """Closing a socket with unread bytes in its receive buffer sends a reset, and a
+        reset makes the client's kernel discard the response it has not read yet: the
+        408 would never be seen. Send our end's FIN, then read and drop what the client
+        is still sending, briefly (as web servers' lingering close does)."""
+        try:
+            self.socket.shutdown(socket.SHUT_WR)
+            end = time.monotonic() + self.LINGER_SECONDS
+            while (left := end - time.monotonic()) > 0:
+                self.socket.settimeout(left)
+                if not self.socket.recv(65536):
+                    break
+        except (OSError, ValueError):
+            pass                                    # reset, timed out or already closed
 
     def __init__(self, server, sock, makefile=MakeFile):
         def files(sock, mode, bufsize):
@@ -191,7 +240,8 @@ class HttpServer:
 
     def __init__(self, app: WsgiApp, host: str = "127.0.0.1", port: int = 0, *, name: str = "http",
                  threads: int = 4, max_queued_connections: int = 64, timeout: float = 10.0,
-                 header_timeout: float | None = None,
+                 header_timeout: float | None = None, body_timeout: float | None = None,
+                 body_min_rate: float = 32 * 1024,
                  max_header_bytes: int = 64 * 1024, max_body_bytes: int = 4 * 1024 * 1024,
                  ssl_context: ssl.SSLContext | None = None) -> None:
         self.name = name
@@ -205,6 +255,10 @@ class HttpServer:
                               accepted_queue_size=max_queued_connections, accepted_queue_timeout=1)
         # Request line + headers (+ TLS handshake) in total; by default one `timeout`.
         self.server.header_timeout = timeout if header_timeout is None else header_timeout
+        # The body: `body_timeout` (by default one `timeout`) plus a second per
+        # `body_min_rate` bytes received.
+        self.server.body_timeout = timeout if body_timeout is None else body_timeout
+        self.server.body_min_rate = body_min_rate
         self.server.max_request_header_size = max_header_bytes
         self.server.max_request_body_size = max_body_bytes
         if ssl_context is not None:

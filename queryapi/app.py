@@ -131,24 +131,33 @@ def _install_pipeline(app: APIFlask, state: Sidecar) -> None:
 
 
 def _enforce_body_limit(limit: int) -> None:
-    """413 for a body over `limit`. A declared Content-Length is refused before any byte
-    is read. A chunked body (no Content-Length) is read here, up to one byte past the
-    limit, and handed on as a complete body: werkzeug's own limit stops reading at the
-    limit and passes the truncated body on, which a JSON parser would report as a 400."""
-    if request.content_length is not None:
-        if request.content_length > limit:
-            raise ApiError(413, f"request body of {request.content_length} bytes exceeds the {limit}-byte limit",
-                           code="payload_too_large")
-        return
-    if request.environ.get("HTTP_TRANSFER_ENCODING", "").lower() != "chunked":
+    """Read the request body whole, here, before any handler: 413 for a body over `limit`,
+    408 for one that arrives too slowly.
+
+    A declared Content-Length over the limit is refused before any byte is read. A chunked
+    body (no Content-Length) is read up to one byte past the limit: werkzeug's own limit
+    stops reading at the limit and passes the truncated body on, which a JSON parser would
+    report as a 400. The HTTP server times the body (fabricscope/httpserver.py: a grace
+    period plus a minimum rate); its timeout surfaces here, as a 408, and nowhere else."""
+    length = request.content_length
+    if length is not None and length > limit:
+        raise ApiError(413, f"request body of {length} bytes exceeds the {limit}-byte limit",
+                       code="payload_too_large")
+    chunked = request.environ.get("HTTP_TRANSFER_ENCODING", "").lower() == "chunked"
+    if not length and not chunked:
         return
     raw = request.environ["wsgi.input"]
+    want = length if length is not None else limit + 1
     buffer = bytearray()
-    while len(buffer) <= limit:
-        chunk = raw.read(min(65536, limit + 1 - len(buffer)))
-        if not chunk:
-            break
-        buffer += chunk
+    try:
+        while len(buffer) < want:
+            chunk = raw.read(min(65536, want - len(buffer)))
+            if not chunk:
+                break
+            buffer += chunk
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive in time ({len(buffer)} bytes received); send it "
+                            "faster or in smaller requests", code="request_timeout") from None
     if len(buffer) > limit:
         raise ApiError(413, f"chunked request body exceeds the {limit}-byte limit", code="payload_too_large")
     request.environ["wsgi.input"] = io.BytesIO(bytes(buffer))

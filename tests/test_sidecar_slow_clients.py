@@ -1,13 +1,15 @@
 """`fabricscope sidecar` against slow and silent clients, over real sockets and real TLS:
-connections that never send a byte (not even a TLS ClientHello), requests cut off halfway
-and headers trickled a byte at a time must not stop a new client from being served; the
-server closes them itself. Also its shutdown on SIGTERM and a port already taken."""
+connections that never send a byte (not even a TLS ClientHello), requests cut off halfway,
+headers trickled a byte at a time and bodies sent slower than the minimum rate must not
+stop a new client from being served; the server closes them itself. Also its shutdown on
+SIGTERM and a port already taken."""
 from __future__ import annotations
 
 import signal
 import socket
 import ssl
 import subprocess
+import threading
 import time
 
 import pytest
@@ -26,10 +28,11 @@ HALF_SENT = THREADS + 4  # more than the worker threads
 @pytest.fixture(scope="module", params=["tls", "plain"])
 def sidecar(request, tmp_path_factory):
     workdir = tmp_path_factory.mktemp(f"slow-{request.param}")
-    make_keys(workdir / "keys.yaml")
+    tokens = make_keys(workdir / "keys.yaml")
     process = start_sidecar(workdir, "127.0.0.1", free_port(), f"http://127.0.0.1:{free_port()}",
                             workdir / "keys.yaml", tls=request.param == "tls",
                             extra_args=["--threads", str(THREADS), "--client-timeout", str(CLIENT_TIMEOUT)])
+    process.tokens = tokens
     yield process
     process.stop()
 
@@ -95,10 +98,7 @@ def test_the_server_closes_connections_that_stay_silent(sidecar):
 
 
 def test_headers_trickled_a_byte_at_a_time_get_a_408(sidecar):
-    raw = socket.create_connection(("127.0.0.1", port_of(sidecar)), timeout=30)
-    if sidecar.certs:
-        raw = ssl.create_default_context(cafile=str(sidecar.certs.ca)).wrap_socket(raw, server_hostname="127.0.0.1")
-    with raw as sock:
+    with connect(sidecar) as sock:
         sock.sendall(b"GET /api/versions HTTP/1.1\r\n")
         started = time.monotonic()
         try:
@@ -111,6 +111,44 @@ def test_headers_trickled_a_byte_at_a_time_get_a_408(sidecar):
         reply = closed_by_server(sock, 5)
     assert time.monotonic() - started < 6 * CLIENT_TIMEOUT
     assert reply is not None and reply.startswith(b"HTTP/1.1 408"), reply
+
+
+def connect(sidecar) -> socket.socket:
+    raw = socket.create_connection(("127.0.0.1", port_of(sidecar)), timeout=30)
+    if sidecar.certs:
+        raw = ssl.create_default_context(cafile=str(sidecar.certs.ca)).wrap_socket(raw, server_hostname="127.0.0.1")
+    return raw
+
+
+def test_a_body_sent_slower_than_the_minimum_rate_gets_a_408_and_the_connection_closes(sidecar):
+    received = bytearray()
+    with connect(sidecar) as sock:
+        def read():                                     # as HTTP clients do: the reply may come early
+            try:
+                while chunk := sock.recv(65536):
+                    received.extend(chunk)
+            except OSError:
+                pass
+        reader = threading.Thread(target=read)
+        sock.sendall(b"POST /tracing/spans HTTP/1.1\r\nHost: sidecar\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + sidecar.tokens["writer"].encode() + b"\r\n"
+                     b"Content-Length: 100000\r\n\r\n[")
+        reader.start()
+        started = time.monotonic()
+        try:
+            # 10 bytes every half second: each read well inside the per-read timeout, the
+            # body far below the minimum rate (32 KiB/s after the grace period).
+            while time.monotonic() - started < 6 * CLIENT_TIMEOUT and not received:
+                sock.sendall(b" " * 10)
+                time.sleep(CLIENT_TIMEOUT / 4)
+        except OSError:
+            pass                                            # the server closed it
+        reader.join(10)
+    assert not reader.is_alive()                            # the server closed the connection
+    assert time.monotonic() - started < 6 * CLIENT_TIMEOUT
+    assert received.startswith(b"HTTP/1.1 408"), bytes(received)
+    assert b'"code":"request_timeout"' in bytes(received).replace(b" ", b"")
+    versions_within(sidecar, 15)
 
 
 def test_sigterm_stops_the_sidecar_cleanly_and_closes_its_database(tmp_path):
