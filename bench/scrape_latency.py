@@ -15,7 +15,7 @@ With --gpu, it instead measures the in-process exporter with every collector, th
 ones fed by the demo's simulated NVML, eBPF maps and NCCL stream for one 8-GPU node. The
 simulated NVML costs what an H200 costs per call, as CPU (0.79 ms an error counter, 0.82 ms
 each per-link field value; fabricscope/demo/sources/nvml.py). The nvlink collector samples
-it in its own threads, the gpu tier (link state, GPU totals) every --nvlink-interval
+it in its own threads, the gpu tier (link states) every --nvlink-interval
 seconds while the scrapes run, the link tier (per-link counters) every
 --nvlink-link-interval seconds. Beside the scrape figures it prints what the same node's
 NVML reads would have added to every scrape on the old synchronous path (the old call
