@@ -38,10 +38,11 @@ def op_stats(calls, nbytes, last_ts, enqueue, duration, durations_ns):
     return ks.OP_STATS.pack(calls, nbytes, last_ts, *enqueue, *duration, *ring, len(durations_ns))
 
 
-def apply(tracker, ref, state_raw, ops_raw, returned=True):
+def apply(tracker, ref, state_raw, ops_raw, returned=True, observed_at=None):
     state = ks.decode_rank_state(state_raw, len(LAG_BUCKETS)) if state_raw is not None else None
     ops = {op: ks.decode_op_stats(raw, len(ENQUEUE_BUCKETS), len(DURATION_BUCKETS)) for op, raw in ops_raw.items()}
-    tracker.apply_probed(ks.probed_rank(ref, state, ops, returned, wall))
+    at = tracker.clock() if observed_at is None else observed_at
+    tracker.apply_probed(ks.probed_rank(ref, state, ops, returned, wall, at))
 
 
 def test_counters_histograms_and_the_rolling_average_come_from_the_kernel():
@@ -123,3 +124,26 @@ def test_the_config_carries_the_trackers_bounds_in_ns_and_refuses_what_does_not_
         ks.encode_config([i + 1.0 for i in range(17)], DURATION_BUCKETS, LAG_BUCKETS, 64, DATATYPE_BYTES)
     with pytest.raises(ValueError, match="datatype 20"):
         ks.encode_config(ENQUEUE_BUCKETS, DURATION_BUCKETS, LAG_BUCKETS, 64, {20: 4})
+
+
+def test_elapsed_time_counts_only_up_to_the_read_that_saw_the_rank_in_flight():
+    """Between two reads of the kernel's state a fast operation has long completed: judged
+    up to "now" it would look hung on almost every scrape."""
+    now = [NOW + 10.0]
+    tracker = NcclTracker(clock=lambda: now[0], window=4, min_completed=2)
+    ref = ks.CommRef("beef", 0, 2)
+    ten_ms = [10 * MS] * 8
+    stats = op_stats(9, 72, 9_990 * MS, hist(len(ENQUEUE_BUCKETS), {0: 9}, 9000),
+                     hist(len(DURATION_BUCKETS), {3: 8}, sum(ten_ms)), ten_ms)
+    # Read at NOW + 10.0 s: the rank entered its latest op 10 ms before.
+    apply(tracker, ref, rank_state(last_ts=9_990 * MS, seq=9, last_op=0), {0: stats}, observed_at=NOW + 10.0)
+    now[0] = NOW + 10.9                         # a scrape just before the next read
+    [active] = tracker.active_operations()
+    assert active.elapsed == pytest.approx(0.01) and active.hanging is False
+    # The next reads find the rank still in that op: now it is in flight for real.
+    for at in (NOW + 11.0, NOW + 12.0):
+        tracker.observed("beef", 0, at)
+    now[0] = NOW + 12.5
+    [active] = tracker.active_operations()
+    assert active.elapsed == pytest.approx(2.01) and active.hanging is True
+    tracker.observed("gone", 0, NOW + 13.0)     # an evicted or unknown comm: nothing happens

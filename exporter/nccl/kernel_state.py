@@ -128,8 +128,9 @@ class CommRef:
 
 
 def probed_rank(ref: CommRef, state: RankState | None, ops: dict[int, OpStats], api_returned: bool,
-                to_wall: Callable[[int], float]) -> ProbedRank:
-    """One local rank's kernel accounting as the tracker takes it."""
+                to_wall: Callable[[int], float], observed_at: float) -> ProbedRank:
+    """One local rank's kernel accounting, read at `observed_at` (UNIX seconds), as the
+    tracker takes it."""
     def seconds(hist: tuple[list[int], int]) -> tuple[list[int], float]:
         return hist[0], hist[1] / 1e9
 
@@ -143,4 +144,5 @@ def probed_rank(ref: CommRef, state: RankState | None, ops: dict[int, OpStats], 
         comm=ref.label, rank=ref.rank, nranks=ref.nranks, ops=probed_ops, sequence=state.seq,
         last_op=OPS[state.last_op] if state.last_op < len(OPS) else None, last_start=to_wall(state.last_ts),
         last_nbytes=state.last_bytes, api_returned=api_returned, boundary=state.boundary,
-        boundary_start=to_wall(state.boundary_ts) if state.boundary else None, lag=seconds(state.lag))
+        boundary_start=to_wall(state.boundary_ts) if state.boundary else None, lag=seconds(state.lag),
+        observed_at=observed_at)

@@ -123,6 +123,11 @@ class _InFlight:
     start: float
     nbytes: int
     api_returned: bool
+    # When the source last saw the rank still in this operation (the kernel's accounting,
+    # read about once a second); None: the source reports calls as they happen. Elapsed
+    # time is judged up to then: "now" would count the time since the last read as time
+    # in flight, and every fast operation would look hung between two reads.
+    observed_at: float | None = None
 
 
 @dataclass
@@ -256,6 +261,7 @@ class ProbedRank:
     boundary: int = 0
     boundary_start: float | None = None
     lag: tuple[list[int], float] | None = None   # bucket counts (LAG_BUCKETS + above), sum seconds
+    observed_at: float | None = None       # when the kernel's state was read (UNIX seconds)
 
 
 @dataclass(frozen=True)
@@ -372,7 +378,7 @@ class NcclTracker:
                 return
             state.last_activity = max(state.last_activity, probed.last_start)
             state.inflight[probed.rank] = _InFlight(probed.last_op, probed.last_start, probed.last_nbytes,
-                                                    probed.api_returned)
+                                                    probed.api_returned, probed.observed_at)
             if probed.rank < 0 or probed.last_op in _P2P and not probed.sequence:
                 return
             seq = state.ranks.setdefault(probed.rank, _RankSequence())
@@ -382,6 +388,15 @@ class NcclTracker:
             seq.boundary, seq.boundary_start = probed.boundary, probed.boundary_start
             if probed.lag is not None:
                 seq.lag.load(*probed.lag)
+
+    def observed(self, comm: str, rank: int, at: float) -> None:
+        """The kernel's state of a rank was read again, unchanged: its operation in flight
+        is still in flight at `at`. A comm evicted meanwhile stays evicted."""
+        with self._lock:
+            state = self._comms.get(comm)
+            inflight = state.inflight.get(rank) if state is not None else None
+            if inflight is not None and inflight.observed_at is not None:
+                inflight.observed_at = max(inflight.observed_at, at)
 
     def record(self, call: NcclCall) -> None:
         self.record_batch([call])
@@ -469,7 +484,8 @@ class NcclTracker:
                 stats = state.stats.get((rank, inflight.op))
                 recent = stats.recent if stats is not None else ()
                 average = sum(recent) / len(recent) if recent else None
-                elapsed = max(0.0, now - inflight.start)
+                seen = now if inflight.observed_at is None else min(now, inflight.observed_at)
+                elapsed = max(0.0, seen - inflight.start)
                 hanging = (len(recent) >= self.min_completed and average is not None
                            and elapsed > self.hang_multiplier * average)
                 seq = state.ranks.get(rank)

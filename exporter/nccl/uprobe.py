@@ -215,15 +215,18 @@ class KernelReader:
         for key, raw in self.op_stats.items():
             pid, op, comm = ks.OP_KEY.unpack(key)
             ranks.setdefault((pid, comm), [None, {}])[1][op] = raw
+        observed_at = time.time()          # the maps were read just now
         for (pid, comm), (state_raw, ops_raw) in ranks.items():
             state = ks.decode_rank_state(state_raw, lag_n) if state_raw is not None else None
             returned = state is None or (pid, comm, state.last_ts) not in inside
             signature = (state_raw, tuple(sorted(ops_raw.items())), returned)
+            ref = self.handler.comm(pid, comm)
             if self._seen.get((pid, comm)) == signature:
+                tracker.observed(ref.label, ref.rank, observed_at)     # still in the same operation
                 continue
             self._seen[(pid, comm)] = signature
             ops = {op: ks.decode_op_stats(raw, enqueue_n, duration_n) for op, raw in ops_raw.items()}
-            tracker.apply_probed(ks.probed_rank(self.handler.comm(pid, comm), state, ops, returned, self.to_wall))
+            tracker.apply_probed(ks.probed_rank(ref, state, ops, returned, self.to_wall, observed_at))
             self.applied += 1
         return {pid for pid, _ in ranks}
 
