@@ -308,9 +308,13 @@ class Bench:
         held_since = None
         fired_at = None
         found_at_end: dict = {}
+        hanging_scrapes = 0               # scrapes in which some rank of the job was judged hanging
         while time.time() - start < seconds:
             time.sleep(max(0.0, self.args.scrape - (time.time() - start) % self.args.scrape))
-            now, _ = self.sample()
+            now, samples = self.sample()
+            if self.comm is not None and any(
+                    v == 1 for v in pick(samples, "fabric_nccl_hanging", comm=self.comm).values()):
+                hanging_scrapes += 1
             found = self.condition()
             for rank in found:
                 flagged[rank] = flagged.get(rank, 0) + 1
@@ -338,11 +342,12 @@ class Bench:
         result = {"phase": name, "delay_seconds": delay, "seconds": round(time.time() - start, 1),
                   "mean_lag_seconds": lag, "mean_period_seconds": period, "operations": ops,
                   "condition_true_after_seconds": first_true, "alert_would_fire_after_seconds": fired_at,
-                  "ranks_ever_flagged": flagged, "flagged_at_end": sorted(found_at_end)}
+                  "ranks_ever_flagged": flagged, "flagged_at_end": sorted(found_at_end),
+                  "hanging_scrapes": hanging_scrapes}
         self.log(f"  last {self.cfg['window']:g} s: mean lag per rank (ms): " + ", ".join(
             f"{r}: {v * 1000:.3f}" for r, v in sorted(lag.items()) if v is not None)
             + "; step period (ms): " + ", ".join(f"{r}: {v * 1000:.2f}" for r, v in sorted(period.items()) if v)
-            + f"; flagged: {flagged or 'none'}")
+            + f"; flagged: {flagged or 'none'}; scrapes with a rank judged hanging: {hanging_scrapes}")
         return result
 
     def stop_phase(self, control, seconds: float) -> dict:
@@ -491,6 +496,9 @@ def summarise(results: dict) -> dict:
     summary: dict = {}
     if "baseline" in by:
         summary["baseline_false_stragglers"] = by["baseline"]["ranks_ever_flagged"]
+        # No phase but the stop has a hang: a scrape judging one there is a false hang.
+        summary["false_hang_scrapes"] = {name: phase.get("hanging_scrapes") for name, phase in by.items()
+                                         if "hanging_scrapes" in phase}
     for name in ("delay 40 ms", "delay 5 ms"):
         if name in by:
             p = by[name]
