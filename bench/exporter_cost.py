@@ -38,20 +38,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from exporter_process import ALL, ExporterProcess  # noqa: E402
 from fabricscope.stack import free_port  # noqa: E402
 from tests.nccl_fake.build import build_fake_nccl, build_step_driver  # noqa: E402
 
-ALL = ["ebpf", "infiniband", "kmsg", "nccl", "netdev", "nvlink", "tcp"]
 COLLECTOR_SETS = {
     "all": ALL,
     "all but nccl": [c for c in ALL if c != "nccl"],
     "host only": ["infiniband", "kmsg", "netdev", "tcp"],
     "all 512 arenas": ALL,
 }
-# The same exporter as glibc runs it on a 64-core host: 8 malloc arenas a core instead of
-# the exporter's cap of 2 (exporter/malloc.py; the environment variable wins over the cap).
-SET_ENVIRONMENT = {"all 512 arenas": {"MALLOC_ARENA_MAX": "512"}}
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # ---- the busy node -------------------------------------------------------------------------
@@ -110,20 +106,6 @@ class Ranks:
 
 # ---- measuring an exporter ---------------------------------------------------------------------
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def memory_mb(pid: int) -> dict[str, float]:
-    out = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
-            out[key] = int(value.split()[0]) / 1024
-    return out
-
-
 def scrape(port: int) -> tuple[float, str]:
     start = time.perf_counter()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -139,44 +121,19 @@ def sample_value(body: str, prefix: str) -> float | None:
     return sum(values) if values else None
 
 
-class Exporter:
+class Exporter(ExporterProcess):
     def __init__(self, name: str, collectors: list[str], work: Path) -> None:
-        self.name = name
-        self.port = free_port()
-        state = work / f"state-{name.replace(' ', '-')}"
-        self.log = open(work / f"exporter-{name.replace(' ', '-')}.log", "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fabricscope.cli", "exporter", f"--web.listen-address=127.0.0.1:{self.port}",
-             f"--path.state={state}", "--node-name=bench",
-             *[f"--{'' if c in collectors else 'no-'}collector.{c}" for c in ALL]],
-            cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **SET_ENVIRONMENT.get(name, {})})
+        super().__init__(name, [sys.executable, "-m", "fabricscope.cli", "exporter"], collectors, free_port(), work,
+                         ["--node-name=bench"], cwd=REPO)
         self.scrape_times: list[float] = []
         self.body = ""
 
     def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"exporter {self.name} exited with {self.proc.returncode}")
-            try:
-                scrape(self.port)
-                return
-            except OSError:
-                time.sleep(0.2)
-        raise SystemExit(f"exporter {self.name} never answered")
+        super().wait_ready(lambda: scrape(self.port), timeout)
 
     def scrape(self) -> None:
         elapsed, self.body = scrape(self.port)
         self.scrape_times.append(elapsed)
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
 
 
 # ---- profile summary -----------------------------------------------------------------------------
@@ -265,7 +222,7 @@ def main() -> int:
                                              "-r", "100", "--nonblocking", "-f", "raw", "--threads", "-o",
                                              str(args.profile / "all.txt")],
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            start_cpu = {e.name: cpu_seconds(e.proc.pid) for e in exporters}
+            start_cpu = {e.name: e.cpu() for e in exporters}
             events0 = {e.name: sample_value(e.body, "fabric_nccl_calls_total") for e in exporters}
             started = time.monotonic()
             next_scrape = started + args.scrape_interval
@@ -276,9 +233,9 @@ def main() -> int:
                         exporter.scrape()
                     next_scrape += args.scrape_interval
             wall = time.monotonic() - started
-            cpu = {e.name: cpu_seconds(e.proc.pid) - start_cpu[e.name] for e in exporters}
+            cpu = {e.name: e.cpu() - start_cpu[e.name] for e in exporters}
             logs = {e.name: Path(e.log.name).read_text()[-2000:] for e in exporters}
-            memory = {e.name: memory_mb(e.proc.pid) for e in exporters}
+            memory = {e.name: e.memory_mb() for e in exporters}
             for exporter in exporters:
                 exporter.scrape()
             if profiler is not None:

@@ -34,7 +34,6 @@ import os
 import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -44,18 +43,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))          # bench/: exporter_process
 
+from exporter_process import ALL, ExporterProcess  # noqa: E402
 from nccl_straggler import fetch, free_port, import_exporter, parse, pick, scrape  # noqa: E402
 
 # Ranks in the job, one GPU each: 4 by default; FABRIC_BENCH_WORLD on a host with fewer GPUs.
 WORLD = int(os.environ.get("FABRIC_BENCH_WORLD", "4"))
-ALL = ["ebpf", "infiniband", "kmsg", "nccl", "netdev", "nvlink", "tcp"]
 SETS = {"all": ALL, "all but nccl": [c for c in ALL if c != "nccl"], "nvlink only": ["nvlink"],
         "all 512 arenas": ALL}
-# "all" as glibc runs it on a 64-core host without the exporter's malloc arena cap
-# (exporter/malloc.py: the environment variable wins over the cap): what the cap saves.
-SET_ENVIRONMENT = {"all 512 arenas": {"MALLOC_ARENA_MAX": "512"}}
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 lines: list[str] = []
 
 
@@ -359,33 +355,16 @@ def exporter_child(argv: list[str]) -> int:
     return run(parser.parse_args(argv))
 
 
-class Exporter:
+class Exporter(ExporterProcess):
     def __init__(self, name: str, collectors: list[str], work: Path, config: Path) -> None:
-        self.name, self.port = name, free_port()
-        slug = name.replace(" ", "-")
-        self.log = open(work / f"exporter-{slug}.log", "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--exporter-child",
-             f"--web.listen-address=127.0.0.1:{self.port}", f"--path.state={work / ('state-' + slug)}",
-             f"--config.file={config}", "--node-name=gpu-cost",
-             *[f"--{'' if c in collectors else 'no-'}collector.{c}" for c in ALL]],
-            stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **SET_ENVIRONMENT.get(name, {})})
-        self.base = f"http://127.0.0.1:{self.port}"
+        super().__init__(name, [sys.executable, str(Path(__file__).resolve()), "--exporter-child"], collectors,
+                         free_port(), work, [f"--config.file={config}", "--node-name=gpu-cost"])
         self.scrapes: list[dict] = []
         self.scrape_seconds: list[float] = []
         self.latency_seconds: list[float] = []
 
     def wait_ready(self, timeout: float = 90) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"exporter {self.name} exited with {self.proc.returncode}: see {self.log.name}")
-            try:
-                scrape(self.base)
-                return
-            except OSError:
-                time.sleep(0.3)
-        raise SystemExit(f"exporter {self.name} never answered")
+        super().wait_ready(lambda: scrape(self.base), timeout)
 
     def scrape(self) -> dict:
         # The HTTP request alone: parsing the text here, in Python, can take longer than
@@ -396,27 +375,6 @@ class Exporter:
         samples = parse(body)
         self.scrapes.append(samples)
         return samples
-
-    def cpu(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-    def memory_mb(self) -> dict[str, float]:
-        out = {}
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
-                out[key] = int(value.split()[0]) / 1024
-        return out
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
 
 
 def values(samples: dict, name: str, **labels) -> list[float]:
