@@ -131,6 +131,21 @@ def scrape(base: str) -> dict[tuple[str, frozenset], float]:
     return parse(fetch(base))
 
 
+def wait_until_traced(readies, sample, start_seconds: float, trace_seconds: float) -> dict:
+    """Every rank process started (its event set), then the exporter tracing them all (or
+    `trace_seconds` gone); the last samples."""
+    for event in readies:
+        if not event.wait(start_seconds):
+            raise SystemExit(f"a rank did not start within {start_seconds:g} s")
+    deadline = time.time() + trace_seconds
+    while True:
+        samples = sample()
+        traced = next(iter(pick(samples, "fabric_nccl_processes_traced").values()), 0)
+        if traced >= len(readies) or time.time() >= deadline:
+            return samples
+        time.sleep(0.5)
+
+
 def pick(samples, name: str, **labels) -> dict[tuple, float]:
     want = set((k, str(v)) for k, v in labels.items())
     return {key: value for key, value in samples.items() if key[0] == name and want <= key[1]}
@@ -437,16 +452,8 @@ def main() -> int:
         proc.start()
     status = 0
     try:
-        for event in readies:
-            if not event.wait(120):
-                raise SystemExit("a worker did not start within 120 s")
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            _, samples = bench.sample()
-            traced = next(iter(pick(samples, "fabric_nccl_processes_traced").values()), 0)
-            if traced >= WORLD:
-                break
-            time.sleep(0.5)
+        samples = wait_until_traced(readies, lambda: bench.sample()[1], start_seconds=120, trace_seconds=60)
+        traced = next(iter(pick(samples, "fabric_nccl_processes_traced").values()), 0)
         bench.log(f"{int(traced)} processes traced; libraries: "
                   + ", ".join(label(k, "library") for k in pick(samples, "fabric_nccl_probe_attached")))
         go.set()

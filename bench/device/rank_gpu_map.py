@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nccl_straggler import free_port, import_exporter, label, pick, scrape  # noqa: E402
+from nccl_straggler import free_port, import_exporter, label, pick, scrape, wait_until_traced  # noqa: E402
 
 # Ranks in the job, one GPU each: 4 by default; FABRIC_BENCH_WORLD on a host with fewer GPUs.
 WORLD = int(os.environ.get("FABRIC_BENCH_WORLD", "4"))
@@ -176,15 +176,7 @@ def main() -> int:
         proc.start()
     status = 0
     try:
-        for event in readies:
-            if not event.wait(90):
-                raise SystemExit("a rank did not start within 90 s")
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            traced = next(iter(pick(scrape(base), "fabric_nccl_processes_traced").values()), 0)
-            if traced >= WORLD:
-                break
-            time.sleep(0.5)
+        wait_until_traced(readies, lambda: scrape(base), start_seconds=90, trace_seconds=30)
         go.set()
         deadline = time.time() + 60
         rows: dict[int, dict] = {}
