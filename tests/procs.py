@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator
 
@@ -54,6 +55,39 @@ def alertmanager(config: dict[str, Any] | Path, workdir: Path) -> ContextManager
 def prometheus(config: dict[str, Any] | Path, workdir: Path) -> ContextManager[Server]:
     """Prometheus on a free port with `config` (a dict is written to workdir first)."""
     return _server("prometheus", "prometheus", stack.start_prometheus, config, workdir)
+
+
+@dataclass
+class Pipeline:
+    """The demo cluster as the end-to-end tests run it: scraped by Prometheus every second,
+    alerts through Alertmanager to a webhook receiver."""
+    cluster: Any
+    receiver: stack.WebhookReceiver
+    alertmanager: Server
+    prometheus: Server
+    t0: float                       # wall time of scenario second 0 (the cluster's clock is monotonic)
+
+
+@contextlib.contextmanager
+def demo_pipeline(scenario: dict, rules: list[Path], workdir: Path, cluster_name: str) -> Iterator[Pipeline]:
+    """Start everything (failing the test when a binary is missing), tear it all down."""
+    from fabricscope.demo import cluster as cluster_mod, scenario as scenario_mod
+    from fabricscope.demo.main import write_targets_file
+
+    for binary in ("prometheus", "prometheus-alertmanager"):
+        require_binary(binary)
+    loaded = scenario_mod.load_scenario(scenario) if isinstance(scenario, dict) else scenario
+    with stack.WebhookReceiver() as receiver:
+        am_config = stack.alertmanager_config(receiver.url, timing={
+            "group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h"})
+        with alertmanager(am_config, workdir / "am") as am, \
+                cluster_mod.DemoCluster(loaded, workdir / "cluster") as cluster:
+            t0 = time.time() - cluster.now()
+            targets = write_targets_file(workdir / "targets.json", cluster.targets, cluster_name)
+            prom_config = stack.prometheus_config(cluster_name, targets, am.url.removeprefix("http://"), rules,
+                                                  scrape_interval="1s", evaluation_interval="1s")
+            with prometheus(prom_config, workdir / "prom") as prom:
+                yield Pipeline(cluster, receiver, am, prom, t0)
 
 
 @contextlib.contextmanager

@@ -26,9 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
-from fabricscope.demo.main import write_targets_file
 from fabricscope import stack
 from tests import procs
 
@@ -146,51 +144,38 @@ def firing_alerts(prometheus: procs.Server) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from fabricscope.demo import cluster as cluster_mod, scenario as scenario_mod
-    for binary in ("prometheus", "prometheus-alertmanager"):
-        procs.require_binary(binary)
     work = tmp_path_factory.mktemp("e2e")
     rules = render_fast_rules(work / "rules")
-    scenario = scenario_mod.load_scenario(SCENARIO)
-
-    with stack.WebhookReceiver() as receiver:
-        am_config = stack.alertmanager_config(receiver.url, timing={
-            "group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h"})
-        with procs.alertmanager(am_config, work / "am") as am, \
-                cluster_mod.DemoCluster(scenario, work / "cluster") as cluster:
-            # Scenario second 0 on the wall clock (the cluster's clock is monotonic).
-            t0 = time.time() - cluster.now()
-            targets = write_targets_file(work / "targets.json", cluster.targets, CLUSTER)
-            prom_config = stack.prometheus_config(CLUSTER, targets, am.url.removeprefix("http://"), rules,
-                                                  scrape_interval="1s", evaluation_interval="1s")
-            with procs.prometheus(prom_config, work / "prom") as prom:
-                result = Run(t0=t0, comm=job_comm(cluster.engine.cluster), receiver=receiver,
-                             prometheus=prom, alertmanager=am)
-                # Healthy phase: watch Prometheus itself, not only the webhook, so a
-                # rule firing and a notification lost would both be caught.
-                while time.time() < result.fault_time(LINK_FLAP) - 1:
-                    result.healthy_firing += firing_alerts(prom)
-                    time.sleep(1)
-                wanted = expectations(result.comm)
-                deadline = max(result.fault_time(e.fault) for e in wanted) + DETECTION_DEADLINE
-                deadline = max(deadline, t0 + END_SECONDS)
-                while time.time() < deadline:
-                    for expected in wanted:
-                        if expected.alertname not in result.first_seen:
-                            for received_at, alert in receiver.alerts():
-                                if alert["status"] == "firing" and matches(alert, expected):
-                                    result.first_seen[expected.alertname] = (received_at, alert)
-                                    break
-                    if "FabricInfinibandPortDown" in result.first_seen and time.time() < fault_end(LINK_DOWN, t0) - 2:
-                        result.down_port_counter_alerts += [
-                            a for a in am.get("/api/v2/alerts")
-                            if a["labels"].get("alertname") == "FabricInfinibandFatalCounterBreach"
-                            and on_port(a["labels"], LINK_DOWN)]
-                    if len(result.first_seen) == len(wanted) and time.time() > t0 + END_SECONDS:
-                        break
-                    time.sleep(1)
-                result.report_path = write_report(result, wanted, work)
-                yield result
+    with procs.demo_pipeline(SCENARIO, rules, work, CLUSTER) as pipeline:
+        receiver, am, prom, t0 = pipeline.receiver, pipeline.alertmanager, pipeline.prometheus, pipeline.t0
+        cluster = pipeline.cluster
+        result = Run(t0=t0, comm=job_comm(cluster.engine.cluster), receiver=receiver,
+                     prometheus=prom, alertmanager=am)
+        # Healthy phase: watch Prometheus itself, not only the webhook, so a
+        # rule firing and a notification lost would both be caught.
+        while time.time() < result.fault_time(LINK_FLAP) - 1:
+            result.healthy_firing += firing_alerts(prom)
+            time.sleep(1)
+        wanted = expectations(result.comm)
+        deadline = max(result.fault_time(e.fault) for e in wanted) + DETECTION_DEADLINE
+        deadline = max(deadline, t0 + END_SECONDS)
+        while time.time() < deadline:
+            for expected in wanted:
+                if expected.alertname not in result.first_seen:
+                    for received_at, alert in receiver.alerts():
+                        if alert["status"] == "firing" and matches(alert, expected):
+                            result.first_seen[expected.alertname] = (received_at, alert)
+                            break
+            if "FabricInfinibandPortDown" in result.first_seen and time.time() < fault_end(LINK_DOWN, t0) - 2:
+                result.down_port_counter_alerts += [
+                    a for a in am.get("/api/v2/alerts")
+                    if a["labels"].get("alertname") == "FabricInfinibandFatalCounterBreach"
+                    and on_port(a["labels"], LINK_DOWN)]
+            if len(result.first_seen) == len(wanted) and time.time() > t0 + END_SECONDS:
+                break
+            time.sleep(1)
+        result.report_path = write_report(result, wanted, work)
+        yield result
 
 
 def job_comm(cluster_spec) -> str:

@@ -11,7 +11,6 @@ import time
 import pytest
 
 from fabricscope import stack
-from fabricscope.demo.main import write_targets_file
 from tests import procs
 
 pytestmark = pytest.mark.slow
@@ -34,40 +33,30 @@ DEADLINE = 90
 
 @pytest.fixture(scope="module")
 def diagnosed(tmp_path_factory):
-    from fabricscope.demo import cluster as cluster_mod, scenario as scenario_mod
-    for binary in ("prometheus", "prometheus-alertmanager"):
-        procs.require_binary(binary)
     work = tmp_path_factory.mktemp("e2e-attribution")
     rules = stack.render_rules(RULE_OVERRIDES, work / "rules")
-    with stack.WebhookReceiver() as receiver:
-        am_config = stack.alertmanager_config(receiver.url, timing={
-            "group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h"})
-        with procs.alertmanager(am_config, work / "am") as am, \
-                cluster_mod.DemoCluster(scenario_mod.load_scenario(SCENARIO), work / "cluster") as cluster:
-            t0 = time.time() - cluster.now()
-            targets = write_targets_file(work / "targets.json", cluster.targets, CLUSTER)
-            prom_config = stack.prometheus_config(CLUSTER, targets, am.url.removeprefix("http://"), rules,
-                                                  scrape_interval="1s", evaluation_interval="1s")
-            with procs.prometheus(prom_config, work / "prom") as prom:
-                def straggler_with_its_link_group():
-                    alerts = [a for a in prom.get("/api/v1/alerts")["data"]["alerts"]
-                              if a["labels"]["alertname"] == "FabricNcclStragglerRank" and a["state"] == "firing"]
-                    groups = [sorted(a["labels"]["alertname"] for a in g["alerts"])
-                              for g in am.get("/api/v2/alerts/groups")
-                              if g["receiver"]["name"] == "ticket" and g["labels"].get("device") == "mlx5_3"]
-                    if alerts and any("FabricNcclStragglerRank" in g and "FabricInfinibandDegraded" in g
-                                      for g in groups):
-                        return (alerts, groups,
-                                prom.get("/api/v1/query", query="comm_rank:fabric_nccl_rank_location:info"),
-                                prom.get("/api/v1/query", query="fabric_nccl_rank_info"))
-                    return None
+    with procs.demo_pipeline(SCENARIO, rules, work, CLUSTER) as run:
+        prom, am, t0 = run.prometheus, run.alertmanager, run.t0
 
-                alerts, groups, location, rank_info = procs.wait_for(
-                    straggler_with_its_link_group, t0 + FAULT_AT + DEADLINE - time.time(),
-                    "the straggler alert to fire and join its NIC's Alertmanager group", interval=1)
-                yield {"alerts": alerts, "groups": groups, "location": location["data"]["result"],
-                       "rank_info": rank_info["data"]["result"],
-                       "seconds": time.time() - t0 - FAULT_AT}
+        def straggler_with_its_link_group():
+            alerts = [a for a in prom.get("/api/v1/alerts")["data"]["alerts"]
+                      if a["labels"]["alertname"] == "FabricNcclStragglerRank" and a["state"] == "firing"]
+            groups = [sorted(a["labels"]["alertname"] for a in g["alerts"])
+                      for g in am.get("/api/v2/alerts/groups")
+                      if g["receiver"]["name"] == "ticket" and g["labels"].get("device") == "mlx5_3"]
+            if alerts and any("FabricNcclStragglerRank" in g and "FabricInfinibandDegraded" in g
+                              for g in groups):
+                return (alerts, groups,
+                        prom.get("/api/v1/query", query="comm_rank:fabric_nccl_rank_location:info"),
+                        prom.get("/api/v1/query", query="fabric_nccl_rank_info"))
+            return None
+
+        alerts, groups, location, rank_info = procs.wait_for(
+            straggler_with_its_link_group, t0 + FAULT_AT + DEADLINE - time.time(),
+            "the straggler alert to fire and join its NIC's Alertmanager group", interval=1)
+        yield {"alerts": alerts, "groups": groups, "location": location["data"]["result"],
+               "rank_info": rank_info["data"]["result"],
+               "seconds": time.time() - t0 - FAULT_AT}
 
 
 def test_ranks_are_located_on_their_gpu_and_its_nic(diagnosed):

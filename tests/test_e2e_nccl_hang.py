@@ -13,7 +13,6 @@ import time
 import pytest
 
 from fabricscope import stack
-from fabricscope.demo.main import write_targets_file
 from tests import procs
 
 pytestmark = pytest.mark.slow
@@ -30,31 +29,19 @@ RULE_OVERRIDES = {"intervals": {group: "1s" for group in ("tcp", "nccl", "infini
 
 @pytest.fixture(scope="module")
 def notifications(tmp_path_factory):
-    from fabricscope.demo import cluster as cluster_mod, scenario as scenario_mod
     from fabricscope.demo.sources.nccl import job_comm
 
-    for binary in ("prometheus", "prometheus-alertmanager"):
-        procs.require_binary(binary)
     work = tmp_path_factory.mktemp("e2e-hang")
     rules = stack.render_rules(RULE_OVERRIDES, work / "rules")
-    with stack.WebhookReceiver() as receiver:
-        am_config = stack.alertmanager_config(receiver.url, timing={
-            "group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h"})
-        with procs.alertmanager(am_config, work / "am") as am, \
-                cluster_mod.DemoCluster(scenario_mod.load_scenario(SCENARIO), work / "cluster") as cluster:
-            t0 = time.time() - cluster.now()
-            targets = write_targets_file(work / "targets.json", cluster.targets, CLUSTER)
-            prom_config = stack.prometheus_config(CLUSTER, targets, am.url.removeprefix("http://"), rules,
-                                                  scrape_interval="1s", evaluation_interval="1s")
-            with procs.prometheus(prom_config, work / "prom"):
-                # Until the hang has ended and its resolution has been sent (or a deadline).
-                deadline = t0 + HANG["at"] + HANG["duration"] + 30
-                while time.time() < deadline:
-                    resolved = [n for n in receiver.notifications if n.payload.get("status") == "resolved"]
-                    if time.time() > t0 + HANG["at"] + HANG["duration"] and resolved:
-                        break
-                    time.sleep(1)
-            yield job_comm(cluster.engine.cluster), [n.payload for n in receiver.notifications]
+    with procs.demo_pipeline(SCENARIO, rules, work, CLUSTER) as run:
+        # Until the hang has ended and its resolution has been sent (or a deadline).
+        end = run.t0 + HANG["at"] + HANG["duration"]
+        while time.time() < end + 30:
+            resolved = [n for n in run.receiver.notifications if n.payload.get("status") == "resolved"]
+            if time.time() > end and resolved:
+                break
+            time.sleep(1)
+        yield job_comm(run.cluster.engine.cluster), [n.payload for n in run.receiver.notifications]
 
 
 def test_one_firing_notification_with_one_alert_naming_the_stopped_rank(notifications):
