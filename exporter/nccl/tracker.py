@@ -354,11 +354,6 @@ class NcclTracker:
             if inflight is not None and abs(inflight.start - start) < _SAME_START:
                 inflight.api_returned = True
 
-    def forget_token(self, token: Hashable) -> None:
-        """The thread's process exited inside the call: it will never return."""
-        with self._lock:
-            self._pending.pop(token, None)
-
     def apply_probed(self, probed: ProbedRank) -> None:
         """Take a local rank's kernel accounting: its counters and histograms replace what
         is stored (they are cumulative), its latest call is its operation in flight."""
@@ -379,8 +374,8 @@ class NcclTracker:
             state.last_activity = max(state.last_activity, probed.last_start)
             state.inflight[probed.rank] = _InFlight(probed.last_op, probed.last_start, probed.last_nbytes,
                                                     probed.api_returned, probed.observed_at)
-            if probed.rank < 0 or probed.last_op in _P2P and not probed.sequence:
-                return
+            if probed.rank < 0 or (probed.last_op in _P2P and not probed.sequence):
+                return                       # unknown rank, or only Send/Recv so far: no sequence
             seq = state.ranks.setdefault(probed.rank, _RankSequence())
             seq.sequence = probed.sequence
             if probed.last_op not in _P2P:

@@ -181,7 +181,6 @@ class KernelReader:
     applied again (a comm the tracker evicted as idle stays evicted)."""
 
     def __init__(self, obj, handler: EventHandler) -> None:
-        self.obj = obj
         self.handler = handler
         self.rank_state = obj.map("nccl_rank_state")
         self.op_stats = obj.map("nccl_op_stats")
@@ -190,8 +189,6 @@ class KernelReader:
         # bpf_ktime_get_ns is CLOCK_MONOTONIC; wall = monotonic + offset.
         self._offset = time.time() - time.monotonic()
         self._seen: dict[tuple[int, int], tuple] = {}
-        self.reads = 0
-        self.applied = 0
 
     def resync_clock(self) -> None:
         self._offset = time.time() - time.monotonic()
@@ -201,7 +198,6 @@ class KernelReader:
 
     def read(self) -> set[int]:
         """Apply every rank that changed; returns the pids seen in the maps."""
-        self.reads += 1
         tracker = self.handler.tracker
         lag_n, enqueue_n, duration_n = len(LAG_BUCKETS), len(ENQUEUE_BUCKETS), len(DURATION_BUCKETS)
         inside: set[tuple[int, int, int]] = set()        # (pid, comm, entry ts) of calls not returned
@@ -227,7 +223,6 @@ class KernelReader:
             self._seen[(pid, comm)] = signature
             ops = {op: ks.decode_op_stats(raw, enqueue_n, duration_n) for op, raw in ops_raw.items()}
             tracker.apply_probed(ks.probed_rank(ref, state, ops, returned, self.to_wall, observed_at))
-            self.applied += 1
         return {pid for pid, _ in ranks}
 
     def end_comms(self) -> None:
