@@ -46,6 +46,7 @@ from fabricscope.demo.plugin import ClusterSpec, NodeSpec  # noqa: E402
 from fabricscope.demo.sim_kmsg import KERN_INFO, KERN_WARNING  # noqa: E402
 from fabricscope.demo.sim_node import SimNode  # noqa: E402
 from fabricscope.stack.binaries import free_port  # noqa: E402
+from nvml_old_path import read_as_the_old_collector  # noqa: E402
 
 HOST_COLLECTORS = ["infiniband", "netdev", "tcp", "kmsg"]
 
@@ -160,19 +161,8 @@ def compare_with_node_exporter(args: argparse.Namespace, tree: Path) -> int:
 
 
 def old_synchronous_path_seconds(backend, gpus) -> float:
-    """What the pre-sampling collector did inside every scrape, GPU after GPU: link states,
-    one throughput batch, and one nvmlDeviceGetNvLinkErrorCounter call per link and type."""
-    from fabricscope.exporter.nvml.backend import (ERROR_TYPES, FI_NVLINK_THROUGHPUT_DATA_RX,
-                                                   FI_NVLINK_THROUGHPUT_DATA_TX)
-
     start = time.perf_counter()
-    for gpu in gpus:
-        links = sorted(backend.link_states(gpu))
-        backend.field_values(gpu, [(FI_NVLINK_THROUGHPUT_DATA_TX, link) for link in links]
-                             + [(FI_NVLINK_THROUGHPUT_DATA_RX, link) for link in links])
-        for link in links:
-            for kind in ERROR_TYPES:
-                backend.error_counter(gpu, link, kind)
+    read_as_the_old_collector(backend, gpus)
     return time.perf_counter() - start
 
 
@@ -245,7 +235,6 @@ def measure_gpu_side(args: argparse.Namespace, tree: Path, node: SimNode) -> int
         gpu_rounds = sum(s.rounds_by_tier["gpu"] - rounds0[s.gpu.index]["gpu"] for s in nvlink.samplers)
         gpu_round_cpu = (sum(s.cpu_by_tier["gpu"] - cpu0[s.gpu.index]["gpu"] for s in nvlink.samplers)
                          / max(1, gpu_rounds))
-        link_rounds = [s.latest.link_duration for s in nvlink.samplers if s.latest and s.latest.link_duration]
         reads = nvlink.samplers[0].latest.error_reads
         gated = nvlink.samplers[0].latest.gated
         print(f"simulated 8-GPU node, all collectors ({', '.join(enabled)}), {args.scrapes} scrapes, in-process; "

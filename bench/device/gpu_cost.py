@@ -46,6 +46,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))          # bench/: exporter_process
 
 from exporter_process import ALL, ExporterProcess  # noqa: E402
+from nvml_old_path import read_as_the_old_collector  # noqa: E402
 from nccl_straggler import fetch, free_port, import_exporter, parse, pick, scrape  # noqa: E402
 
 # Ranks in the job, one GPU each: 4 by default; FABRIC_BENCH_WORLD on a host with fewer GPUs.
@@ -174,13 +175,7 @@ def nvml_part(results: dict, simulate: bool) -> None:
 
     def old_path() -> tuple[float, float]:
         wall, cpu = time.perf_counter(), time.process_time()
-        for g in gpus:
-            present = sorted(backend.link_states(g))
-            backend.field_values(g, [(FI_NVLINK_THROUGHPUT_DATA_TX, link) for link in present]
-                                 + [(FI_NVLINK_THROUGHPUT_DATA_RX, link) for link in present])
-            for link in present:
-                for kind in ERROR_TYPES:
-                    backend.error_counter(g, link, kind)
+        read_as_the_old_collector(backend, gpus)
         return time.perf_counter() - wall, time.process_time() - cpu
 
     before = [old_path() for _ in range(3)]
