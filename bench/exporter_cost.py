@@ -38,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from exporter_process import ALL, ExporterProcess  # noqa: E402
+from exporter_process import ALL, ExporterProcess, measured_window  # noqa: E402
 from fabricscope.stack import free_port  # noqa: E402
 from tests.nccl_fake.build import build_fake_nccl, build_step_driver  # noqa: E402
 
@@ -222,20 +222,9 @@ def main() -> int:
                                              "-r", "100", "--nonblocking", "-f", "raw", "--threads", "-o",
                                              str(args.profile / "all.txt")],
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            start_cpu = {e.name: e.cpu() for e in exporters}
             events0 = {e.name: sample_value(e.body, "fabric_nccl_calls_total") for e in exporters}
-            started = time.monotonic()
-            next_scrape = started + args.scrape_interval
-            while time.monotonic() < started + args.seconds:
-                time.sleep(max(0.0, min(next_scrape, started + args.seconds) - time.monotonic()))
-                if time.monotonic() >= next_scrape:
-                    for exporter in exporters:
-                        exporter.scrape()
-                    next_scrape += args.scrape_interval
-            wall = time.monotonic() - started
-            cpu = {e.name: e.cpu() - start_cpu[e.name] for e in exporters}
+            wall, cpu, memory = measured_window(exporters, args.seconds, args.scrape_interval)
             logs = {e.name: Path(e.log.name).read_text()[-2000:] for e in exporters}
-            memory = {e.name: e.memory_mb() for e in exporters}
             for exporter in exporters:
                 exporter.scrape()
             if profiler is not None:

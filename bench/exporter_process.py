@@ -74,3 +74,21 @@ class ExporterProcess:
             self.proc.kill()
             self.proc.wait()
         self.log.close()
+
+
+def measured_window(exporters: list["ExporterProcess"], seconds: float, scrape_interval: float
+                    ) -> tuple[float, dict[str, float], dict[str, dict[str, float]]]:
+    """Scrape every exporter (its `scrape()`) each `scrape_interval` for `seconds`: the wall
+    time, each one's CPU seconds over it, and each one's memory at its end."""
+    cpu0 = {e.name: e.cpu() for e in exporters}
+    started = time.monotonic()
+    next_scrape = started + scrape_interval
+    while time.monotonic() < started + seconds:
+        time.sleep(max(0.0, min(next_scrape, started + seconds) - time.monotonic()))
+        if time.monotonic() >= next_scrape:
+            for exporter in exporters:
+                exporter.scrape()
+            next_scrape += scrape_interval
+    wall = time.monotonic() - started
+    return (wall, {e.name: e.cpu() - cpu0[e.name] for e in exporters},
+            {e.name: e.memory_mb() for e in exporters})

@@ -45,7 +45,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))          # bench/: exporter_process
 
-from exporter_process import ALL, ExporterProcess  # noqa: E402
+from exporter_process import ALL, ExporterProcess, measured_window  # noqa: E402
 from nvml_old_path import read_as_the_old_collector  # noqa: E402
 from nccl_straggler import fetch, free_port, import_exporter, parse, pick, scrape  # noqa: E402
 
@@ -412,18 +412,8 @@ def job_part(args, results: dict, work: Path) -> None:
                     maps_kb += len(Path(f"/proc/{entry.name}/maps").read_bytes()) / 1024
                 except OSError:
                     pass
-        cpu0 = {e.name: e.cpu() for e in exporters}
-        steps0, started = steps.value, time.monotonic()
-        next_scrape = started + args.scrape_interval
-        while time.monotonic() < started + args.seconds:
-            time.sleep(max(0.0, min(next_scrape, started + args.seconds) - time.monotonic()))
-            if time.monotonic() >= next_scrape:
-                for exporter in exporters:
-                    exporter.scrape()
-                next_scrape += args.scrape_interval
-        wall = time.monotonic() - started
-        cpu = {e.name: e.cpu() - cpu0[e.name] for e in exporters}
-        memory = {e.name: e.memory_mb() for e in exporters}
+        steps0 = steps.value
+        wall, cpu, memory = measured_window(exporters, args.seconds, args.scrape_interval)
         job_steps = steps.value - steps0
         # Scrape latency needs more than the window's few scrapes for a p99: a burst of
         # timed requests while the job still runs, 4 a second, the sets in turn.
