@@ -115,6 +115,17 @@ def process_tree_cpu_seconds(root_pid: int) -> float:
     return total
 
 
+def run_clients(client, clients: int) -> float:
+    """`client(i)` in `clients` threads at once; seconds until the last one returned."""
+    started = time.monotonic()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.monotonic() - started
+
+
 def bench_ingest(rig: Rig, seconds: float, clients: int) -> dict:
     rng = random.Random(1)
     # Bodies prepared up front: the clients share the 2 cores with the server.
@@ -144,13 +155,7 @@ def bench_ingest(rig: Rig, seconds: float, clients: int) -> dict:
 
     server_pid = rig.sidecar.process.process.pid
     cpu_before = process_tree_cpu_seconds(server_pid)
-    started = time.monotonic()
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.monotonic() - started
+    elapsed = run_clients(client, clients)
     server_cpu = process_tree_cpu_seconds(server_pid) - cpu_before
     rate = stored[0] / elapsed
     print(f"ingest: {stored[0]} spans in {len(latencies)} batches of 1,000 from {clients} clients over "
@@ -218,13 +223,7 @@ def bench_mixed(rig: Rig, seconds: float, clients: int) -> dict:
                 if response.status_code != 200:
                     errors[0] += 1
 
-    started = time.monotonic()
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.monotonic() - started
+    elapsed = run_clients(client, clients)
     print(f"mixed: {clients} clients, 30% span batches (100 spans, 5% violating) / 70% reads, {elapsed:.1f}s: "
           f"{requests_done[0]} requests = {requests_done[0] / elapsed:,.0f} req/s, errors {errors[0]} "
           f"(statuses {dict(sorted(statuses.items()))})")
