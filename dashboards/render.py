@@ -199,16 +199,21 @@ def table(panel: dict, results: list[tuple[dict, list[Series]]], path: Path) -> 
     if not rows:
         return message(panel, "no rows at the end of the range", path)
     ordered = list(rows.values())[:MAX_TABLE_ROWS]
+    cells = [[row.get(col, "") for col in columns] for row in ordered]
+    return draw_table(panel, cells, columns, len(rows), path, fontsize=7)
+
+
+def draw_table(panel: dict, cells: list[list], labels: list[str], total: int, path, fontsize: float):
+    """A table panel: the first MAX_TABLE_ROWS rows, saying how many there were in all."""
     fig = figure(panel)
     ax = fig.add_axes([0.01, 0.02, 0.98, 0.86])
     ax.axis("off")
-    cells = [[row.get(col, "") for col in columns] for row in ordered]
-    drawn = ax.table(cellText=cells, colLabels=columns, loc="upper center", cellLoc="left")
+    drawn = ax.table(cellText=cells, colLabels=labels, loc="upper center", cellLoc="left")
     drawn.auto_set_font_size(False)
-    drawn.set_fontsize(7)
+    drawn.set_fontsize(fontsize)
     drawn.scale(1, 1.15)
-    if len(rows) > MAX_TABLE_ROWS:
-        fig.text(0.01, 0.01, f"{MAX_TABLE_ROWS} of {len(rows)} rows", fontsize=7, color="#666666")
+    if total > MAX_TABLE_ROWS:
+        fig.text(0.01, 0.01, f"{MAX_TABLE_ROWS} of {total} rows", fontsize=7, color="#666666")
     return save(fig, path)
 
 
@@ -301,14 +306,5 @@ def sidecar_table(panel: dict, columns: list[dict], rows: list[dict], path: Path
     """Rows of a sidecar response with the columns the panel maps (Infinity's table)."""
     if not rows:
         return message(panel, "no rows in the time range", path)
-    fig = figure(panel)
-    ax = fig.add_axes([0.01, 0.02, 0.98, 0.86])
-    ax.axis("off")
     cells = [[_cell(row.get(c["selector"]), c["type"]) for c in columns] for row in rows[:MAX_TABLE_ROWS]]
-    drawn = ax.table(cellText=cells, colLabels=[c["text"] for c in columns], loc="upper center", cellLoc="left")
-    drawn.auto_set_font_size(False)
-    drawn.set_fontsize(6.5)
-    drawn.scale(1, 1.15)
-    if len(rows) > MAX_TABLE_ROWS:
-        fig.text(0.01, 0.01, f"{MAX_TABLE_ROWS} of {len(rows)} rows", fontsize=7, color="#666666")
-    return save(fig, path)
+    return draw_table(panel, cells, [c["text"] for c in columns], len(rows), path, fontsize=6.5)
