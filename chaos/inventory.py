@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from fabricscope.exporter.parsers.files import read_file_bytes
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .generator import FatTreeSpec, generate_fat_tree
@@ -118,9 +119,11 @@ def parse_inventory(raw: Any, source: str = "<inventory>") -> Inventory:
 def read_inventory_file(path: str | Path) -> Inventory:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = read_file_bytes(path).decode("utf-8")
     except OSError as exc:
         raise InventoryError(str(path), "", f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InventoryError(str(path), "", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
         raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except json.JSONDecodeError as exc:

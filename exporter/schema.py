@@ -86,8 +86,10 @@ def load_yaml(path: str | Path) -> Any:
     """The parsed file, or a ConfigError naming it."""
     import yaml
 
+    from .parsers.files import read_file_bytes
+
     try:
-        text = Path(path).read_text()
+        text = read_file_bytes(path).decode("utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:

@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fabricscope.atomicfile import write_atomically
+from fabricscope.exporter.parsers.files import read_file_bytes
 
 from .config import RateLimit, format_validation_error
 
@@ -78,7 +79,7 @@ def mint_key() -> str:
 
 def parse_key_file(path: Path) -> dict[str, KeyEntry]:
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = yaml.safe_load(read_file_bytes(path)) or {}
     except OSError as exc:
         raise KeyFileError(f"cannot read key file {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
@@ -162,7 +163,7 @@ def add_key(path: Path, key_id: str, scopes: list[str]) -> str:
     existing = KeyFile()
     if path.exists():
         parse_key_file(path)  # refuse to append to a broken file
-        existing = KeyFile.model_validate(yaml.safe_load(path.read_text()) or {})
+        existing = KeyFile.model_validate(yaml.safe_load(read_file_bytes(path)) or {})
     if any(entry.id == key_id for entry in existing.keys):
         raise KeyFileError(f"key id {key_id!r} already exists in {path}; remove it first to rotate")
     token = mint_key()

@@ -146,3 +146,14 @@ def test_inventory_errors_name_the_key_path(tmp_path, text, message):
 def test_missing_inventory_file(tmp_path):
     with pytest.raises(InventoryError, match="cannot read"):
         load_topology(tmp_path / "nope.yaml")
+
+
+def test_an_inventory_that_is_a_fifo_is_refused_not_waited_for(tmp_path):
+    import os
+
+    from fabricscope.chaos.inventory import read_inventory_file
+
+    fifo = tmp_path / "inventory.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(InventoryError, match="not a regular file"):
+        read_inventory_file(fifo)

@@ -75,3 +75,19 @@ def test_every_setting_a_collector_reads_is_in_the_schema():
     from fabricscope.exporter.nccl.tracker import NcclTracker
 
     assert NcclTracker.CONFIG_KEYS <= set(NcclSection.model_fields)
+
+
+@pytest.mark.parametrize("make", ["fifo", "device", "directory", "too_large"])
+def test_a_config_path_that_is_not_a_readable_file_is_a_clear_error_not_a_hang(tmp_path, make):
+    """A FIFO would block a plain open() until a writer comes, /dev/zero a read forever."""
+    import os
+
+    from fabricscope.exporter.schema import load_yaml
+
+    path = {"device": "/dev/zero", "directory": str(tmp_path)}.get(make, tmp_path / "config.yaml")
+    if make == "fifo":
+        os.mkfifo(path)
+    elif make == "too_large":
+        path.write_bytes(b"# " + b"x" * (9 << 20) + b"\n")
+    with pytest.raises(ConfigError, match="cannot read: (not a regular file|larger than)"):
+        load_yaml(path)

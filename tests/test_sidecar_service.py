@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -150,7 +151,16 @@ def test_keys_rotate_without_a_restart(server):
     keys_file.write_text(text[:start] + "keys: [this is not\n")
     time.sleep(1.5)
     assert server.request("GET", "/api/v1/openapi.json", "reader").status_code == 200
-    keys_file.write_text(text[:start])
+    # A FIFO in its place (a plain open() would wait for a writer forever, holding the
+    # reload lock every request takes): refused as unreadable, the keys that worked kept.
+    keys_file.unlink()
+    os.mkfifo(keys_file)
+    try:
+        time.sleep(1.5)
+        assert server.request("GET", "/api/v1/openapi.json", "reader").status_code == 200
+    finally:
+        keys_file.unlink()
+        keys_file.write_text(text[:start])
 
 
 def test_second_sidecar_on_the_same_database_is_refused(server):

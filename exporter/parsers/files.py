@@ -96,6 +96,27 @@ def _read(path: str | Path, limit: int, dir_fd: int | None = None, directory: st
     return text if text else ReadProblem(Path(directory, path) if directory else Path(path), "empty")
 
 
+class UnreadableFile(OSError):
+    """A file read_file_bytes would not read; `reason` is the bounded label."""
+
+    def __init__(self, path: str | Path, reason: str, limit: int) -> None:
+        text = {"absent": "no such file", "not_a_file": "not a regular file (a FIFO, device or directory)",
+                "too_large": f"larger than {limit} bytes", "permission_denied": "permission denied"}.get(reason, reason)
+        super().__init__(text)
+        self.strerror, self.filename, self.reason = text, str(path), reason
+
+
+def read_file_bytes(path: str | Path, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The whole content of a regular file of at most `limit` bytes, else UnreadableFile.
+    For files an operator names (configuration, keys, inventories): a plain open() of a
+    FIFO waits for a writer forever, and a read of /dev/zero never ends."""
+    fd = _open_regular(path)
+    raw = fd if fd.__class__ is str else _read_fd(fd, limit)
+    if raw.__class__ is str:
+        raise UnreadableFile(path, raw, limit)
+    return raw
+
+
 def read_text(path: Path) -> str | ReadProblem:
     """The file's content with surrounding whitespace stripped, or why it could not be read."""
     return _read(path, MAX_FILE_BYTES)
