@@ -28,7 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fabricscope.atomicfile import write_atomically
-from fabricscope.exporter.parsers.files import read_file_bytes
+from fabricscope.exporter.schema import ConfigError, load_yaml
 
 from .config import RateLimit, format_validation_error
 
@@ -79,11 +79,9 @@ def mint_key() -> str:
 
 def parse_key_file(path: Path) -> dict[str, KeyEntry]:
     try:
-        data = yaml.safe_load(read_file_bytes(path)) or {}
-    except OSError as exc:
-        raise KeyFileError(f"cannot read key file {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise KeyFileError(f"key file {path} is not YAML: {exc}") from None
+        data = load_yaml(path) or {}
+    except ConfigError as exc:               # unreadable, not a regular file, not YAML: one line
+        raise KeyFileError(f"key file {exc}") from None
     try:
         parsed = KeyFile.model_validate(data)
     except ValidationError as exc:
@@ -163,7 +161,7 @@ def add_key(path: Path, key_id: str, scopes: list[str]) -> str:
     existing = KeyFile()
     if path.exists():
         parse_key_file(path)  # refuse to append to a broken file
-        existing = KeyFile.model_validate(yaml.safe_load(read_file_bytes(path)) or {})
+        existing = KeyFile.model_validate(load_yaml(path) or {})
     if any(entry.id == key_id for entry in existing.keys):
         raise KeyFileError(f"key id {key_id!r} already exists in {path}; remove it first to rotate")
     token = mint_key()

@@ -142,11 +142,12 @@ def run(args: argparse.Namespace) -> int:
     if args.add_key:
         return _add_key(args)
     from .app import create_app
+    from .keys import KeyFileError
     from .storage import StorageError
     try:
         config = load_config(flags_from_args(args))
         app = create_app(config)
-    except (ConfigError, StorageError) as exc:
+    except (ConfigError, StorageError, KeyFileError) as exc:
         print(f"fabricscope sidecar: {exc}", file=sys.stderr)
         return 2
     scheme = "https" if config.uses_tls else "http"

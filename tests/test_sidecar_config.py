@@ -38,3 +38,23 @@ def test_slo_overrides_come_from_the_seed_variables():
 def test_bad_settings_stop_start_up_naming_the_setting(flags, env, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("'", ".")):
         load_config(flags, env)
+
+
+@pytest.mark.parametrize("content", ["keys: [this is not\n", None])
+def test_an_unreadable_keys_file_stops_start_up_with_one_line(tmp_path, content):
+    """Broken YAML, or a FIFO where the keys file should be: exit 2, no traceback, no hang."""
+    import os
+    import subprocess
+
+    from fabricscope.stack.sidecar import sidecar_argv
+
+    keys = tmp_path / "keys.yaml"
+    if content is None:
+        os.mkfifo(keys)
+    else:
+        keys.write_text(content)
+    result = subprocess.run(sidecar_argv("--insecure-no-tls", "--keys-file", str(keys), "--database",
+                                         str(tmp_path / "db.sqlite"), "--port", "0"),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"fabricscope sidecar: ") and str(keys) in result.stderr
