@@ -131,6 +131,18 @@ def scrape(base: str) -> dict[tuple[str, frozenset], float]:
     return parse(fetch(base))
 
 
+def ready_for_uprobes() -> bool:
+    """Root (uprobes load BPF programs), and NVLink multicast off for the job's NCCL, as the
+    GPU hosts need it; False after saying why."""
+    if os.geteuid() != 0:
+        print("needs root: uprobes load BPF programs", file=sys.stderr)
+        return False
+    for key, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+                       ("NVSHMEM_DISABLE_NVLS", "1")):
+        os.environ.setdefault(key, value)
+    return True
+
+
 def wait_until_traced(readies, sample, start_seconds: float, trace_seconds: float) -> dict:
     """Every rank process started (its event set), then the exporter tracing them all (or
     `trace_seconds` gone); the last samples."""
@@ -398,12 +410,8 @@ def main() -> int:
     parser.add_argument("--scrape", type=float, default=1.0, help="seconds between scrapes")
     parser.add_argument("--port", type=int, default=0, help="exporter port (default: a free one)")
     args = parser.parse_args()
-    if os.geteuid() != 0:
-        print("needs root: uprobes load BPF programs", file=sys.stderr)
+    if not ready_for_uprobes():
         return 2
-    for key, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
-                       ("NVSHMEM_DISABLE_NVLS", "1")):
-        os.environ.setdefault(key, value)
     import_exporter()
     from fabricscope.exporter.context import Context
     from fabricscope.exporter.ebpf import objects

@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nccl_straggler import free_port, import_exporter, label, pick, scrape, wait_until_traced  # noqa: E402
+from nccl_straggler import (free_port, import_exporter, label, pick, ready_for_uprobes, scrape,  # noqa: E402
+                            wait_until_traced)
 
 # Ranks in the job, one GPU each: 4 by default; FABRIC_BENCH_WORLD on a host with fewer GPUs.
 WORLD = int(os.environ.get("FABRIC_BENCH_WORLD", "4"))
@@ -134,12 +135,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=["torch", "fake"], default="torch")
     args = parser.parse_args()
-    if os.geteuid() != 0:
-        print("needs root: uprobes load BPF programs", file=sys.stderr)
+    if not ready_for_uprobes():
         return 2
-    for key, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
-                       ("NVSHMEM_DISABLE_NVLS", "1")):
-        os.environ.setdefault(key, value)
     t0 = time.time()
     import_exporter()
     from fabricscope.exporter.context import Context
