@@ -100,8 +100,10 @@ class UnreadableFile(OSError):
     """A file read_file_bytes would not read; `reason` is the bounded label."""
 
     def __init__(self, path: str | Path, reason: str, limit: int) -> None:
-        text = {"absent": "no such file", "not_a_file": "not a regular file (a FIFO, device or directory)",
-                "too_large": f"larger than {limit} bytes", "permission_denied": "permission denied"}.get(reason, reason)
+        # The operating system's own words where it has some (what open() would have said).
+        text = {"absent": os.strerror(errno.ENOENT), "permission_denied": os.strerror(errno.EACCES),
+                "not_a_file": "not a regular file (a FIFO, device or directory)",
+                "too_large": f"larger than {limit} bytes"}.get(reason, reason)
         super().__init__(text)
         self.strerror, self.filename, self.reason = text, str(path), reason
 
