@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from . import discovery
 from . import kernel_state as ks
@@ -196,8 +196,13 @@ class KernelReader:
     def to_wall(self, ts_ns: int) -> float:
         return ts_ns / 1e9 + self._offset
 
-    def read(self) -> set[int]:
-        """Apply every rank that changed; returns the pids seen in the maps."""
+    def read(self, drain_events: Callable[[], object] = lambda: None) -> set[int]:
+        """Apply every rank that changed; returns the pids seen in the maps.
+
+        `drain_events` (the ring buffer's consume) runs between reading the maps and naming
+        their comms: every comm in the maps sent its init event before its first call, so
+        after the drain each is named, never labelled unknown for want of an event still in
+        the ring."""
         tracker = self.handler.tracker
         lag_n, enqueue_n, duration_n = len(LAG_BUCKETS), len(ENQUEUE_BUCKETS), len(DURATION_BUCKETS)
         inside: set[tuple[int, int, int]] = set()        # (pid, comm, entry ts) of calls not returned
@@ -212,6 +217,7 @@ class KernelReader:
             pid, op, comm = ks.OP_KEY.unpack(key)
             ranks.setdefault((pid, comm), [None, {}])[1][op] = raw
         observed_at = time.time()          # the maps were read just now
+        drain_events()
         for (pid, comm), (state_raw, ops_raw) in ranks.items():
             state = ks.decode_rank_state(state_raw, lag_n) if state_raw is not None else None
             returned = state is None or (pid, comm, state.last_ts) not in inside
@@ -225,10 +231,14 @@ class KernelReader:
             tracker.apply_probed(ks.probed_rank(ref, state, ops, returned, self.to_wall, observed_at))
         return {pid for pid, _ in ranks}
 
-    def end_comms(self) -> None:
-        """Comms destroyed since the last read: read once more (done by the caller), then
-        drop their entries here and their open operation in the tracker."""
+    def take_ended(self) -> list[tuple[int, int]]:
+        """The comms destroyed so far, for end_comms after one more read."""
         ended, self.handler.ended = self.handler.ended, []
+        return ended
+
+    def end_comms(self, ended: list[tuple[int, int]]) -> None:
+        """Comms destroyed before the last read began (take_ended): that read was their
+        last; drop their entries here and their open operation in the tracker."""
         for pid, comm in ended:
             self.rank_state.delete(ks.COMM_KEY.pack(pid, 0, comm))
             for op in range(ks.NUM_OPS):
@@ -455,9 +465,10 @@ class UprobeSource:
         """Apply the kernel's accounting to the tracker; pids seen in it but not traced
         (forks that never exec'd map an already-probed library) get a look."""
         try:
-            self._ring.consume()           # inits first: their comms are named when read
-            pids = self._reader.read()
-            self._reader.end_comms()
+            self._ring.consume()
+            ending = self._reader.take_ended()    # destroyed before this read: it is their last
+            pids = self._reader.read(drain_events=self._ring.consume)
+            self._reader.end_comms(ending)
         except Exception as exc:            # a read failure must not end tracing
             log.warning("cannot read the NCCL accounting maps: %s", exc)
             return
