@@ -230,6 +230,33 @@ def test_map_update_delete_and_iteration(selftest):
 
 
 @needs_bpf
+@pytest.mark.parametrize("name", ["calls", "calls_percpu"])
+def test_batched_items_match_iteration_across_several_batches(selftest, monkeypatch, name):
+    """items() sweeps with BPF_MAP_LOOKUP_BATCH; with 4 entries a batch, a full map takes 16
+    calls, and it must answer what key-by-key iteration answers (per-CPU values summed or split)."""
+    from fabricscope.exporter.ebpf import libbpf
+    monkeypatch.setattr(libbpf, "BATCH_ENTRIES", 4)
+    bpf_map = selftest.map(name)
+    for k in range(bpf_map.max_entries):
+        bpf_map.update(struct.pack("<I", 5_000_000 + k), struct.pack("<Q", k + 1))
+    batched = bpf_map._lookup_batched()
+    assert batched is not None and len(batched) == bpf_map.max_entries      # this kernel has batch lookup
+    swept = {k: v for k, v in bpf_map.items()}
+    split = {k: v for k, v in bpf_map.items(per_cpu=True)}
+    bpf_map._no_batch = True                 # key by key, as on a kernel without batch lookup
+    assert swept == dict(bpf_map.items())
+    assert split == dict(bpf_map.items(per_cpu=True))
+    cpus = bpf_map.ncpus
+    assert {struct.unpack("<I", k)[0]: struct.unpack("<Q", v)[0] for k, v in swept.items()} == \
+        {5_000_000 + k: (k + 1) * cpus for k in range(bpf_map.max_entries)}
+
+
+@needs_bpf
+def test_batched_items_of_an_empty_map(selftest):
+    assert selftest.map("calls_percpu").items() == []
+
+
+@needs_bpf
 def test_full_map_is_map_full(selftest):
     calls = selftest.map("calls")
     for k in range(calls.max_entries):

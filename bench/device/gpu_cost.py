@@ -338,11 +338,25 @@ def rank_main(rank: int, port: int, stop, steps, step_seconds: float) -> None:
     dist.destroy_process_group()
 
 
+def present_gpus(count: int) -> None:
+    """Show this process `count` GPUs on a host with fewer (--present-gpus): GPU i is
+    physical GPU i % n, so every NVML call of an 8-GPU node's sampling reaches real hardware,
+    half of them twice. Bench only: the labels of the extra GPUs repeat the physical ones'
+    UUIDs."""
+    import pynvml
+
+    real_count, real_handle = pynvml.nvmlDeviceGetCount, pynvml.nvmlDeviceGetHandleByIndex
+    pynvml.nvmlDeviceGetCount = lambda: count
+    pynvml.nvmlDeviceGetHandleByIndex = lambda index: real_handle(index % real_count())
+
+
 def exporter_child(argv: list[str]) -> int:
     """`gpu_cost.py --exporter-child ...`: the exporter CLI from the source tree."""
     import argparse as ap
 
     import_exporter()
+    if os.environ.get("GPU_COST_PRESENT_GPUS"):
+        present_gpus(int(os.environ["GPU_COST_PRESENT_GPUS"]))
     from fabricscope.exporter.main import add_arguments, run
 
     parser = ap.ArgumentParser()
@@ -389,8 +403,14 @@ def job_part(args, results: dict, work: Path) -> None:
 
         os.environ["GPU_COST_FAKE_NCCL"] = str(build_fake_nccl(work)[0])
     target = fake_rank_main if args.simulate else rank_main
-    ranks = [ctx.Process(target=target, args=(rank, port, stop, steps, args.step_seconds)) for rank in range(WORLD)]
-    exporters = [Exporter(name, collectors, work, config) for name, collectors in SETS.items()]
+    # --jobs K: K data-parallel jobs side by side on the same GPUs (K x WORLD ranks).
+    ports = [port] + [free_port() for _ in range(args.jobs - 1)]
+    ranks = [ctx.Process(target=target, args=(rank, job_port, stop, steps, args.step_seconds))
+             for job_port in ports for rank in range(WORLD)]
+    if args.present_gpus:
+        os.environ["GPU_COST_PRESENT_GPUS"] = str(args.present_gpus)
+    exporters = [Exporter(name, SETS[name], work, config) for name in args.sets]
+    profiler = None
     try:
         for exporter in exporters:
             exporter.wait_ready()
@@ -413,8 +433,11 @@ def job_part(args, results: dict, work: Path) -> None:
                 except OSError:
                     pass
         steps0 = steps.value
+        if args.profile:
+            profiler = start_profile(exporters[0], args.seconds + 10, args.profile)
         wall, cpu, memory = measured_window(exporters, args.seconds, args.scrape_interval)
         job_steps = steps.value - steps0
+        results["in_job_calls"] = in_job_call_costs(args.simulate)
         # Scrape latency needs more than the window's few scrapes for a p99: a burst of
         # timed requests while the job still runs, 4 a second, the sets in turn.
         for _ in range(args.latency_scrapes):
@@ -424,6 +447,8 @@ def job_part(args, results: dict, work: Path) -> None:
                 exporter.latency_seconds.append(time.perf_counter() - start)
                 time.sleep(0.25 / len(exporters))
     finally:
+        if profiler is not None:
+            profiler.wait(timeout=60)
         stop.set()
         for rank in ranks:
             rank.join(timeout=10)
@@ -432,7 +457,11 @@ def job_part(args, results: dict, work: Path) -> None:
         for exporter in exporters:
             exporter.stop()
     say(f"\nnode during the job: {processes} processes, {maps_kb / 1024:.1f} MB of /proc/*/maps text; "
-        f"{WORLD} ranks x 8 DataLoader workers, {job_steps / wall:.1f} training steps/s; scrape every "
+        f"{args.jobs} job(s) of {WORLD} ranks x 8 DataLoader workers"
+        + (f", the exporters shown {args.present_gpus} GPUs (each physical GPU's NVML calls made "
+           f"{args.present_gpus // max(1, results.get('nvml', {}).get('gpus', args.present_gpus))}x)"
+           if args.present_gpus else "") + ","
+        f" {job_steps / wall:.1f} training steps/s; scrape every "
         f"{args.scrape_interval:g} s; CPU over {wall:.0f} s; NVLink gpu tier every {args.nvlink_interval:g} s, link tier every "
         f"{args.nvlink_link_interval:g} s")
     say(f"{'collectors':<13} {'CPU s':>6} {'% core':>7} {'RSS MB':>7} {'anon':>6} {'file':>6} {'scrape p50/p99 ms':>18} "
@@ -485,6 +514,84 @@ def job_part(args, results: dict, work: Path) -> None:
         "10.0% of a core and 96 MB, all but nccl 3.7% and 83 MB")
 
 
+def start_profile(exporter: Exporter, seconds: float, out_dir: Path):
+    """py-spy (bench/device/lib/py-spy, or on PATH) samples the exporter without stopping
+    it (--nonblocking: the exporter's CPU is not charged for the sampling)."""
+    import shutil
+    import subprocess
+
+    py_spy = HERE / "lib" / "py-spy"
+    py_spy = str(py_spy) if py_spy.is_file() else shutil.which("py-spy")
+    if py_spy is None:
+        say("(no py-spy: no profile)")
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([py_spy, "record", "--nonblocking", "--threads", "-r", "200", "-f", "raw", "-d",
+                             str(int(seconds)), "-o", str(out_dir / f"{exporter.name.replace(' ', '_')}.txt"),
+                             "-p", str(exporter.proc.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def in_job_call_costs(simulate: bool) -> dict:
+    """The slow and the frequent NVML calls again, now that the job runs (the gpu tier's
+    link states cost several times their idle cost under load), and GPM: one sample per GPU
+    holding every link's throughput, where the field-values call costs one driver round
+    trip per link and direction."""
+    from fabricscope.exporter.nvml import open_backend
+    from fabricscope.exporter.nvml.backend import FI_NVLINK_THROUGHPUT_DATA_RX, FI_NVLINK_THROUGHPUT_DATA_TX
+
+    backend = simulated_nvml() if simulate else open_backend()
+    gpu = backend.gpus()[0]
+    links = sorted(backend.link_states(gpu))
+    rows: dict[str, dict] = {}
+
+    def record(name: str, samples: list[tuple[float, float, object]]) -> None:
+        rows[name] = {"calls": len(samples), "answered": sum(not isinstance(r, Exception) for _, _, r in samples),
+                      "wall_ms_median": statistics.median(w for w, _, _ in samples) * 1e3,
+                      "cpu_ms_median": statistics.median(c for _, c, _ in samples) * 1e3}
+
+    record("link states (all links)", [timed(backend.link_states, gpu) for _ in range(20)])
+    record("crc_data counter, per link", [timed(backend.error_counter, gpu, link, "crc_data") for link in links])
+    record("throughput TX+RX per link (field values)", [timed(backend.field_values, gpu, [
+        (f, link) for f in (FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX) for link in links])
+        for _ in range(3)])
+    if not simulate:
+        nvml = backend.nvml
+        handle = nvml.nvmlDeviceGetHandleByIndex(gpu.index)
+        try:
+            supported = bool(nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
+        except Exception as exc:               # bindings or driver without GPM
+            supported = f"{type(exc).__name__}: {exc}"
+        rows["gpm_supported"] = supported
+        if supported is True:
+            first, second = nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()
+            record("GPM sample (one call, every metric)", [timed(nvml.nvmlGpmSampleGet, handle, s)
+                                                           for s in (first, second, first, second, first)])
+            time.sleep(1.0)
+            nvml.nvmlGpmSampleGet(handle, second)
+            ids = [nvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC, nvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC] + \
+                [nvml.NVML_GPM_METRIC_NVLINK_L0_RX_PER_SEC + i for i in range(2 * len(links))]
+            request = nvml.c_nvmlGpmMetricsGet_t()
+            request.version, request.numMetrics = nvml.NVML_GPM_METRICS_GET_VERSION, len(ids)
+            request.sample1, request.sample2 = first, second
+            for i, metric in enumerate(ids):
+                request.metrics[i].metricId = metric
+            wall, cpu, answer = timed(nvml.nvmlGpmMetricsGet, request)
+            rows["gpm_metrics_get"] = {"cpu_ms": cpu * 1e3, "wall_ms": wall * 1e3,
+                                       "error": None if not isinstance(answer, Exception) else str(answer)}
+            if not isinstance(answer, Exception):
+                got = [(m.metricId, int(m.nvmlReturn), m.value) for m in request.metrics[:len(ids)]]
+                rows["gpm_nvlink_mib_s"] = got
+    backend.close()
+    say("\nNVML calls on GPU 0 during the job:")
+    for name, row in rows.items():
+        if isinstance(row, dict) and "cpu_ms_median" in row:
+            say(f"  {name:<45} {row['answered']}/{row['calls']} answered, {row['wall_ms_median']:.3f} ms wall, "
+                f"{row['cpu_ms_median']:.3f} ms CPU per call")
+        else:
+            say(f"  {name}: {row}")
+    return rows
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--exporter-child":
         return exporter_child(sys.argv[2:])
@@ -501,6 +608,14 @@ def main() -> int:
                         help="after the CPU window, scrapes per exporter (4 a second, sets in turn) for the latency "
                              "percentiles")
     parser.add_argument("--skip-job", action="store_true", help="part 1 only")
+    parser.add_argument("--jobs", type=int, default=1, help="data-parallel jobs side by side, each of 4 ranks")
+    parser.add_argument("--present-gpus", type=int, default=0,
+                        help="show the exporters this many GPUs, physical GPU i %% n behind GPU i (8 on a 4-GPU host: "
+                             "an 8-GPU node's NVML calls)")
+    parser.add_argument("--sets", type=lambda text: text.split(","), default=list(SETS),
+                        help=f"comma-separated collector sets (default: {','.join(SETS)})")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="py-spy the first set's exporter over the window into this directory")
     parser.add_argument("--simulate", action="store_true", help="no GPUs: simulated NVML and fake-libnccl "
                         "ranks (to try the orchestration here; the figures mean nothing)")
     args = parser.parse_args()

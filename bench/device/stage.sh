@@ -51,4 +51,6 @@ while pending:
             (out / file).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, out / file)
 PY
+# py-spy, when the venv has it (pip install py-spy): gpu_cost.py --profile samples an exporter.
+if test -x .venv/bin/py-spy; then cp .venv/bin/py-spy bench/device/lib/; fi
 du -sh exporter/bpf/*.bpf.o bench/device/lib bench/device/vendor

@@ -33,6 +33,10 @@ log = logging.getLogger("fabricscope.ebpf.libbpf")
 _PERCPU_MAP_TYPES = {5, 6, 10, 21}   # PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH, PERCPU_CGROUP_STORAGE
 # Map types without keys to iterate (ring buffers, perf arrays, program arrays).
 _UNITERABLE_MAP_TYPES = {3, 4, 27}   # PROG_ARRAY, PERF_EVENT_ARRAY, RINGBUF
+# Entries per BPF_MAP_LOOKUP_BATCH call: one syscall per this many entries, where iterating
+# costs two per entry (get_next_key, lookup) and a Python round trip each.
+BATCH_ENTRIES = 256
+_ENOTSUPP = 524                      # the kernel-internal "operation not supported" errno
 BPF_STATS_RUN_TIME = 0
 # struct bpf_prog_info (uapi linux/bpf.h): offsets are ABI, stable since kernel 5.1.
 _PROG_INFO_SIZE = 232
@@ -90,6 +94,7 @@ class _Lib:
         self._declare("bpf_map__type", c_int, [vp])
         self._declare("bpf_map_get_next_key", c_int, [c_int, vp, vp])
         self._declare("bpf_map_lookup_elem", c_int, [c_int, vp, vp])
+        self._declare("bpf_map_lookup_batch", c_int, [c_int, vp, vp, vp, vp, ctypes.POINTER(u32), vp])
         self._declare("bpf_map_update_elem", c_int, [c_int, vp, vp, ctypes.c_uint64])
         self._declare("bpf_map_delete_elem", c_int, [c_int, vp])
         self._declare("bpf_obj_get_info_by_fd", c_int, [c_int, vp, ctypes.POINTER(u32)])
@@ -185,6 +190,7 @@ class BpfMap:
         self.ncpus = lib.possible_cpus if self.per_cpu else 1
         # Per-CPU values are each rounded up to 8 bytes in the lookup buffer.
         self._stride = (self.value_size + 7) // 8 * 8 if self.per_cpu else self.value_size
+        self._no_batch = False               # BPF_MAP_LOOKUP_BATCH refused (kernel < 5.6, map type)
 
     def _key(self, key: bytes) -> ctypes.Array:
         if len(key) != self.key_size:
@@ -238,6 +244,11 @@ class BpfMap:
 
     def items(self, per_cpu: bool = False) -> list[tuple[bytes, bytes | list[bytes]]]:
         """All (key, value) pairs as raw bytes; per-CPU values summed unless per_cpu."""
+        batched = self._lookup_batched()
+        if batched is not None:
+            if not self.per_cpu:
+                return [(key, raw[:self.value_size]) for key, raw in batched]
+            return [(key, self._split(raw) if per_cpu else self._sum(raw)) for key, raw in batched]
         out = []
         seen = set()
         for key in self.keys():
@@ -247,6 +258,44 @@ class BpfMap:
             value = self.lookup(key, per_cpu=per_cpu)
             if value is not None:   # deleted between get_next_key and lookup
                 out.append((key, value))
+        return out
+
+    def _lookup_batched(self) -> list[tuple[bytes, bytes]] | None:
+        """Every (key, raw value) by BPF_MAP_LOOKUP_BATCH, or None where the kernel or the
+        map type has no batch lookup (kernels before 5.6; the caller then iterates). The map
+        may change during the sweep, as it may while iterating: an entry added or deleted
+        meanwhile is seen or not, never half."""
+        self._obj._check_open()
+        if self.type in _UNITERABLE_MAP_TYPES or self._no_batch:
+            return None
+        so, width = self._lib.so, self._stride * self.ncpus
+        room = min(BATCH_ENTRIES, self.max_entries)
+        token = max(8, self.key_size)        # the kernel's batch token: a bucket or index, at most a key
+        start, after = None, ctypes.create_string_buffer(token)
+        count = ctypes.c_uint32()
+        out: list[tuple[bytes, bytes]] = []
+        for _ in range(self.max_entries + 2):   # bound: each call moves on or grows its room
+            keys = ctypes.create_string_buffer(room * self.key_size)
+            values = ctypes.create_string_buffer(room * width)
+            count.value = room
+            rc = so.bpf_map_lookup_batch(self.fd, start, after, keys, values, ctypes.byref(count), None)
+            err = _errno_of(rc) if rc < 0 else 0
+            if err == _errno.ENOSPC and room < self.max_entries:
+                room = min(room * 2, self.max_entries)   # one hash bucket holds more than the room
+                continue
+            if err and err != _errno.ENOENT:
+                if err in (_errno.EINVAL, _errno.EOPNOTSUPP, _ENOTSUPP):
+                    self._no_batch = True        # not asked again: this kernel or map type has none
+                log.debug("map %s: batch lookup failed (%s); iterating", self.name, os.strerror(err))
+                return None
+            got = count.value
+            keys_raw = ctypes.string_at(keys, got * self.key_size)
+            values_raw = ctypes.string_at(values, got * width)
+            out.extend((keys_raw[i * self.key_size:(i + 1) * self.key_size], values_raw[i * width:(i + 1) * width])
+                       for i in range(got))
+            if err == _errno.ENOENT:         # the sweep is complete
+                return out
+            start, after = after, ctypes.create_string_buffer(token)
         return out
 
     def update(self, key: bytes, value: bytes, flags: int = 0) -> None:

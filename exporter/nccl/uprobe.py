@@ -323,6 +323,7 @@ class UprobeSource:
         self._watch_obj = None
         self._watch_ring = None
         self._watch_lost = 0
+        self._watch_lost_map = None
         self.full_rescans = 0
         self.looks = 0
         self._calling_untraced: set[int] = set()
@@ -439,16 +440,21 @@ class UprobeSource:
         next_scan = next_exit_check = next_read = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
+            # Once a second: traced processes that exited, and hints the kernel dropped (a lost
+            # hint then costs a rescan a second late; checked every wakeup it cost more than
+            # the map reads).
+            checks_due = now >= next_exit_check
             try:
-                if now >= next_scan or (self.watch is not None and self._hints_lost()):
+                if now >= next_scan or (self.watch is not None and checks_due and self._hints_lost()):
                     self.rescan()
                     self._reader.resync_clock()
                     next_scan = time.monotonic() + self.rescan_seconds
                 elif self.watch is not None:
                     self._look_at_hinted()
-                    if now >= next_exit_check:
+                    if checks_due:
                         self._forget_exited()
-                        next_exit_check = now + self.EXIT_CHECK_SECONDS
+                if checks_due:
+                    next_exit_check = now + self.EXIT_CHECK_SECONDS
             except Exception:              # a scan bug must not end tracing
                 log.exception("NCCL process discovery failed")
             rc = self._ring.poll(self.LOOP_MS)
@@ -479,7 +485,9 @@ class UprobeSource:
         """Hints dropped (kernel ring full, or too many pending): only a full rescan is safe."""
         lost = 0
         try:
-            value = self._watch_obj.map("proc_events_lost").lookup(b"\0" * 4)
+            if self._watch_lost_map is None:
+                self._watch_lost_map = self._watch_obj.map("proc_events_lost")
+            value = self._watch_lost_map.lookup(b"\0" * 4)
             lost = struct.unpack("<Q", value)[0] if value else 0
         except Exception as exc:
             log.debug("cannot read proc_events_lost: %s", exc)
@@ -524,8 +532,11 @@ class UprobeSource:
             self._add_library(key, ref, mapped_by)
 
     def _forget_exited(self) -> None:
+        # One stat per traced process a second (a rank and its DataLoader workers: tens per
+        # GPU). A Path built per pid cost 28 µs of the 30 µs each; a string costs ~2 µs.
+        prefix = f"{self.procfs}/"
         with self._lock:
-            gone = {pid for pid in self._pids if not (self.procfs / str(pid)).exists()}
+            gone = {pid for pid in self._pids if not os.path.exists(f"{prefix}{pid}")}
             if not gone:
                 return
             for library in self._libraries.values():
