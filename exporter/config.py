@@ -14,7 +14,7 @@ that uses them. Importing this module imports pydantic: the serving exporter nev
       roles: {mlx5_4: storage}
     netdev: {device_include: "^eth", device_exclude: "^(lo|veth)", ethtool_include: "..."}
     ebpf: {objects: [tcp, sched], processes: [python3], peers: {10.0.0.2: gpu-node-1}, ...}
-    nvlink: {sample_interval_seconds: 10, link_sample_interval_seconds: 120}
+    nvlink: {sample_interval_seconds: 15, link_sample_interval_seconds: 120}
     nccl: {hang_multiplier: 3.0, window: 20, ingest: false, ...}
 """
 from __future__ import annotations

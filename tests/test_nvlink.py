@@ -181,6 +181,9 @@ class OneBrokenGpu:
     def error_counter(self, gpu, link, kind):
         return None
 
+    def gpm_supported(self, gpu):
+        return False
+
     def close(self):
         pass
 
@@ -321,7 +324,10 @@ def test_real_backend_mapping_with_a_stand_in_nvml(monkeypatch, dl_fields):
                          ("1", "field_values"): 0, ("1", "per_call"): 6, ("1", "unsupported"): 2}
     calls = fake.calls["error_counter"]
     collector.refresh()
-    assert fake.calls["error_counter"] - calls == (2 if dl_fields else 14)
+    # With the DL fields the GPU totals answer too and stand still: no per-link counter is read
+    # again, crc_data included (gated on the replay total). Without them every counter is.
+    assert fake.calls["error_counter"] - calls == (0 if dl_fields else 14)
+    assert get(registry, "fabric_nvlink_throughput_method", gpu="0", method="field_values") == 1
 
 
 # ---- sampling off the scrape path ---------------------------------------------------------
@@ -350,14 +356,16 @@ def test_the_simulated_h200_pays_per_value_and_records_what_each_method_cost():
     per_call = get(registry, "fabric_nvlink_read_cost_seconds", gpu="1", method="per_call")
     batched = get(registry, "fabric_nvlink_read_cost_seconds", gpu="1", method="field_values")
     assert 0.7e-3 < per_call < 1.2e-3 and 0.7e-3 < batched < 1.2e-3, (per_call, batched)
-    # A link round pays for what it reads, as CPU: the first one 36 throughput values and 72
-    # error counters; the later ones, with the GPU totals unchanged, all but the 54 gated counters.
+    # A link round pays for what it reads, as CPU: the first one the 72 error counters; the
+    # later ones, with the GPU totals unchanged, the 3 totals and one GPM sample (throughput).
     duration = get(registry, "fabric_nvlink_sample_duration_seconds", gpu="1", tier="link")
-    assert 36 * 0.82e-3 + 18 * 0.79e-3 + 5 * 0.33e-3 <= duration < 36 * 0.82e-3 + 72 * 0.79e-3, duration
+    costs = demo_nvml.H200_COSTS
+    least = 3 * costs.field_error_total + costs.gpm_sample + costs.gpm_metrics
+    assert least <= duration < least + 10e-3, duration
     assert get(registry, "fabric_nvlink_sample_duration_seconds", gpu="1", tier="gpu") < 20e-3
     assert get(registry, "fabric_nvlink_sample_interval_seconds", tier="gpu") == 60
     cpu = sum(get(registry, "fabric_nvlink_sample_cpu_seconds_total", gpu="1", tier=tier) for tier in ("gpu", "link"))
-    assert cpu >= 36 * 0.82e-3 + 72 * 0.79e-3
+    assert cpu >= 72 * 0.79e-3 + 2 * least
 
 
 def test_a_clearly_cheaper_call_takes_the_error_counters_out_of_the_batch():
@@ -366,11 +374,12 @@ def test_a_clearly_cheaper_call_takes_the_error_counters_out_of_the_batch():
     assert get(registry, "fabric_nvlink_error_counter_reads", gpu="0", method="per_call") == 4 * 18
     calls = source.calls["nvmlDeviceGetNvLinkErrorCounter"]
     registry.collector.refresh()
-    # Every link round reads the crc_data counters of the 18 links one call each; the other
-    # three types only when their GPU total moved (it did not). The sampler's own schedule may
-    # add a round beside the one refresh() asks for: whole rounds, never fewer.
-    rounds, partial = divmod(source.calls["nvmlDeviceGetNvLinkErrorCounter"] - calls, 18)
-    assert rounds >= 1 and partial == 0, (rounds, partial)
+    # Later link rounds read no counter while the GPU totals stand still (crc_data is gated on
+    # the replay total); a moved total reads all of them, one call each.
+    assert source.calls["nvmlDeviceGetNvLinkErrorCounter"] == calls
+    source._links[0][3].errors["replay"] += 1
+    registry.collector.refresh()
+    assert source.calls["nvmlDeviceGetNvLinkErrorCounter"] - calls == 4 * 18
 
 
 def test_a_batch_cheaper_per_value_than_a_call_keeps_the_error_fields_batched():
@@ -433,8 +442,8 @@ def plain(registry, name, **labels):
 def test_per_link_error_counters_covered_by_unchanged_totals_are_not_read_again():
     source, registry, sampler = gated_demo()
     for t in (1.0, 2.0, 3.0):                     # traffic moves, no error anywhere
-        assert counters_read_by(source, registry, lambda: source.step(t, [])) == 18      # crc_data only
-    assert plain(registry, "fabric_nvlink_gated_error_counters", gpu="0") == 3 * 18
+        assert counters_read_by(source, registry, lambda: source.step(t, [])) == 0
+    assert plain(registry, "fabric_nvlink_gated_error_counters", gpu="0") == 4 * 18
     assert plain(registry, "fabric_nvlink_error_counter_rounds_total", gpu="0", outcome="unchanged") >= 3
     assert plain(registry, "fabric_nvlink_error_counter_rounds_total", gpu="0", outcome="first") == 1
     # Served: the values read in the first round, and their read age grows while the link tier's does not.
@@ -458,13 +467,13 @@ def test_a_moved_total_has_its_per_link_counters_read_in_the_same_round():
     # The link goes down: one recovery, read in the round that sees its total move.
     assert counters_read_by(source, registry, lambda: source.step(40.0, [fault])) == 4 * 18
     assert plain(registry, "fabric_nvlink_errors_total", gpu="0", link="7", type="recovery") == 1
-    assert counters_read_by(source, registry, lambda: source.step(41.0, [fault])) == 18          # still
+    assert counters_read_by(source, registry, lambda: source.step(41.0, [fault])) == 0           # down, quiet
 
 
 def test_gated_counters_are_read_anyway_once_their_read_is_the_safety_interval_old():
     source, registry, sampler = gated_demo()
     assert sampler.gate_safety == 10 * sampler.link_interval
-    assert counters_read_by(source, registry, lambda: None) == 18
+    assert counters_read_by(source, registry, lambda: None) == 0
     sampler.gate_safety = 0.0                     # every read is now that old
     assert counters_read_by(source, registry, lambda: None) == 4 * 18
     assert plain(registry, "fabric_nvlink_error_counter_rounds_total", gpu="0", outcome="safety") >= 1
@@ -587,3 +596,127 @@ def test_bad_sample_interval_is_refused_with_the_key_and_value():
         with pytest.raises(ValueError, match=rf"nvlink\.{key}: input should be"):
             from fabricscope.exporter.collectors.nvlink import NvlinkCollector
             NvlinkCollector(ctx)
+
+
+# ---- per-link throughput: GPM, or field values without it ----------------------------------
+
+def test_gpm_counts_every_links_bytes_from_one_sample_a_link_round():
+    source, registry = demo(gpus=1)
+    registry.collector.refresh()                  # the first GPM sample: the baseline, 0 bytes
+    assert get(registry, "fabric_nvlink_throughput_method", gpu="0", method="gpm") == 1
+    start = [(link.tx, link.rx) for link in source._links[0]]
+    source.step(30.0, [])                         # the job moves data over every link
+    fields, samples = source.calls["nvmlDeviceGetFieldValues"], source.calls["nvmlGpmSampleGet"]
+    assert registry.collector.refresh()
+    # One GPM sample and one field-values call (the 3 error totals) for the round: no per-link field.
+    assert source.calls["nvmlGpmSampleGet"] - samples == 1
+    assert source.calls["nvmlDeviceGetFieldValues"] - fields == 1
+    values, _ = scrape(registry)
+    for link in (0, 9, 17):
+        moved_tx = source._links[0][link].tx - start[link][0]
+        served = values["fabric_nvlink_transmit_bytes_total"][(("gpu", "0"), ("link", str(link)))]
+        assert moved_tx > 0 and served >= moved_tx - 1, (link, served, moved_tx)
+    tx_links = sum(v for k, v in values["fabric_nvlink_transmit_bytes_total"].items() if dict(k)["gpu"] == "0")
+    assert by_gpu(values, "fabric_nvlink_gpu_transmit_bytes_total")["0"] == pytest.approx(tx_links, abs=18)
+
+
+def test_without_gpm_throughput_is_read_by_field_values_per_link():
+    source, registry = demo(gpus=1, gpm=False)
+    source.step(5.0, [])
+    assert get(registry, "fabric_nvlink_throughput_method", gpu="0", method="field_values") == 1
+    assert source.calls["nvmlGpmSampleGet"] == 0
+    link = source._links[0][4]
+    assert get(registry, "fabric_nvlink_transmit_bytes_total", gpu="0", link="4") == int(link.tx) // 1024 * 1024
+    assert get(registry, "fabric_nvlink_gpu_receive_bytes_total", gpu="0") == \
+        int(sum(link.rx for link in source._links[0])) // 1024 * 1024
+
+
+def test_a_gpu_refusing_gpm_after_all_falls_back_to_field_values():
+    source, registry = demo(gpus=1)
+    source.step(1.0, [])
+    assert get(registry, "fabric_nvlink_throughput_method", gpu="0", method="gpm") == 1
+    source.gpm = False                             # e.g. MIG mode turned on
+    source.step(2.0, [])
+    registry.collector.refresh()                  # GPM refused: noted
+    source.step(3.0, [])
+    assert get(registry, "fabric_nvlink_throughput_method", gpu="0", method="field_values") == 1
+    assert get(registry, "fabric_nvlink_transmit_bytes_total", gpu="0", link="2") == \
+        int(source._links[0][2].tx) // 1024 * 1024
+
+
+def test_crc_data_is_read_when_the_replay_total_moves():
+    """A data-CRC error is replayed, so it moves the replay total: crc_data is read in that
+    round. A crc_data count that moved alone (no replay) waits for the safety read."""
+    source, registry, sampler = gated_demo()
+    source._links[0][5].errors["crc_data"] += 2
+    source._links[0][5].errors["replay"] += 2
+    assert counters_read_by(source, registry, lambda: None) == 4 * 18
+    assert plain(registry, "fabric_nvlink_errors_total", gpu="0", link="5", type="crc_data") == 2
+    source._links[0][5].errors["crc_data"] += 1
+    assert counters_read_by(source, registry, lambda: None) == 0
+    assert plain(registry, "fabric_nvlink_errors_total", gpu="0", link="5", type="crc_data") == 2
+    sampler.gate_safety = 0.0
+    assert counters_read_by(source, registry, lambda: None) == 4 * 18
+    assert plain(registry, "fabric_nvlink_errors_total", gpu="0", link="5", type="crc_data") == 3
+
+
+class FakePynvmlWithGpm(FakePynvml):
+    """FakePynvml with GPM: link L receives 1 + L and transmits 2 + L MiB/s; a metric id out
+    of the NVLink range is refused."""
+
+    NVML_GPM_METRICS_GET_VERSION = 1
+
+    class _Metric:
+        def __init__(self):
+            self.metricId, self.nvmlReturn, self.value = 0, 0, 0.0
+
+    class c_nvmlGpmMetricsGet_t:
+        def __init__(self):
+            self.version = self.numMetrics = 0
+            self.sample1 = self.sample2 = None
+            self.metrics = [FakePynvmlWithGpm._Metric() for _ in range(98)]
+
+    def nvmlGpmQueryDeviceSupport(self, handle):
+        return type("Support", (), {"isSupportedDevice": 1})()
+
+    def nvmlGpmSampleAlloc(self):
+        self._count("gpm_alloc")
+        return object()
+
+    def nvmlGpmSampleFree(self, sample):
+        self._count("gpm_free")
+
+    def nvmlGpmSampleGet(self, handle, sample):
+        self._count("gpm_sample")
+
+    def nvmlGpmMetricsGet(self, request):
+        assert request.version == 1 and request.sample1 is not request.sample2
+        for metric in request.metrics[:request.numMetrics]:
+            link, transmit = divmod(metric.metricId - 62, 2)
+            metric.value = float(1 + link + transmit)
+        return request
+
+
+def test_real_backend_reads_gpm_rates_as_bytes_per_link(monkeypatch):
+    import sys
+
+    fake = FakePynvmlWithGpm()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    registry, collector = registry_for(Context(node="n"))
+    registry = Fresh(registry, collector)
+    assert collector.refresh()                    # every GPU's first GPM sample: the baseline
+    time.sleep(0.2)
+    assert collector.refresh()
+    values, _ = scrape(registry)
+    assert values["fabric_nvlink_throughput_method"][(("gpu", "1"), ("method", "gpm"))] == 1
+    key = (("gpu", "1"), ("link", "1"))
+    tx, rx = values["fabric_nvlink_transmit_bytes_total"][key], values["fabric_nvlink_receive_bytes_total"][key]
+    # Link 1: 3 MiB/s out, 2 MiB/s in, over the time between the GPU's samples.
+    assert tx > 0 and tx / rx == pytest.approx(3 / 2, rel=1e-3)
+    link0 = values["fabric_nvlink_transmit_bytes_total"][(("gpu", "1"), ("link", "0"))]
+    assert tx / link0 == pytest.approx(3 / 2, rel=1e-3)
+    assert by_gpu(values, "fabric_nvlink_gpu_transmit_bytes_total")["1"] == pytest.approx(tx + link0, abs=2)
+    # The throughput fields are not asked for: only the GPU error totals and the per-link error batch.
+    assert fake.calls["gpm_alloc"] == 4           # two buffers per GPU
+    collector.close()
+    assert fake.calls["gpm_free"] == 4

@@ -8,12 +8,15 @@ No NVML on the host is a normal state, not an error: fabric_nvml_available{reaso
 nothing else. One GPU that cannot be read is reported and never hides the others.
 
 Config section `nvlink`:
-  sample_interval_seconds (10): how often each GPU's link states are read (tier "gpu",
-    ~0.06 ms of driver CPU per GPU: what the link-down and flap alerts need).
-  link_sample_interval_seconds (120): how often the GPU totals (throughput, DL errors), the
-    per-link throughput and the per-link error counters are read (tier "link"; every per-link
-    value costs ~0.8 ms of driver CPU). The per-link counters the DL error totals cover are
-    read only when a total moved, or every GATE_SAFETY_INTERVALS link intervals. 120 s keeps
+  sample_interval_seconds (15): how often each GPU's link states are read (tier "gpu": what
+    the link-down and flap alerts need, evaluated every minute; ~0.1 ms of driver CPU per GPU
+    called back to back, ~1.4 ms after a wait, as the sampler calls them, on an H200 during a
+    job). 15 s: one round per default scrape interval.
+  link_sample_interval_seconds (120): how often the GPU totals (DL errors; throughput without
+    GPM), the per-link throughput (one GPM sample, else field values) and the per-link error
+    counters are read (tier "link"; every per-link error value costs ~0.6-1 ms of driver CPU).
+    The per-link counters the DL error totals vouch for are read only when a total moved, or
+    every GATE_SAFETY_INTERVALS link intervals. 120 s keeps
     2-3 samples inside the 5m rate windows of the NVLink error and throughput-collapse
     alerts (both `for: 10m`). docs/cost.md has the figures.
 """
@@ -33,7 +36,7 @@ from ..nvml.sampler import (BATCHED, GATE_OUTCOMES, GATE_SAFETY_INTERVALS, GPU_T
 
 log = logging.getLogger("fabricscope.exporter.nvlink")
 
-DEFAULT_SAMPLE_INTERVAL = 10.0
+DEFAULT_SAMPLE_INTERVAL = 15.0
 DEFAULT_LINK_SAMPLE_INTERVAL = 120.0
 # A round still running after this many intervals is reported as stalled.
 STALL_INTERVALS = 2.0
@@ -114,18 +117,28 @@ class NvlinkCollector(Collector):
         state = GaugeMetricFamily("fabric_nvlink_state", "1 if the NVLink is active.", labels=["gpu", "link"])
         info = GaugeMetricFamily("fabric_nvlink_info", "NVLink version and remote endpoint; always 1.",
                                  labels=["gpu", "link", "version", "remote_pci_bus_id", "remote_type"])
-        tx = CounterMetricFamily("fabric_nvlink_transmit_bytes", "Data bytes sent on the link "
-                                 "(NVML NVLINK_THROUGHPUT_DATA_TX, KiB x 1024).", labels=["gpu", "link"])
-        rx = CounterMetricFamily("fabric_nvlink_receive_bytes", "Data bytes received on the link "
-                                 "(NVML NVLINK_THROUGHPUT_DATA_RX, KiB x 1024).", labels=["gpu", "link"])
+        tx = CounterMetricFamily("fabric_nvlink_transmit_bytes", "Data bytes sent on the link: counted from "
+                                 "GPM's per-link rates since the exporter's first sample, or the driver's "
+                                 "NVLINK_THROUGHPUT_DATA_TX without GPM (fabric_nvlink_throughput_method).",
+                                 labels=["gpu", "link"])
+        rx = CounterMetricFamily("fabric_nvlink_receive_bytes", "Data bytes received on the link: counted from "
+                                 "GPM's per-link rates since the exporter's first sample, or the driver's "
+                                 "NVLINK_THROUGHPUT_DATA_RX without GPM (fabric_nvlink_throughput_method).",
+                                 labels=["gpu", "link"])
+        throughput_method = GaugeMetricFamily("fabric_nvlink_throughput_method", "How the GPU's per-link throughput is read "
+                                   "(always 1): gpm (one GPU Performance Monitoring sample a link round) or "
+                                   "field_values (one driver round trip per link and direction).",
+                                   labels=["gpu", "method"])
         errors = CounterMetricFamily("fabric_nvlink_errors", "NVLink data-link error counters; absent where "
                                      "the GPU answers NOT_SUPPORTED.", labels=["gpu", "link", "type"])
         gpu_tx = CounterMetricFamily("fabric_nvlink_gpu_transmit_bytes", "Data bytes sent on all the GPU's "
-                                     "NVLinks (NVML NVLINK_THROUGHPUT_DATA_TX, all-links scope, KiB x 1024); "
-                                     "read every link_sample_interval_seconds.", labels=["gpu"])
+                                     "NVLinks: the sum of its links' counters with GPM, else the driver's "
+                                     "all-links NVLINK_THROUGHPUT_DATA_TX; read every "
+                                     "link_sample_interval_seconds.", labels=["gpu"])
         gpu_rx = CounterMetricFamily("fabric_nvlink_gpu_receive_bytes", "Data bytes received on all the GPU's "
-                                     "NVLinks (NVML NVLINK_THROUGHPUT_DATA_RX, all-links scope, KiB x 1024); "
-                                     "read every link_sample_interval_seconds.", labels=["gpu"])
+                                     "NVLinks: the sum of its links' counters with GPM, else the driver's "
+                                     "all-links NVLINK_THROUGHPUT_DATA_RX; read every "
+                                     "link_sample_interval_seconds.", labels=["gpu"])
         read_errors = GaugeMetricFamily("fabric_nvml_device_read_errors", "1 when the GPU's last sample could "
                                         "not read it, or its sample has been running for over "
                                         f"{STALL_INTERVALS:g} intervals (sample_stalled).", labels=["gpu", "reason"])
@@ -181,6 +194,8 @@ class NvlinkCollector(Collector):
             if sample.link_started is not None:
                 age.add_metric([g, LINK_TIER], max(0.0, now - sample.link_started))
                 duration.add_metric([g, LINK_TIER], sample.link_duration or 0.0)
+            if sample.throughput:
+                throughput_method.add_metric([g, sample.throughput], 1.0)
             if sample.tx_bytes is not None:
                 gpu_tx.add_metric([g], float(sample.tx_bytes))
             if sample.rx_bytes is not None:
@@ -203,7 +218,7 @@ class NvlinkCollector(Collector):
                     rx.add_metric([g, link], float(reading.rx_bytes))
                 for kind, value in sorted(reading.errors.items()):
                     errors.add_metric([g, link, kind], float(value))
-        yield from (gpu_info, state, info, tx, rx, gpu_tx, gpu_rx, errors, read_errors, age, duration, reads,
+        yield from (gpu_info, state, info, tx, rx, throughput_method, gpu_tx, gpu_rx, errors, read_errors, age, duration, reads,
                     read_cost, gated, errors_age, gate_rounds, cpu, interval)
 
     def close(self) -> None:

@@ -20,6 +20,10 @@ ERROR_TYPES = ("crc_flit", "crc_data", "replay", "recovery")
 # simulation and the sampler need no NVML bindings.
 FI_NVLINK_THROUGHPUT_DATA_TX = 138          # KiB, scopeId = link
 FI_NVLINK_THROUGHPUT_DATA_RX = 139
+# GPM metric ids (nvml.h nvmlGpmMetricId_t): link L's receive ("read") bandwidth is
+# GPM_NVLINK_L0_RX + 2L, its transmit ("write") bandwidth the id after it, in MiB/s, for links 0-17.
+GPM_NVLINK_L0_RX = 62
+GPM_NVLINK_LINKS = 18
 # scopeId for a field's GPU total over all links (the throughput fields answer it on an H200).
 SCOPE_ALL_LINKS = 0xFFFFFFFF
 FI_NVLINK_ERROR_DL_REPLAY = 161             # scopeId = link
@@ -63,6 +67,11 @@ class NvmlDeviceError(Exception):
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
+
+
+class GpmUnsupported(Exception):
+    """GPU Performance Monitoring refused the GPU (before Hopper, MIG mode, old bindings):
+    per-link throughput is read by field values instead."""
 
 
 class FieldValuesUnsupported(Exception):
@@ -116,6 +125,16 @@ class NvmlBackend(Protocol):
     def error_counter(self, gpu: GpuInfo, link: int, kind: str) -> int | None:
         """One nvmlDeviceGetNvLinkErrorCounter call; None where NOT_SUPPORTED.
         Raises NvmlDeviceError when the GPU cannot be read."""
+
+    def gpm_supported(self, gpu: GpuInfo) -> bool:
+        """Whether GPM (GPU Performance Monitoring, Hopper and later) samples this GPU."""
+
+    def nvlink_bytes_moved(self, gpu: GpuInfo, links: tuple[int, ...]) -> dict[int, tuple[float, float]] | None:
+        """Bytes each link transmitted and received since this GPU's previous call, from one
+        GPM sample (every link's throughput in one driver round trip, where field values
+        take one per link and direction); None on the first call, which only takes the
+        baseline. A link GPM has no metric for is left out. Raises GpmUnsupported, or
+        NvmlDeviceError when the GPU cannot be read."""
 
     def running_processes(self, gpu: GpuInfo) -> list[tuple[int, int | None]]:
         """(pid, used GPU memory in bytes or None) of each process with a compute context on

@@ -7,9 +7,10 @@ GPUs concurrently, and one GPU stuck inside the driver blocks only its own threa
 from __future__ import annotations
 
 import logging
+import time
 
-from .backend import (ERROR_TYPES, FieldValuesUnsupported, GpuInfo, LinkStatic, NvmlDeviceError,
-                      NvmlUnavailable)
+from .backend import (ERROR_TYPES, GPM_NVLINK_L0_RX, GPM_NVLINK_LINKS, FieldValuesUnsupported, GpmUnsupported,
+                      GpuInfo, LinkStatic, NvmlDeviceError, NvmlUnavailable)
 
 log = logging.getLogger("fabricscope.exporter.nvml")
 
@@ -55,6 +56,7 @@ class PynvmlBackend:
                                 for name in ERROR_TYPES}
         self._absent = {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT}
         self._handles: dict[int, object] = {}
+        self._gpm: dict[int, _GpmSamples] = {}   # GPU index -> its two GPM sample buffers
 
     def gpus(self) -> list[GpuInfo]:
         nvml = self.nvml
@@ -131,7 +133,57 @@ class PynvmlBackend:
                 return None
             raise NvmlDeviceError(_reason(nvml, exc), f"link {link} {kind} counter: {exc}") from None
 
+    def gpm_supported(self, gpu: GpuInfo) -> bool:
+        query = getattr(self.nvml, "nvmlGpmQueryDeviceSupport", None)
+        if query is None:                     # bindings older than GPM
+            return False
+        try:
+            return bool(query(self._handle(gpu)).isSupportedDevice)
+        except (self.nvml.NVMLError, NvmlDeviceError):
+            return False
+
+    def nvlink_bytes_moved(self, gpu: GpuInfo, links: tuple[int, ...]) -> dict[int, tuple[float, float]] | None:
+        nvml, handle = self.nvml, self._handle(gpu)
+        samples = self._gpm.get(gpu.index)
+        try:
+            if samples is None:
+                samples = self._gpm[gpu.index] = _GpmSamples(nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc())
+            current = samples.buffers[samples.next]
+            nvml.nvmlGpmSampleGet(handle, current)
+            taken = time.monotonic()
+            previous, since = samples.buffers[1 - samples.next], samples.taken
+            samples.next, samples.taken = 1 - samples.next, taken
+            if since is None:
+                return None
+            wanted = [link for link in links if 0 <= link < GPM_NVLINK_LINKS]
+            request = nvml.c_nvmlGpmMetricsGet_t()
+            request.version, request.numMetrics = nvml.NVML_GPM_METRICS_GET_VERSION, 2 * len(wanted)
+            request.sample1, request.sample2 = previous, current
+            for i, link in enumerate(wanted):
+                request.metrics[2 * i].metricId = GPM_NVLINK_L0_RX + 2 * link
+                request.metrics[2 * i + 1].metricId = GPM_NVLINK_L0_RX + 2 * link + 1
+            nvml.nvmlGpmMetricsGet(request)
+        except nvml.NVMLError as exc:
+            if getattr(exc, "value", None) in self._absent:
+                raise GpmUnsupported(str(exc)) from None
+            raise NvmlDeviceError(_reason(nvml, exc), f"GPM: {exc}") from None
+        except AttributeError as exc:         # bindings without GPM
+            raise GpmUnsupported(str(exc)) from None
+        seconds, out = taken - since, {}
+        for i, link in enumerate(wanted):
+            rx, tx = request.metrics[2 * i], request.metrics[2 * i + 1]
+            if rx.nvmlReturn == nvml.NVML_SUCCESS and tx.nvmlReturn == nvml.NVML_SUCCESS:
+                out[link] = (tx.value * 2**20 * seconds, rx.value * 2**20 * seconds)   # MiB/s over the interval
+        return out
+
     def close(self) -> None:
+        for samples in self._gpm.values():
+            for buffer in samples.buffers:
+                try:
+                    self.nvml.nvmlGpmSampleFree(buffer)
+                except self.nvml.NVMLError:
+                    pass
+        self._gpm.clear()
         try:
             self.nvml.nvmlShutdown()
         except self.nvml.NVMLError:
@@ -142,6 +194,15 @@ class PynvmlBackend:
             return function(*args)
         except self.nvml.NVMLError:
             return None
+
+
+class _GpmSamples:
+    """A GPU's two GPM sample buffers, filled in turn: the rates between the last two."""
+
+    def __init__(self, first, second) -> None:
+        self.buffers = (first, second)
+        self.next = 0                       # the buffer the next sample goes into
+        self.taken: float | None = None     # time.monotonic() of the last sample
 
 
 def _field_number(nvml, value) -> float:

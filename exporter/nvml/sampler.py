@@ -8,10 +8,17 @@ for all links and a GPU-total throughput field 0.58 ms. Reading everything every
 
 - tier "gpu", every `interval` seconds: link states only (version and remote endpoint only
   for a link seen for the first time or whose state changed: they change only when a link
-  retrains). The link-down and flap alerts need nothing else every 10 s.
+  retrains). The link-down and flap alerts need nothing else.
 - tier "link", every `link_interval` seconds: one field-values call for the GPU totals
-  (throughput TX/RX, DL CRC/replay/recovery errors: 5 values), per-link throughput, and the
-  per-link error counters. Each error counter type is read by whichever method the first
+  (DL CRC/replay/recovery errors, and throughput TX/RX where GPM is not used), per-link
+  throughput, and the per-link error counters.
+  Per-link throughput comes from GPM (GPU Performance Monitoring, Hopper and later): one
+  sample holds every link's bytes per second since the previous one, 0.09 ms of driver CPU
+  on an H200 where field values cost 0.4-0.8 ms per link and direction (17-30 ms a GPU).
+  The byte counters then count from the first sample the exporter took (a restart is a
+  counter reset to Prometheus), and the GPU totals are their sums. A GPU without GPM
+  (before Hopper, MIG mode) reads throughput by field values, per link and as GPU totals.
+  Each error counter type is read by whichever method the first
   link round measured cheaper per value on this GPU (one nvmlDeviceGetFieldValues batch, or
   one nvmlDeviceGetNvLinkErrorCounter call per link); a field answering NOT_SUPPORTED falls
   back to the call, a counter both refuse has no series. The plan is kept until the set of
@@ -20,8 +27,10 @@ for all links and a GPU-total throughput field 0.58 ms. Reading everything every
   is read only when one of those totals changed since the last per-link read, when that
   read is `gate_safety` seconds old, or when the links changed; otherwise its last value is
   served (a sum that did not move means none of its terms did: the counters only grow).
-  crc_data, which no total covers, and every kind on a GPU answering no totals, are read
-  every link round.
+  crc_data has no GPU total on H100/H200, but the data link layer recovers every CRC error,
+  data or flit, by replaying the flit: a data-CRC error moves the replay total too, so
+  crc_data is gated on it (GATED_BY). Every kind on a GPU answering no totals is read every
+  link round.
 
 Each tier's values carry the time their round began, so a scrape serves both with their
 age. GPUs start their rounds `phase` seconds apart: rounds of several GPUs running at
@@ -37,13 +46,15 @@ import time
 from dataclasses import dataclass, field
 
 from .backend import (ERROR_TOTAL_FIELDS, ERROR_TYPES, FI_NVLINK_THROUGHPUT_DATA_RX, FI_NVLINK_THROUGHPUT_DATA_TX,
-                      SCOPE_ALL_LINKS, FieldValuesUnsupported, GpuInfo, LinkReading, LinkStatic, NvmlBackend, NvmlDeviceError,
-                      error_field)
+                      SCOPE_ALL_LINKS, FieldValuesUnsupported, GpmUnsupported, GpuInfo, LinkReading, LinkStatic,
+                      NvmlBackend, NvmlDeviceError, error_field)
 
 log = logging.getLogger("fabricscope.exporter.nvml")
 
 # How an error counter is read (the label values of fabric_nvlink_error_counter_reads).
 BATCHED, PER_CALL, UNSUPPORTED = "field_values", "per_call", "unsupported"
+# How per-link throughput is read (label values of fabric_nvlink_throughput_method).
+GPM, FIELD_VALUES = "gpm", "field_values"
 # The two tiers (label values of the per-tier metrics).
 GPU_TIER, LINK_TIER = "gpu", "link"
 TIERS = (GPU_TIER, LINK_TIER)
@@ -60,10 +71,16 @@ GATE_SAFETY_INTERVALS = 10
 GATE_FIRST, GATE_CHANGED, GATE_SAFETY, GATE_NO_TOTALS = "first", "totals_changed", "safety", "no_totals"
 GATE_SKIPPED = "unchanged"                   # ... or not read: the totals had not moved
 GATE_OUTCOMES = (GATE_FIRST, GATE_CHANGED, GATE_SAFETY, GATE_NO_TOTALS, GATE_SKIPPED)
-# The GPU totals, read in one field-values call at the start of each link round.
-_TOTAL_KEYS = ("tx", "rx", *ERROR_TOTAL_FIELDS)
-_TOTAL_FIELDS = [(FI_NVLINK_THROUGHPUT_DATA_TX, SCOPE_ALL_LINKS), (FI_NVLINK_THROUGHPUT_DATA_RX, SCOPE_ALL_LINKS),
-                 *[(field_id, SCOPE_ALL_LINKS) for field_id in ERROR_TOTAL_FIELDS.values()]]
+# Per-link error kind -> the GPU total that moves whenever one of its counters does.
+GATED_BY = {"crc_flit": "crc_flit", "replay": "replay", "recovery": "recovery",
+            "crc_data": "replay"}           # a data-CRC error is replayed: the replay total moves
+# The GPU totals, read in one field-values call at the start of each link round: throughput
+# (KiB) only where GPM does not give it.
+_ERROR_TOTALS = [(field_id, SCOPE_ALL_LINKS) for field_id in ERROR_TOTAL_FIELDS.values()]
+_TOTALS_WITH_THROUGHPUT = (("tx", "rx", *ERROR_TOTAL_FIELDS),
+                           [(FI_NVLINK_THROUGHPUT_DATA_TX, SCOPE_ALL_LINKS),
+                            (FI_NVLINK_THROUGHPUT_DATA_RX, SCOPE_ALL_LINKS), *_ERROR_TOTALS])
+_TOTALS_OF_ERRORS = (tuple(ERROR_TOTAL_FIELDS), _ERROR_TOTALS)
 
 
 @dataclass(frozen=True)
@@ -73,8 +90,9 @@ class GpuSample:
     duration: float                 # seconds the gpu-tier round took
     error_reads: dict[str, int]     # BATCHED / PER_CALL / UNSUPPORTED -> error counters read that way
     failure: str | None = None      # NvmlDeviceError reason when the GPU could not be read
-    tx_bytes: int | None = None     # GPU totals over all links (NVML reports KiB), read by the link tier
+    tx_bytes: int | None = None     # GPU totals over all links, read by the link tier
     rx_bytes: int | None = None
+    throughput: str | None = None   # GPM or FIELD_VALUES: how per-link throughput is read
     gated: int = 0                  # per-link error counters read only when a GPU total moves
     errors_read: float | None = None     # when the gated counters served were last read per link
     link_started: float | None = None    # when the link-tier round whose values `links` carry began
@@ -91,20 +109,23 @@ class _Plan:
     unsupported: set[tuple[int, str]] = field(default_factory=set)
     settled: bool = False           # the first round has sorted the reads by support and cost
     costs: dict[str, float] = field(default_factory=dict)          # method -> CPU seconds per value
+    throughput: bool = True         # per-link throughput in the batch (False: GPM reads it)
 
     @classmethod
-    def for_links(cls, links: tuple[int, ...]) -> "_Plan":
+    def for_links(cls, links: tuple[int, ...], throughput: bool = True) -> "_Plan":
+        """throughput False: per-link throughput is GPM's, not the batch's."""
         batched, per_call = [], []
         for link in links:
-            batched.append((FI_NVLINK_THROUGHPUT_DATA_TX, link, link, "tx"))
-            batched.append((FI_NVLINK_THROUGHPUT_DATA_RX, link, link, "rx"))
+            if throughput:
+                batched.append((FI_NVLINK_THROUGHPUT_DATA_TX, link, link, "tx"))
+                batched.append((FI_NVLINK_THROUGHPUT_DATA_RX, link, link, "rx"))
             for kind in ERROR_TYPES:
                 ids = error_field(kind, link)
                 if ids is None:
                     per_call.append((link, kind))
                 else:
                     batched.append((*ids, link, kind))
-        return cls(links=links, batched=batched, per_call=per_call)
+        return cls(links=links, batched=batched, per_call=per_call, throughput=throughput)
 
     def error_reads(self) -> dict[str, int]:
         return {BATCHED: sum(1 for *_, key in self.batched if key in ERROR_TYPES),
@@ -136,6 +157,8 @@ class GpuSampler:
         self._errors_read: float | None = None   # when that per-link read began
         self.gate_rounds = {outcome: 0 for outcome in GATE_OUTCOMES}
         self._force_link = False
+        self._gpm: bool | None = None            # per-link throughput from GPM (None: not asked yet)
+        self._gpm_bytes: dict[int, list[float]] = {}   # link -> [tx, rx] bytes GPM counted since its first sample
         # The link tier's latest values (raw, as NVML answers them) and when their round began.
         self._link_values: dict[tuple[int, str], int] = {}
         self._link_started: float | None = None
@@ -236,14 +259,20 @@ class GpuSampler:
         now_cpu = time.thread_time()
         self.cpu_by_tier[GPU_TIER] += now_cpu - cpu
         self.rounds_by_tier[GPU_TIER] += 1
-        if link_round or self._plan is None or self._plan.links != links or self._link_started is None:
+        if link_round or not self._plan_fits(links) or self._link_started is None:
             link_started = time.monotonic()
             try:
+                if self._gpm is None:
+                    self._gpm = self.backend.gpm_supported(self.gpu)
+                    log.info("GPU %d: per-link NVLink throughput by %s", self.gpu.index,
+                             "GPM" if self._gpm else "field values (no GPM)")
                 totals = self._read_totals()
-                if self._plan is None or self._plan.links != links:
-                    self._plan = _Plan.for_links(links)
+                if not self._plan_fits(links):
+                    self._plan = _Plan.for_links(links, throughput=not self._gpm)
                 skip, gate = self._gate_decision(totals, link_started)
                 self._link_values = self._read(self._plan, skip)
+                if self._gpm:
+                    self._count_gpm_bytes(links)
                 self._totals = totals
                 if not skip:                         # committed only once the per-link read succeeded
                     self._gate, self._errors_read = gate or None, link_started
@@ -259,19 +288,55 @@ class GpuSampler:
         readings = []
         for link in links:
             static = statics[link]
-            tx, rx = values.get((link, "tx")), values.get((link, "rx"))
+            tx, rx = self._link_bytes(link)
             readings.append(LinkReading(
                 link=link, active=states[link], version=static.version,
                 remote_pci_bus_id=static.remote_pci_bus_id, remote_type=static.remote_type,
-                tx_bytes=None if tx is None else tx * 1024, rx_bytes=None if rx is None else rx * 1024,
+                tx_bytes=tx, rx_bytes=rx,
                 errors={kind: values[(link, kind)] for kind in ERROR_TYPES if (link, kind) in values}))
-        tx_total, rx_total = self._totals.get("tx"), self._totals.get("rx")
+        if self._gpm:
+            counted = [self._gpm_bytes[link] for link in links if link in self._gpm_bytes]
+            tx_total = int(sum(c[0] for c in counted)) if counted else None
+            rx_total = int(sum(c[1] for c in counted)) if counted else None
+        else:
+            tx_total, rx_total = (None if self._totals.get(k) is None else self._totals[k] * 1024 for k in ("tx", "rx"))
         return GpuSample(tuple(readings), started, duration, self._plan.error_reads(),
-                         tx_bytes=None if tx_total is None else tx_total * 1024,
-                         rx_bytes=None if rx_total is None else rx_total * 1024,
+                         tx_bytes=tx_total, rx_bytes=rx_total, throughput=GPM if self._gpm else FIELD_VALUES,
                          link_started=self._link_started, link_duration=self._link_duration,
                          read_costs=dict(self._plan.costs), gated=self._gated_count(),
                          errors_read=self._errors_read)
+
+    def _plan_fits(self, links: tuple[int, ...]) -> bool:
+        """The plan reads these links, and throughput the way this GPU reads it now."""
+        plan = self._plan
+        return plan is not None and plan.links == links and plan.throughput == (not self._gpm)
+
+    def _link_bytes(self, link: int) -> tuple[int | None, int | None]:
+        """A link's cumulative (tx, rx) bytes: GPM's count, or the field values (KiB)."""
+        if self._gpm:
+            counted = self._gpm_bytes.get(link)
+            return (None, None) if counted is None else (int(counted[0]), int(counted[1]))
+        tx, rx = self._link_values.get((link, "tx")), self._link_values.get((link, "rx"))
+        return None if tx is None else tx * 1024, None if rx is None else rx * 1024
+
+    def _count_gpm_bytes(self, links: tuple[int, ...]) -> None:
+        """Add what each link moved since the last GPM sample (the first sample counts 0).
+        A GPU that refuses GPM after all reads throughput by field values from the next
+        link round on (its counters then restart from the driver's, a reset to Prometheus)."""
+        try:
+            moved = self.backend.nvlink_bytes_moved(self.gpu, links)
+        except GpmUnsupported as exc:
+            log.info("GPU %d: GPM refused (%s); per-link NVLink throughput by field values", self.gpu.index, exc)
+            self._gpm = False                    # _plan_fits() now asks for a new plan
+            self._gpm_bytes.clear()
+            return
+        for link in links:
+            counted = self._gpm_bytes.get(link)
+            if counted is None:
+                counted = self._gpm_bytes[link] = [0.0, 0.0]
+            if moved and link in moved:
+                counted[0] += moved[link][0]
+                counted[1] += moved[link][1]
 
     def _static_of(self, link: int, active: bool) -> LinkStatic:
         cached = self._static.get(link)
@@ -280,15 +345,17 @@ class GpuSampler:
         return cached[1]
 
     def _read_totals(self) -> dict[str, int]:
-        """The GPU totals over all links that answer ("tx"/"rx" in KiB, and the error kinds of
-        ERROR_TOTAL_FIELDS): one field-values call, ~2 ms of driver CPU on an H100 or H200."""
+        """The GPU totals over all links that answer (the error kinds of ERROR_TOTAL_FIELDS,
+        and "tx"/"rx" in KiB without GPM): one field-values call, ~1-2 ms of driver CPU on an
+        H100 or H200."""
         if not self._totals_supported:
             return {}
+        keys, fields = _TOTALS_OF_ERRORS if self._gpm else _TOTALS_WITH_THROUGHPUT
         try:
-            raw = self.backend.field_values(self.gpu, _TOTAL_FIELDS)
+            raw = self.backend.field_values(self.gpu, fields)
         except FieldValuesUnsupported:
-            raw = [None] * len(_TOTAL_FIELDS)
-        totals = {key: value for key, value in zip(_TOTAL_KEYS, raw) if value is not None}
+            raw = [None] * len(fields)
+        totals = {key: value for key, value in zip(keys, raw) if value is not None}
         if not totals:
             self._totals_supported = False           # not asked again: costs a call per round
             log.info("GPU %d: no GPU-total NVLink fields; every error counter is read every link round",
@@ -318,13 +385,14 @@ class GpuSampler:
         else:
             outcome = GATE_SKIPPED
         self.gate_rounds[outcome] += 1
-        return (set(gate) if outcome == GATE_SKIPPED else set()), gate
+        return (_gated_kinds(gate) if outcome == GATE_SKIPPED else set()), gate
 
     def _gated_count(self) -> int:
         if not self._gate or self._plan is None:
             return 0
-        return sum(1 for *_, key in self._plan.batched if key in self._gate) + \
-            sum(1 for _, kind in self._plan.per_call if kind in self._gate)
+        kinds = _gated_kinds(self._gate)
+        return sum(1 for *_, key in self._plan.batched if key in kinds) + \
+            sum(1 for _, kind in self._plan.per_call if kind in kinds)
 
     def _read(self, plan: _Plan, skip: frozenset[str] | set[str] = frozenset()) -> dict[tuple[int, str], int]:
         """Read the plan's per-link values; the error kinds in `skip` are not read and keep
@@ -405,3 +473,8 @@ class GpuSampler:
         for entry in [e for e in plan.batched if e[3] in ERROR_TYPES]:
             plan.batched.remove(entry)
             plan.per_call.append((entry[2], entry[3]))
+
+
+def _gated_kinds(totals: dict[str, int]) -> set[str]:
+    """The per-link error kinds that unchanged `totals` (kind -> GPU total) vouch for."""
+    return {kind for kind, total in GATED_BY.items() if total in totals}

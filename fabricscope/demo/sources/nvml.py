@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 from fabricscope.exporter.nvml.backend import (ERROR_TYPES, FI_NVLINK_ERROR_DL_CRC, FI_NVLINK_ERROR_DL_RECOVERY,
                                                FI_NVLINK_ERROR_DL_REPLAY, FI_NVLINK_THROUGHPUT_DATA_RX,
-                                               FI_NVLINK_THROUGHPUT_DATA_TX, SCOPE_ALL_LINKS, GpuInfo,
-                                               LinkStatic, NvmlDeviceError)
+                                               FI_NVLINK_THROUGHPUT_DATA_TX, SCOPE_ALL_LINKS, GpmUnsupported,
+                                               GpuInfo, LinkStatic, NvmlDeviceError)
 from ..plugin import ClusterSpec, Fault, NodeSpec
 from .nccl import hang_faults, rank_pid, rank_period, ring_allreduce_bytes
 
@@ -72,6 +72,8 @@ class CallCosts:
     field_gpu_total: float = 0.58e-3      # each GPU-total value (scope SCOPE_ALL_LINKS): 2 took 1.16 ms
     field_error_total: float = 0.33e-3    # each GPU-total DL error value: 3 took 0.99 ms (H100), 1.19 ms (H200)
     field_unsupported: float = 1.5e-6     # each NOT_SUPPORTED field: 16 took 0.022 ms
+    gpm_sample: float = 0.086e-3          # nvmlGpmSampleGet: every metric of the GPU (H200, during a job)
+    gpm_metrics: float = 0.065e-3         # nvmlGpmMetricsGet: 38 rates from two samples, computed in the library
     burn_cpu: bool = True
 
 
@@ -80,7 +82,8 @@ H200_COSTS = CallCosts()
 # a laptop should not spend a core's percent on simulated driver work).
 DEMO_COSTS = CallCosts(burn_cpu=False)
 FREE = CallCosts(link_state=0.0, link_static=0.0, error_counter=0.0, field_call=0.0, field_per_link=0.0,
-                 field_gpu_total=0.0, field_error_total=0.0, field_unsupported=0.0, burn_cpu=False)
+                 field_gpu_total=0.0, field_error_total=0.0, field_unsupported=0.0, gpm_sample=0.0, gpm_metrics=0.0,
+                 burn_cpu=False)
 # hashlib releases the GIL for buffers of 2 KiB and more: the burn runs outside the GIL,
 # as the driver's work does inside a ctypes call.
 _BURN_BLOCK = bytes(16384)
@@ -135,11 +138,15 @@ class NvmlSimSource:
 
     def __init__(self, node: NodeSpec, cluster: ClusterSpec, rng: random.Random,
                  costs: CallCosts = H200_COSTS, error_fields: bool = True,
-                 supported_errors: tuple[str, ...] = SUPPORTED_ERRORS, error_totals: bool = True) -> None:
+                 supported_errors: tuple[str, ...] = SUPPORTED_ERRORS, error_totals: bool = True,
+                 gpm: bool = True) -> None:
         """error_fields False: the driver answers no error field in a batch (older drivers);
         error_totals False: the DL error fields answer per link but not as GPU totals;
-        supported_errors: the counters this GPU model answers at all."""
+        supported_errors: the counters this GPU model answers at all; gpm False: no GPU
+        Performance Monitoring (an A100, MIG mode)."""
         self.node = node
+        self.gpm = gpm
+        self._gpm_last: dict[int, list[tuple[float, float]]] = {}   # GPU -> each link's (tx, rx) at its last sample
         self.costs = costs
         self.error_fields = error_fields
         self.error_totals = error_fields and error_totals
@@ -264,6 +271,26 @@ class NvmlSimSource:
                 out.append(value)
         self._call(gpu, "nvmlDeviceGetFieldValues", seconds)
         return out
+
+    def gpm_supported(self, gpu: GpuInfo) -> bool:
+        self._call(gpu, "nvmlGpmQueryDeviceSupport", 0.0)
+        return self.gpm
+
+    def nvlink_bytes_moved(self, gpu: GpuInfo, links: tuple[int, ...]) -> dict[int, tuple[float, float]] | None:
+        """What GPM's rates between two samples times the time between them give: the
+        bytes each link moved since the GPU's previous sample."""
+        if not self.gpm:
+            raise GpmUnsupported("GPM is not supported on this GPU")
+        self._call(gpu, "nvmlGpmSampleGet", self.costs.gpm_sample)
+        with self._lock:
+            now = [(link.tx, link.rx) for link in self._links[gpu.index]]
+            before = self._gpm_last.get(gpu.index)
+            self._gpm_last[gpu.index] = now
+        if before is None:
+            return None
+        self._call(gpu, "nvmlGpmMetricsGet", self.costs.gpm_metrics)
+        return {link: (now[link][0] - before[link][0], now[link][1] - before[link][1])
+                for link in links if 0 <= link < len(now)}
 
     def error_counter(self, gpu: GpuInfo, link: int, kind: str) -> int | None:
         self._call(gpu, "nvmlDeviceGetNvLinkErrorCounter", self.costs.error_counter)
