@@ -105,7 +105,7 @@ class CallTimer:
 
     def __getattr__(self, name: str):
         function = getattr(self.backend, name)
-        if name not in ("link_states", "link_static", "field_values", "error_counter"):
+        if name not in ("link_states", "link_static", "field_values", "error_counter", "nvlink_bytes_moved"):
             return function
 
         def timed_call(*args):
@@ -122,7 +122,7 @@ class CallTimer:
         return timed_call
 
 
-def nvml_part(results: dict, simulate: bool) -> None:
+def nvml_part(results: dict, simulate: bool, interval: float, link_interval: float) -> None:
     from fabricscope.exporter.nvml import open_backend
     from fabricscope.exporter.nvml.backend import (ERROR_TYPES, FI_NVLINK_ERROR_DL_CRC, FI_NVLINK_ERROR_DL_RECOVERY,
                                                    FI_NVLINK_ERROR_DL_REPLAY, FI_NVLINK_THROUGHPUT_DATA_RX,
@@ -180,7 +180,7 @@ def nvml_part(results: dict, simulate: bool) -> None:
 
     before = [old_path() for _ in range(3)]
     timing = CallTimer(backend)
-    samplers = [GpuSampler(timing, g, 10.0, 120.0) for g in gpus]
+    samplers = [GpuSampler(timing, g, interval, link_interval) for g in gpus]
 
     def rounds_of(link_round: bool, repeats: int) -> dict[int, list[tuple[float, float]]]:
         """(wall s, CPU s) of rounds of every GPU, one GPU after another (as the exporter's
@@ -247,10 +247,11 @@ def nvml_part(results: dict, simulate: bool) -> None:
     say(f"error counters read per GPU 0 link round: {reads[gpus[0].index]}; measured ms per value: "
         f"{ {m: round(c, 3) for m, c in costs[gpus[0].index].items()} }")
     for n in (len(gpus), 2 * len(gpus)):
-        say(f"sampling CPU share, {n} GPUs: {n * (gpu_cpu / 10 + steady_cpu / 120) * 100:.3f}% of a core at the "
-            f"defaults (gpu tier 10 s, link tier 120 s, error totals unchanged: 9 gated rounds in 10); "
-            f"{n * (gpu_cpu / 10 + link_cpu / 120) * 100:.3f}% while errors climb (every link round full); "
-            f"{n * link_cpu / 10 * 100:.2f}% reading everything every 10 s")
+        say(f"sampling CPU share, {n} GPUs: {n * (gpu_cpu / interval + steady_cpu / link_interval) * 100:.3f}% of a "
+            f"core (gpu tier {interval:g} s, link tier {link_interval:g} s, error totals unchanged: 9 gated rounds "
+            f"in 10); {n * (gpu_cpu / interval + link_cpu / link_interval) * 100:.3f}% while errors climb (every "
+            f"link round full); {n * link_cpu / interval * 100:.2f}% reading everything every {interval:g} s "
+            f"(gpu-tier rounds here run back to back: the exporter's, after a wait, cost more)")
     results["nvml"] = {"gpus": len(gpus), "gpu_name": gpu.name, "links": len(links), "calls": calls,
                        "old_path_wall_s": [b[0] for b in before], "old_path_cpu_s": [b[1] for b in before],
                        "link_round_wall_cpu_s": full_rounds, "gated_link_round_wall_cpu_s": link_rounds,
@@ -435,7 +436,9 @@ def job_part(args, results: dict, work: Path) -> None:
         steps0 = steps.value
         if args.profile:
             profiler = start_profile(exporters[0], args.seconds + 10, args.profile)
+        threads_before = thread_cpu(exporters[0].proc.pid)
         wall, cpu, memory = measured_window(exporters, args.seconds, args.scrape_interval)
+        threads = cpu_by_thread(exporters[0].proc.pid, threads_before)
         job_steps = steps.value - steps0
         results["in_job_calls"] = in_job_call_costs(args.simulate)
         # Scrape latency needs more than the window's few scrapes for a p99: a burst of
@@ -492,11 +495,16 @@ def job_part(args, results: dict, work: Path) -> None:
                "link_sample_age_s": link_ages, "collector_ms": by_collector, "sampling_cpu_share_by_tier": {t: c / wall for t, c in tier_cpu.items()},
                "error_reads": {dict(k[1])["method"]: v for k, v in
                                pick(last, "fabric_nvlink_error_counter_reads", gpu="0").items()}}
+        if exporter is exporters[0]:
+            row["cpu_share_by_thread"] = {name: seconds / wall for name, seconds in threads.items()}
         results["job"]["sets"][exporter.name] = row
         say(f"{exporter.name:<13} {row['cpu_s']:6.2f} {row['core_share'] * 100:6.2f}% {mem['VmRSS']:7.1f} "
             f"{mem['RssAnon']:6.1f} {mem['RssFile']:6.1f} {quantile(scrape_ms, .5):8.1f}/{quantile(scrape_ms, .99):<8.1f} "
             f"{quantile(row['nvlink_collector_ms'], .5):8.2f}/{max(row['nvlink_collector_ms'] or [0]):<8.2f} "
             f"{quantile(ages, .5):6.1f}/{max(ages or [0]):<6.1f} {row['nccl_calls_per_second']:13.0f}")
+        if "cpu_share_by_thread" in row:
+            say(f"{'':<13} CPU by thread (% of a core): " + ", ".join(
+                f"{name} {share * 100:.3f}" for name, share in row["cpu_share_by_thread"].items() if share > 0))
         say(f"{'':<13} collector p50/max ms: " + ", ".join(
             f"{c} {quantile(v, .5):.1f}/{max(v or [0]):.1f}" for c, v in by_collector.items()))
         if "nvlink" in SETS[exporter.name]:
@@ -512,6 +520,42 @@ def job_part(args, results: dict, work: Path) -> None:
         "NVLink samples no older than their tier's interval (+ one round)")
     say("before (issue 14/17, same kind of host): nvlink collector 0.20-0.80 s per scrape; all collectors "
         "10.0% of a core and 96 MB, all but nccl 3.7% and 83 MB")
+
+
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) of each thread of the process."""
+    tick, out = os.sysconf("SC_CLK_TCK"), {}
+    for entry in os.scandir(f"/proc/{pid}/task"):
+        try:
+            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def cpu_by_thread(pid: int, before: dict[int, float]) -> dict[str, float]:
+    """CPU seconds each kind of thread used since `before`, by Python thread name (digits
+    folded: nvml-gpu#), the names read with `py-spy dump` (threads it cannot name: by tid)."""
+    import re
+    import shutil
+    import subprocess
+
+    after = thread_cpu(pid)
+    names: dict[int, str] = {}
+    py_spy = HERE / "lib" / "py-spy"
+    py_spy = str(py_spy) if py_spy.is_file() else shutil.which("py-spy")
+    if py_spy:
+        dump = subprocess.run([py_spy, "dump", "--nonblocking", "--pid", str(pid)], capture_output=True, text=True,
+                              timeout=60).stdout
+        for match in re.finditer(r'^Thread (0x[0-9A-Fa-f]+|\d+) \([^)]*\): "([^"]*)"', dump, re.M):
+            tid = match.group(1)
+            names[int(tid, 16) if tid.startswith("0x") else int(tid)] = match.group(2)
+    out: dict[str, float] = {}
+    for tid, seconds in after.items():
+        name = re.sub(r"\d+", "#", names.get(tid, "unnamed"))
+        out[name] = out.get(name, 0.0) + seconds - before.get(tid, 0.0)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def start_profile(exporter: Exporter, seconds: float, out_dir: Path):
@@ -599,7 +643,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--warmup", type=float, default=25.0)
     parser.add_argument("--scrape-interval", type=float, default=15.0)
-    parser.add_argument("--nvlink-interval", type=float, default=10.0, help="gpu tier (sample_interval_seconds)")
+    parser.add_argument("--nvlink-interval", type=float, default=15.0, help="gpu tier (sample_interval_seconds)")
     parser.add_argument("--nvlink-link-interval", type=float, default=120.0,
                         help="link tier (link_sample_interval_seconds)")
     parser.add_argument("--step-seconds", type=float, default=0.05,
@@ -624,7 +668,7 @@ def main() -> int:
     import_exporter()
     results: dict = {"host": socket.gethostname()}
     started = time.monotonic()
-    nvml_part(results, args.simulate)
+    nvml_part(results, args.simulate, args.nvlink_interval, args.nvlink_link_interval)
     if not args.skip_job:
         with tempfile.TemporaryDirectory(prefix="fabricscope-gpu-cost-") as tmp:
             job_part(args, results, Path(tmp))
