@@ -55,6 +55,10 @@ class Renderer:
         self.extra = dict(extra_labels or {})
         self.max_series = max_series
         self._heads: dict[tuple, str] = {}
+        # id(sample) -> (sample, its line) of the last render: a collector that serves the same
+        # Sample objects again (nvlink between link rounds) gets its lines back without
+        # formatting them. Holding the samples keeps their ids from being reused.
+        self._lines: dict[int, tuple] = {}
 
     def _head(self, name: str, labels: dict[str, str]) -> str:
         key = (name, *labels.items())
@@ -75,6 +79,7 @@ class Renderer:
         out: list[str] = []
         append = out.append
         head_of = self._head
+        last, lines = self._lines, {}
         for metric in families:
             start = len(out)
             try:
@@ -89,23 +94,27 @@ class Renderer:
                 deferred: dict[str, list[str]] = {}
                 base = metric.name
                 for sample in metric.samples:
-                    line = head_of(sample.name, sample.labels) + _format_value(sample.value)
-                    if sample.timestamp is not None:
-                        line += f" {int(float(sample.timestamp) * 1000):d}"
-                    line += "\n"
-                    suffix = sample.name[len(base):] if sample.name.startswith(base) else ""
-                    if suffix in _OPENMETRICS_ONLY:
-                        deferred.setdefault(suffix, []).append(line)
+                    seen = last.get(id(sample))
+                    if seen is None or seen[0] is not sample:
+                        line = head_of(sample.name, sample.labels) + _format_value(sample.value)
+                        if sample.timestamp is not None:
+                            line += f" {int(float(sample.timestamp) * 1000):d}"
+                        suffix = sample.name[len(base):] if sample.name.startswith(base) else ""
+                        seen = (sample, line + "\n", suffix if suffix in _OPENMETRICS_ONLY else None)
+                    lines[id(sample)] = seen
+                    if seen[2] is None:
+                        append(seen[1])
                     else:
-                        append(line)
-                for suffix, lines in sorted(deferred.items()):
+                        deferred.setdefault(seen[2], []).append(seen[1])
+                for suffix, suffixed in sorted(deferred.items()):
                     append(f"# HELP {base}{suffix} {help_text}\n# TYPE {base}{suffix} gauge\n")
-                    out.extend(lines)
+                    out.extend(suffixed)
             except (OverflowError, ValueError, TypeError) as exc:
                 # A value no float can hold (or not a number at all) costs its family,
                 # never the rest of the scrape.
                 del out[start:]
                 log.error("family %s dropped from the exposition: %s", metric.name, exc)
+        self._lines = lines
         return "".join(out).encode("utf-8")
 
 

@@ -22,6 +22,7 @@ from typing import Any, Callable, ClassVar, Iterable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector as _PromCollector
+from prometheus_client.samples import Sample
 
 from .context import Context
 
@@ -73,6 +74,15 @@ def load_collector_modules() -> dict[str, type[Collector]]:
         if not info.name.startswith("_"):
             importlib.import_module(f"{collectors.__name__}.{info.name}")
     return COLLECTORS
+
+
+def add_sample(family: Metric, labels: dict[str, str], value: float) -> None:
+    """family.add_metric for a counter or gauge, given the labels as a dict: for families of
+    thousands of series (NVLink per link, InfiniBand per counter) add_metric's per-call label
+    zipping was 40% of the collector's time. The dict may be shared between samples: nothing
+    downstream mutates it."""
+    name = family.name + "_total" if family.type == "counter" else family.name
+    family.samples.append(Sample(name, labels, value))
 
 
 def _with_node_label(metric: Metric, node: str) -> Metric:

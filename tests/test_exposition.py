@@ -93,6 +93,27 @@ def test_cached_renderer_matches_on_repeat_and_after_label_churn():
     assert renderer.render(changed) == reference(tricky_families()[:1] + [changed[1]] + tricky_families()[2:], "n-1")
 
 
+def test_samples_served_again_reuse_their_lines_and_new_ones_are_formatted():
+    """A collector may serve the same Sample objects on the next scrape (nvlink between link
+    rounds): their lines are reused; a new Sample, even beside reused ones, is formatted."""
+    from fabricscope.exporter.exposition import Renderer
+
+    renderer = Renderer({"node": "n-1"})
+    families = tricky_families()
+    first = renderer.render(families)
+    again = tricky_families()
+    for family, kept in zip(again, families):
+        family.samples[:] = kept.samples            # the very same Sample objects
+    assert renderer.render(again) == first == reference(tricky_families(), "n-1")
+    moved = tricky_families()
+    for family, kept in zip(moved, families):
+        family.samples[:] = kept.samples
+    moved[0].samples[0] = moved[0].samples[0]._replace(value=12345.5)
+    expected = tricky_families()
+    expected[0].samples[0] = expected[0].samples[0]._replace(value=12345.5)
+    assert renderer.render(moved) == reference(expected, "n-1")
+
+
 def test_value_formatting_matches_go_style_everywhere():
     from prometheus_client.utils import floatToGoString
 

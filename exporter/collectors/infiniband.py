@@ -13,10 +13,9 @@ import time
 from typing import Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.samples import Sample
 
 from ..context import Context
-from ..framework import Collector, register
+from ..framework import Collector, add_sample, register
 from ..health import nic_roles
 from ..health.gpu_nic_affinity import NicCandidate, nearest_nics
 from ..health.link_state import is_active
@@ -102,8 +101,6 @@ class InfiniBandCollector(Collector):
                     labels=["device", "port", "counter"])
         hw_counter = c("fabric_infiniband_port_hw_counter", "Driver counters from ports/<n>/hw_counters/<counter>.",
                        labels=["device", "port", "counter"])
-        counter_samples, counter_name = counter.samples, "fabric_infiniband_port_counter_total"
-        hw_samples, hw_name = hw_counter.samples, "fabric_infiniband_port_hw_counter_total"
         breached = g("fabric_infiniband_port_counter_breached",
                      "1 while a counter threshold is breached (latched until reset or a full window recovers).",
                      labels=["device", "port", "counter", "severity"])
@@ -143,12 +140,10 @@ class InfiniBandCollector(Collector):
                         rx.add_metric([d, p], value * 4)
                     elif name == "port_xmit_data":
                         tx.add_metric([d, p], value * 4)
-                    else:
-                        # Samples built directly: these two families are most of the
-                        # series, and add_metric's per-call label zipping shows in profiles.
-                        counter_samples.append(Sample(counter_name, {"device": d, "port": p, "counter": name}, value))
+                    else:                        # most of the series: add_sample, not add_metric
+                        add_sample(counter, {"device": d, "port": p, "counter": name}, value)
                 for name, value in port.hw_counters.items():
-                    hw_samples.append(Sample(hw_name, {"device": d, "port": p, "counter": name}, value))
+                    add_sample(hw_counter, {"device": d, "port": p, "counter": name}, value)
                 verdict = health.ports[(d, port.port)]
                 for (name, severity), flag in sorted(verdict.breached.items()):
                     breached.add_metric([d, p, name, severity], flag)
