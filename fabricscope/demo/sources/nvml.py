@@ -65,6 +65,10 @@ class CallCosts:
     (bench/device/gpu_cost.sh; docs/cost.md). burn_cpu False: the call sleeps instead
     (tests that only need the latency shape, not the CPU)."""
     link_state: float = 3.5e-6            # nvmlDeviceGetNvLinkState, per link (0.062 ms for 18)
+    # ... and on top, once, for the first state call after a second or more without one: the
+    # exporter's gpu-tier rounds, each after a wait, cost ~1.3 ms on H100/H200 during a job
+    # where the same calls back to back cost 0.06-0.12 ms.
+    link_states_after_wait: float = 1.2e-3
     link_static: float = 5.3e-6           # version + remote PCI info + remote device type
     error_counter: float = 0.79e-3        # nvmlDeviceGetNvLinkErrorCounter: 0.78-0.80 ms a call
     field_call: float = 0.0               # nvmlDeviceGetFieldValues, the call itself (in the values)
@@ -81,7 +85,7 @@ H200_COSTS = CallCosts()
 # The demo's nodes: the same time per call, slept rather than burnt (a demo of 32 GPUs on
 # a laptop should not spend a core's percent on simulated driver work).
 DEMO_COSTS = CallCosts(burn_cpu=False)
-FREE = CallCosts(link_state=0.0, link_static=0.0, error_counter=0.0, field_call=0.0, field_per_link=0.0,
+FREE = CallCosts(link_state=0.0, link_states_after_wait=0.0, link_static=0.0, error_counter=0.0, field_call=0.0, field_per_link=0.0,
                  field_gpu_total=0.0, field_error_total=0.0, field_unsupported=0.0, gpm_sample=0.0, gpm_metrics=0.0,
                  burn_cpu=False)
 # hashlib releases the GIL for buffers of 2 KiB and more: the burn runs outside the GIL,
@@ -147,6 +151,7 @@ class NvmlSimSource:
         self.node = node
         self.gpm = gpm
         self._gpm_last: dict[int, list[tuple[float, float]]] = {}   # GPU -> each link's (tx, rx) at its last sample
+        self._last_state_call: dict[int, float] = {}                 # GPU -> time.monotonic() of its last state call
         self.costs = costs
         self.error_fields = error_fields
         self.error_totals = error_fields and error_totals
@@ -233,7 +238,11 @@ class NvmlSimSource:
         return [(rank_pid(gpu.index), RANK_MEMORY_BYTES)]
 
     def link_states(self, gpu: GpuInfo) -> dict[int, bool]:
-        self._call(gpu, "nvmlDeviceGetNvLinkState", LINKS_PER_GPU * self.costs.link_state)
+        now = time.monotonic()
+        waited = now - self._last_state_call.get(gpu.index, float("-inf")) >= 1.0
+        self._last_state_call[gpu.index] = now
+        self._call(gpu, "nvmlDeviceGetNvLinkState", LINKS_PER_GPU * self.costs.link_state
+                   + (self.costs.link_states_after_wait if waited else 0.0))
         with self._lock:
             return {index: (gpu.index, index) not in self._down for index in range(LINKS_PER_GPU)}
 
