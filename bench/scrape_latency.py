@@ -22,9 +22,9 @@ NVML reads would have added to every scrape on the old synchronous path (the old
 pattern, timed directly), how old the served samples were per tier, the CPU of one round
 of each tier (the link tier both gated, the GPU error totals unchanged, and reading every
 per-link counter), and from those the sampling threads' share of a core for 4 and 8 GPUs
-at the default intervals (10 s and 120 s): in steady state (a gated link round, and one
+at the default intervals (exporter/collectors/nvlink.py): in steady state (a gated link round, and one
 full read every GATE_SAFETY_INTERVALS rounds), while errors climb (every link round
-full), and at the old single 10 s interval.
+full), and reading every tier at the gpu tier's interval.
 """
 from __future__ import annotations
 
@@ -182,6 +182,7 @@ def measure_gpu_side(args: argparse.Namespace, tree: Path, node: SimNode) -> int
     from fabricscope.demo.sources.nvml import H200_COSTS
     from fabricscope.exporter.framework import COLLECTORS, load_collector_modules
     from fabricscope.exporter.main import start_exporter
+    from fabricscope.exporter.collectors.nvlink import DEFAULT_LINK_SAMPLE_INTERVAL, DEFAULT_SAMPLE_INTERVAL
     from fabricscope.exporter.nvml.sampler import GATE_SAFETY_INTERVALS
 
     spec = node.spec
@@ -255,13 +256,14 @@ def measure_gpu_side(args: argparse.Namespace, tree: Path, node: SimNode) -> int
         print(f"CPU of the sampling threads in the window: {window_cpu:.3f} s over {wall:.1f} s = "
               f"{window_cpu / wall * 100:.2f}% of one core (simulated NVML calls burn the CPU the driver's do)")
         steady_link = ((GATE_SAFETY_INTERVALS - 1) * gated_cpu + full_cpu) / GATE_SAFETY_INTERVALS
+        gpu_every, link_every = DEFAULT_SAMPLE_INTERVAL, DEFAULT_LINK_SAMPLE_INTERVAL
         for gpus in (4, 8):
-            tiered = gpus * (gpu_round_cpu / 10.0 + steady_link / 120.0)
-            climbing = gpus * (gpu_round_cpu / 10.0 + full_cpu / 120.0)
-            single = gpus * (gpu_round_cpu + full_cpu) / 10.0
-            print(f"sampling CPU share, {gpus} GPUs: {tiered * 100:.3f}% of a core at the defaults (10 s / 120 s, "
-                  f"totals unchanged); {climbing * 100:.3f}% while errors climb (every link round full); "
-                  f"{single * 100:.2f}% reading every tier every 10 s")
+            tiered = gpus * (gpu_round_cpu / gpu_every + steady_link / link_every)
+            climbing = gpus * (gpu_round_cpu / gpu_every + full_cpu / link_every)
+            single = gpus * (gpu_round_cpu + full_cpu) / gpu_every
+            print(f"sampling CPU share, {gpus} GPUs: {tiered * 100:.3f}% of a core at the defaults ({gpu_every:g} s / "
+                  f"{link_every:g} s, totals unchanged); {climbing * 100:.3f}% while errors climb (every link round "
+                  f"full); {single * 100:.2f}% reading every tier every {gpu_every:g} s")
         return 0
     finally:
         exporter.stop()

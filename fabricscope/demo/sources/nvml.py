@@ -89,15 +89,24 @@ FREE = CallCosts(link_state=0.0, link_states_after_wait=0.0, link_static=0.0, er
                  field_gpu_total=0.0, field_error_total=0.0, field_unsupported=0.0, gpm_sample=0.0, gpm_metrics=0.0,
                  burn_cpu=False)
 # hashlib releases the GIL for buffers of 2 KiB and more: the burn runs outside the GIL,
-# as the driver's work does inside a ctypes call.
-_BURN_BLOCK = bytes(16384)
+# as the driver's work does inside a ctypes call. Each hash covers as much of the time left
+# as the measured hash rate allows: a 16 KiB hash at a time took the GIL back ~60 times a
+# millisecond, which a ctypes call into the driver never does, and slowed the scrapes of
+# the in-process benchmark with contention the real node does not have.
+_BURN_BLOCK = memoryview(bytes(1 << 20))
+_hash_rate: list[float] = []                # bytes of SHA-256 per CPU second on this machine
 
 
 def burn_cpu(seconds: float) -> None:
-    """Use `seconds` of this thread's CPU time."""
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
+    """Use `seconds` of this thread's CPU time, taking the GIL as rarely as a driver call."""
+    if not _hash_rate:
+        start = time.thread_time()
         hashlib.sha256(_BURN_BLOCK)
+        _hash_rate.append(len(_BURN_BLOCK) / max(time.thread_time() - start, 1e-6))
+    end = time.thread_time() + seconds
+    while (left := end - time.thread_time()) > 0:
+        size = int(min(len(_BURN_BLOCK), max(16384, left * _hash_rate[0])))
+        hashlib.sha256(_BURN_BLOCK[:size])
 
 
 def _switch_of(link: int) -> int:
