@@ -720,3 +720,22 @@ def test_real_backend_reads_gpm_rates_as_bytes_per_link(monkeypatch):
     assert fake.calls["gpm_alloc"] == 4           # two buffers per GPU
     collector.close()
     assert fake.calls["gpm_free"] == 4
+
+
+def test_real_backend_falls_back_to_field_values_when_gpm_refuses(monkeypatch):
+    """A GPM error other than a lost or stuck GPU (here NVML_ERROR_UNKNOWN, 999) sends the
+    GPU's throughput back to field values; its link rounds go on."""
+    import sys
+
+    class Refusing(FakePynvmlWithGpm):
+        def nvmlGpmSampleGet(self, handle, sample):
+            raise self.NVMLError(999)
+
+    fake = Refusing()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    registry, collector = registry_for(Context(node="n"))
+    registry = Fresh(registry, collector)
+    assert collector.refresh() and collector.refresh()
+    assert get(registry, "fabric_nvlink_throughput_method", gpu="0", method="field_values") == 1
+    assert get(registry, "fabric_nvlink_transmit_bytes_total", gpu="1", link="1") == 2001 * 1024
+    assert get(registry, "fabric_nvml_device_read_errors", gpu="0", reason="nvml_error") is None

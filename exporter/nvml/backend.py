@@ -21,9 +21,14 @@ ERROR_TYPES = ("crc_flit", "crc_data", "replay", "recovery")
 FI_NVLINK_THROUGHPUT_DATA_TX = 138          # KiB, scopeId = link
 FI_NVLINK_THROUGHPUT_DATA_RX = 139
 # GPM metric ids (nvml.h nvmlGpmMetricId_t): link L's receive ("read") bandwidth is
-# GPM_NVLINK_L0_RX + 2L, its transmit ("write") bandwidth the id after it, in MiB/s, for links 0-17.
+# GPM_NVLINK_L0_RX + 2L, its transmit ("write") bandwidth the id after it, for links 0-17.
 GPM_NVLINK_L0_RX = 62
 GPM_NVLINK_LINKS = 18
+# Bytes per unit of those rates. nvml.h says MiB/s, but read as MiB every link's rate came
+# out 1.024x the driver's own THROUGHPUT_DATA counters (KiB x 1024) on an H100, to the third
+# decimal, all 36 link directions (bench/device/nvlink_gpm_check.sh): the unit is 1,000 KiB.
+# With it, GPM and field values count the same bytes, whichever a GPU uses.
+GPM_NVLINK_UNIT_BYTES = 1000 * 1024
 # scopeId for a field's GPU total over all links (the throughput fields answer it on an H200).
 SCOPE_ALL_LINKS = 0xFFFFFFFF
 FI_NVLINK_ERROR_DL_REPLAY = 161             # scopeId = link

@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 import time
 
-from .backend import (ERROR_TYPES, GPM_NVLINK_L0_RX, GPM_NVLINK_LINKS, FieldValuesUnsupported, GpmUnsupported,
-                      GpuInfo, LinkStatic, NvmlDeviceError, NvmlUnavailable)
+from .backend import (ERROR_TYPES, GPM_NVLINK_L0_RX, GPM_NVLINK_LINKS, GPM_NVLINK_UNIT_BYTES, FieldValuesUnsupported,
+                      GpmUnsupported, GpuInfo, LinkStatic, NvmlDeviceError, NvmlUnavailable)
 
 log = logging.getLogger("fabricscope.exporter.nvml")
 
@@ -164,16 +164,19 @@ class PynvmlBackend:
                 request.metrics[2 * i + 1].metricId = GPM_NVLINK_L0_RX + 2 * link + 1
             nvml.nvmlGpmMetricsGet(request)
         except nvml.NVMLError as exc:
-            if getattr(exc, "value", None) in self._absent:
-                raise GpmUnsupported(str(exc)) from None
-            raise NvmlDeviceError(_reason(nvml, exc), f"GPM: {exc}") from None
+            # A GPU gone or stuck fails the round, as any call would; any other refusal (not
+            # supported, MIG mode, in use, resources) sends throughput back to field values,
+            # which always answer: a GPM error must not cost the GPU its link rounds.
+            if _reason(nvml, exc) in ("gpu_lost", "timeout", "driver_not_loaded"):
+                raise NvmlDeviceError(_reason(nvml, exc), f"GPM: {exc}") from None
+            raise GpmUnsupported(str(exc)) from None
         except AttributeError as exc:         # bindings without GPM
             raise GpmUnsupported(str(exc)) from None
         seconds, out = taken - since, {}
         for i, link in enumerate(wanted):
             rx, tx = request.metrics[2 * i], request.metrics[2 * i + 1]
             if rx.nvmlReturn == nvml.NVML_SUCCESS and tx.nvmlReturn == nvml.NVML_SUCCESS:
-                out[link] = (tx.value * 2**20 * seconds, rx.value * 2**20 * seconds)   # MiB/s over the interval
+                out[link] = (tx.value * GPM_NVLINK_UNIT_BYTES * seconds, rx.value * GPM_NVLINK_UNIT_BYTES * seconds)
         return out
 
     def close(self) -> None:
