@@ -29,7 +29,7 @@ from typing import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..framework import Collector, add_sample, register
+from ..framework import Collector, register, sample_of
 from ..nvml import GpuInfo, NvmlBackend, NvmlUnavailable, open_backend
 from ..nvml.sampler import (BATCHED, GATE_OUTCOMES, GATE_SAFETY_INTERVALS, GPU_TIER, LINK_TIER, PER_CALL,
                              UNSUPPORTED, GpuSampler)
@@ -37,6 +37,8 @@ from ..nvml.sampler import (BATCHED, GATE_OUTCOMES, GATE_SAFETY_INTERVALS, GPU_T
 log = logging.getLogger("fabricscope.exporter.nvlink")
 
 DEFAULT_SAMPLE_INTERVAL = 15.0
+# Throughput directions: metric word, verb, NVML field suffix.
+_DIRECTIONS = (("transmit", "sent", "TX"), ("receive", "received", "RX"))
 DEFAULT_LINK_SAMPLE_INTERVAL = 120.0
 # A round still running after this many intervals is reported as stalled.
 STALL_INTERVALS = 2.0
@@ -118,28 +120,22 @@ class NvlinkCollector(Collector):
         state = GaugeMetricFamily("fabric_nvlink_state", "1 if the NVLink is active.", labels=["gpu", "link"])
         info = GaugeMetricFamily("fabric_nvlink_info", "NVLink version and remote endpoint; always 1.",
                                  labels=["gpu", "link", "version", "remote_pci_bus_id", "remote_type"])
-        tx = CounterMetricFamily("fabric_nvlink_transmit_bytes", "Data bytes sent on the link: counted from "
-                                 "GPM's per-link rates since the exporter's first sample, or the driver's "
-                                 "NVLINK_THROUGHPUT_DATA_TX without GPM (fabric_nvlink_throughput_method).",
-                                 labels=["gpu", "link"])
-        rx = CounterMetricFamily("fabric_nvlink_receive_bytes", "Data bytes received on the link: counted from "
-                                 "GPM's per-link rates since the exporter's first sample, or the driver's "
-                                 "NVLINK_THROUGHPUT_DATA_RX without GPM (fabric_nvlink_throughput_method).",
-                                 labels=["gpu", "link"])
-        throughput_method = GaugeMetricFamily("fabric_nvlink_throughput_method", "How the GPU's per-link throughput is read "
-                                   "(always 1): gpm (one GPU Performance Monitoring sample a link round) or "
-                                   "field_values (one driver round trip per link and direction).",
-                                   labels=["gpu", "method"])
+        tx, rx = (CounterMetricFamily(f"fabric_nvlink_{word}_bytes", f"Data bytes {verb} on the link: counted from "
+                                      "GPM's per-link rates since the exporter's first sample, or the driver's "
+                                      f"NVLINK_THROUGHPUT_DATA_{field} without GPM "
+                                      "(fabric_nvlink_throughput_method).", labels=["gpu", "link"])
+                  for word, verb, field in _DIRECTIONS)
+        throughput_method = GaugeMetricFamily("fabric_nvlink_throughput_method", "How the GPU's per-link "
+                                              "throughput is read (always 1): gpm (one GPU Performance Monitoring "
+                                              "sample a link round) or field_values (one driver round trip per "
+                                              "link and direction).", labels=["gpu", "method"])
         errors = CounterMetricFamily("fabric_nvlink_errors", "NVLink data-link error counters; absent where "
                                      "the GPU answers NOT_SUPPORTED.", labels=["gpu", "link", "type"])
-        gpu_tx = CounterMetricFamily("fabric_nvlink_gpu_transmit_bytes", "Data bytes sent on all the GPU's "
-                                     "NVLinks: the sum of its links' counters with GPM, else the driver's "
-                                     "all-links NVLINK_THROUGHPUT_DATA_TX; read every "
-                                     "link_sample_interval_seconds.", labels=["gpu"])
-        gpu_rx = CounterMetricFamily("fabric_nvlink_gpu_receive_bytes", "Data bytes received on all the GPU's "
-                                     "NVLinks: the sum of its links' counters with GPM, else the driver's "
-                                     "all-links NVLINK_THROUGHPUT_DATA_RX; read every "
-                                     "link_sample_interval_seconds.", labels=["gpu"])
+        gpu_tx, gpu_rx = (CounterMetricFamily(f"fabric_nvlink_gpu_{word}_bytes", f"Data bytes {verb} on all the "
+                                              "GPU's NVLinks: the sum of its links' counters with GPM, else the "
+                                              f"driver's all-links NVLINK_THROUGHPUT_DATA_{field}; read every "
+                                              "link_sample_interval_seconds.", labels=["gpu"])
+                          for word, verb, field in _DIRECTIONS)
         read_errors = GaugeMetricFamily("fabric_nvml_device_read_errors", "1 when the GPU's last sample could "
                                         "not read it, or its sample has been running for over "
                                         f"{STALL_INTERVALS:g} intervals (sample_stalled).", labels=["gpu", "reason"])
@@ -148,10 +144,11 @@ class NvlinkCollector(Collector):
                                 "link (GPU totals, per-link throughput and error counters, every "
                                 "link_sample_interval_seconds; gated error counters were verified unchanged "
                                 "then, see fabric_nvlink_error_counter_read_age_seconds).", labels=["gpu", "tier"])
-        gated = GaugeMetricFamily("fabric_nvlink_gated_error_counters", "Per-link error counters (crc_flit, "
-                                  "replay, recovery) the GPU reads only when its DL error total of that type "
-                                  "moved, or every " f"{GATE_SAFETY_INTERVALS} link intervals; 0 where the GPU "
-                                  "answers no totals (every counter read every link round).", labels=["gpu"])
+        gated = GaugeMetricFamily("fabric_nvlink_gated_error_counters", "Per-link error counters the GPU reads "
+                                  "only when the DL error total vouching for them moved (crc_flit, replay and "
+                                  "recovery their own; crc_data the replay total), or every "
+                                  f"{GATE_SAFETY_INTERVALS} link intervals; 0 where the GPU answers no totals "
+                                  "(every counter read every link round).", labels=["gpu"])
         errors_age = GaugeMetricFamily("fabric_nvlink_error_counter_read_age_seconds", "Time since the round "
                                        "that last read the GPU's per-link error counters from NVML began; between "
                                        "reads the gated counters served are the last read, verified current by "
@@ -208,37 +205,38 @@ class NvlinkCollector(Collector):
             gated.add_metric([g], float(sample.gated))
             if sample.errors_read is not None:
                 errors_age.add_metric([g], max(0.0, now - sample.errors_read))
-            for family, samples in zip((state, info, tx, rx, errors), self._link_samples(g, sample, state, info, tx,
-                                                                                   rx, errors)):
+            per_link = (state, info, tx, rx, errors)
+            for family, samples in zip(per_link, self._link_samples(g, sample, per_link)):
                 family.samples.extend(samples)
-        yield from (gpu_info, state, info, tx, rx, throughput_method, gpu_tx, gpu_rx, errors, read_errors, age, duration, reads,
-                    read_cost, gated, errors_age, gate_rounds, cpu, interval)
+        yield from (gpu_info, state, info, tx, rx, throughput_method, gpu_tx, gpu_rx, errors, read_errors, age,
+                    duration, reads, read_cost, gated, errors_age, gate_rounds, cpu, interval)
 
-    def _link_samples(self, g: str, sample, *families: Metric) -> tuple[list, ...]:
-        """The per-link samples of one GPU (state, info, tx, rx, errors: ~1,200 series on an
-        8-GPU node, most of the collector's time), built once per link round and link-state
-        set: between link rounds the values served are the same, so later scrapes reuse them."""
+    def _link_samples(self, g: str, sample, families: tuple[Metric, ...]) -> tuple[list, ...]:
+        """The per-link samples of one GPU for `families` (state, info, tx, rx, errors: ~1,200
+        series on an 8-GPU node, most of the collector's time), built once per link round and
+        link-state set: between link rounds the values served are the same, so later scrapes
+        reuse them."""
         key = (sample.link_started, tuple((r.link, r.active, r.version, r.remote_pci_bus_id, r.remote_type)
                                           for r in sample.links))
         cached = self._link_cache.get(g)
         if cached is not None and cached[0] == key:
             return cached[1]
-        built = tuple(type(family)(family.name, family.documentation, labels=[]) for family in families)
-        state, info, tx, rx, errors = built
+        state, info, tx, rx, errors = families
+        rows: tuple[list, ...] = ([], [], [], [], [])
         for reading in sample.links:
             link = str(reading.link)
             labels = {"gpu": g, "link": link}
-            add_sample(state, labels, 1.0 if reading.active else 0.0)
-            add_sample(info, {"gpu": g, "link": link, "version": "" if reading.version is None else str(reading.version),
-                              "remote_pci_bus_id": reading.remote_pci_bus_id or "",
-                              "remote_type": reading.remote_type or ""}, 1.0)
+            rows[0].append(sample_of(state, labels, 1.0 if reading.active else 0.0))
+            rows[1].append(sample_of(info, {"gpu": g, "link": link,
+                                            "version": "" if reading.version is None else str(reading.version),
+                                            "remote_pci_bus_id": reading.remote_pci_bus_id or "",
+                                            "remote_type": reading.remote_type or ""}, 1.0))
             if reading.tx_bytes is not None:
-                add_sample(tx, labels, float(reading.tx_bytes))
+                rows[2].append(sample_of(tx, labels, float(reading.tx_bytes)))
             if reading.rx_bytes is not None:
-                add_sample(rx, labels, float(reading.rx_bytes))
-            for kind, value in sorted(reading.errors.items()):
-                add_sample(errors, {"gpu": g, "link": link, "type": kind}, float(value))
-        rows = tuple(family.samples for family in built)
+                rows[3].append(sample_of(rx, labels, float(reading.rx_bytes)))
+            rows[4].extend(sample_of(errors, {"gpu": g, "link": link, "type": kind}, float(value))
+                           for kind, value in sorted(reading.errors.items()))
         self._link_cache[g] = (key, rows)
         return rows
 

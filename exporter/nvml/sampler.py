@@ -294,12 +294,7 @@ class GpuSampler:
                 remote_pci_bus_id=static.remote_pci_bus_id, remote_type=static.remote_type,
                 tx_bytes=tx, rx_bytes=rx,
                 errors={kind: values[(link, kind)] for kind in ERROR_TYPES if (link, kind) in values}))
-        if self._gpm:
-            counted = [self._gpm_bytes[link] for link in links if link in self._gpm_bytes]
-            tx_total = int(sum(c[0] for c in counted)) if counted else None
-            rx_total = int(sum(c[1] for c in counted)) if counted else None
-        else:
-            tx_total, rx_total = (None if self._totals.get(k) is None else self._totals[k] * 1024 for k in ("tx", "rx"))
+        tx_total, rx_total = self._gpu_bytes(links)
         return GpuSample(tuple(readings), started, duration, self._plan.error_reads(),
                          tx_bytes=tx_total, rx_bytes=rx_total, throughput=GPM if self._gpm else FIELD_VALUES,
                          link_started=self._link_started, link_duration=self._link_duration,
@@ -317,6 +312,17 @@ class GpuSampler:
             counted = self._gpm_bytes.get(link)
             return (None, None) if counted is None else (int(counted[0]), int(counted[1]))
         tx, rx = self._link_values.get((link, "tx")), self._link_values.get((link, "rx"))
+        return None if tx is None else tx * 1024, None if rx is None else rx * 1024
+
+    def _gpu_bytes(self, links: tuple[int, ...]) -> tuple[int | None, int | None]:
+        """The GPU's cumulative (tx, rx) bytes over all links: the sum of GPM's per-link
+        counts, or the GPU-total fields (KiB)."""
+        if self._gpm:
+            counted = [self._gpm_bytes[link] for link in links if link in self._gpm_bytes]
+            if not counted:
+                return None, None
+            return int(sum(c[0] for c in counted)), int(sum(c[1] for c in counted))
+        tx, rx = self._totals.get("tx"), self._totals.get("rx")
         return None if tx is None else tx * 1024, None if rx is None else rx * 1024
 
     def _count_gpm_bytes(self, links: tuple[int, ...]) -> None:
