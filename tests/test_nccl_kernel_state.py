@@ -103,11 +103,12 @@ def test_unknown_comm_is_counted_without_a_rank_sequence():
     assert snap.sequences == []
 
 
-def test_a_wrong_sized_value_is_a_layout_error_not_garbage():
-    with pytest.raises(ks.LayoutError, match="rank_state: 10 bytes"):
-        ks.decode_rank_state(b"\0" * 10, len(LAG_BUCKETS))
-    with pytest.raises(ks.LayoutError, match="op_stats"):
-        ks.decode_op_stats(b"\0" * 100, 12, 15)
+def test_maps_whose_values_are_not_their_layouts_size_are_refused_at_load():
+    sizes = {name: layout.size for name, layout in ks.MAP_LAYOUTS.items()}
+    ks.check_layouts(sizes)
+    for name, wrong in (("nccl_rank_state", 10), ("nccl_op_stats", ks.OP_STATS.size + 8), ("nccl_open_calls", None)):
+        with pytest.raises(ks.LayoutError, match=f"map {name}: values of {wrong} bytes"):
+            ks.check_layouts({**sizes, name: wrong})
 
 
 def test_the_config_carries_the_trackers_bounds_in_ns_and_refuses_what_does_not_fit():
@@ -147,3 +148,4 @@ def test_elapsed_time_counts_only_up_to_the_read_that_saw_the_rank_in_flight():
     [active] = tracker.active_operations()
     assert active.elapsed == pytest.approx(2.01) and active.hanging is True
     tracker.observed("gone", 0, NOW + 13.0)     # an evicted or unknown comm: nothing happens
+    assert tracker.active_operations() == [active]

@@ -71,11 +71,50 @@ def test_init_events_name_communicators_by_the_kernel_identity():
     # A comm initialised before the probes: named by process and pointer, rank unknown.
     assert handler.comm(20, 0xBEEF).label.startswith("unknown-") and handler.comm(20, 0xBEEF).rank == -1
     handler.handle_raw(event(EV_COMM_END, comm=0x1000))
-    assert handler.ended == [(10, 0x1000)]
-    handler.end(10, 0x1000)
+    first = handler.comms[(10, 0x1000)]
+    assert handler.ended == [(10, 0x1000, first)]
+    assert handler.end(10, 0x1000, first) is True
     assert (10, 0x1000) not in handler.comms
     handler.process_exited(30)
     assert not any(pid == 30 for pid, _ in handler.comms)
+
+
+class _Map:
+    """A BPF map stand-in for KernelReader: a dict, deletes recorded."""
+
+    def __init__(self, value_size):
+        self.entries, self.deleted, self.value_size = {}, [], value_size
+
+    def items(self):
+        return list(self.entries.items())
+
+    def delete(self, key):
+        self.deleted.append(key)
+        return self.entries.pop(key, None) is not None
+
+
+def test_a_pointer_reused_by_a_new_comm_keeps_the_new_comm_and_its_kernel_entries():
+    """malloc hands a destroyed ncclComm's memory to the next init: the destroy's last read
+    must not take the newer comm's name or kernel entries with it."""
+    from fabricscope.exporter.nccl import kernel_state as ks
+    from fabricscope.exporter.nccl.uprobe import KernelReader
+
+    maps = {name: _Map(layout.size) for name, layout in ks.MAP_LAYOUTS.items()}
+    handler = EventHandler(NcclTracker())
+    reader = KernelReader(type("Obj", (), {"map": lambda self, name: maps[name]})(), handler)
+    handler.handle_raw(event(EV_COMM_INIT, op=INIT_RANK, rank=3, nranks=8, ident=UID_HASH))
+    handler.handle_raw(event(EV_COMM_END))
+    ended = reader.take_ended()
+    handler.handle_raw(event(EV_COMM_INIT, op=INIT_RANK, rank=1, nranks=4, ident=UID_HASH ^ 1))   # same pointer
+    newer = handler.comms[(10, 0x1000)]
+    reader.end_comms(ended)
+    assert handler.comms[(10, 0x1000)] is newer and newer.label == comm_label(UID_HASH ^ 1)
+    assert maps["nccl_rank_state"].deleted == [] and maps["nccl_op_stats"].deleted == []
+    # Without a newer comm, the destroyed one's entries go.
+    handler.handle_raw(event(EV_COMM_END))
+    reader.end_comms(reader.take_ended())
+    assert (10, 0x1000) not in handler.comms
+    assert maps["nccl_rank_state"].deleted == [ks.COMM_KEY.pack(10, 0, 0x1000)]
 
 
 def test_bad_events_are_counted_not_fatal():
@@ -129,10 +168,9 @@ def bpf_object() -> Path:
     from fabricscope.exporter.ebpf import objects
 
     path = objects.object_path("nccl")
-    if not path.is_file():
-        ok, output = objects.build()
-        if not ok or not path.is_file():
-            could_not_run(f"cannot build nccl.bpf.o: {output[-300:]}")
+    ok, output = objects.build()                 # make: rebuilt only when a source is newer
+    if not ok or not path.is_file():
+        could_not_run(f"cannot build nccl.bpf.o: {output[-300:]}")
     return path
 
 

@@ -34,6 +34,7 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include "fabric.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -243,21 +244,13 @@ struct {
 	__type(value, struct scratch);
 } nccl_scratch SEC(".maps");
 
-static __always_inline void problem(__u32 which)
-{
-	__u64 *count = bpf_map_lookup_elem(&nccl_problems, &which);
-
-	if (count)
-		*count += 1;
-}
-
 static __always_inline struct nccl_event *reserve(__u16 kind, __u16 op)
 {
 	struct nccl_event *e = bpf_ringbuf_reserve(&nccl_events, sizeof(*e), 0);
 	__u64 id = bpf_get_current_pid_tgid();
 
 	if (!e) {
-		problem(PROBLEM_EVENTS_LOST);
+		counter_add_at(&nccl_problems, PROBLEM_EVENTS_LOST, 1);
 		return 0;
 	}
 	__builtin_memset(e, 0, sizeof(*e));
@@ -314,7 +307,7 @@ static __always_inline void *lookup_or_create(void *map, const void *key, const 
 	bpf_map_update_elem(map, key, zeroed, BPF_NOEXIST);
 	value = bpf_map_lookup_elem(map, key);
 	if (!value)
-		problem(PROBLEM_STATE_FULL);
+		counter_add_at(&nccl_problems, PROBLEM_STATE_FULL, 1);
 	return value;
 }
 
@@ -357,7 +350,7 @@ static __always_inline int coll_enter(__u16 op, __u64 comm, __u64 count, __s32 d
 	if (size)
 		bytes = count * size;
 	else
-		problem(PROBLEM_UNKNOWN_DATATYPE);
+		counter_add_at(&nccl_problems, PROBLEM_UNKNOWN_DATATYPE, 1);
 	bpf_map_update_elem(&nccl_open_calls, &id, &call, BPF_ANY);
 	state = rank_state(pid, comm);
 	if (!state)
@@ -620,7 +613,7 @@ static __always_inline void emit_init(struct init_args *a, __u64 comm, __s32 ran
 	if (!comm || !s)
 		return;
 	if (bpf_map_update_elem(&nccl_rank_state, &key, &s->zero_state, BPF_ANY))
-		problem(PROBLEM_STATE_FULL);
+		counter_add_at(&nccl_problems, PROBLEM_STATE_FULL, 1);
 	state = bpf_map_lookup_elem(&nccl_rank_state, &key);
 	if (state)
 		state->ident = ident;

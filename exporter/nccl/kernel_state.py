@@ -35,12 +35,17 @@ OP_KEY = struct.Struct("<IIQ")
 OPEN_CALL = struct.Struct("<QQII")
 PID_TGID = struct.Struct("<Q")
 
-# nccl_problems slots
+# nccl_problems slots, each a u64 count
 PROBLEMS = ("events_lost", "unknown_datatype", "state_full")
+PROBLEM_COUNT = struct.Struct("<Q")
+# The maps whose values user space decodes, by layout (check_layouts).
+MAP_LAYOUTS = {"nccl_rank_state": RANK_STATE, "nccl_op_stats": OP_STATS, "nccl_open_calls": OPEN_CALL,
+               "nccl_problems": PROBLEM_COUNT}
 
 
 class LayoutError(ValueError):
-    """A map value of the wrong size: the object and this module are out of step."""
+    """A map whose values are not the size of their layout: the object and this module are
+    out of step."""
 
 
 def encode_config(enqueue_bounds: Iterable[float], duration_bounds: Iterable[float],
@@ -90,21 +95,23 @@ def _hist(words: tuple[int, ...], n: int) -> tuple[list[int], int]:
     return list(words[:n + 1]), words[_HIST_WORDS - 1]
 
 
-def _check(raw: bytes, layout: struct.Struct, what: str) -> None:
-    if len(raw) < layout.size:
-        raise LayoutError(f"{what}: {len(raw)} bytes, expected {layout.size} (nccl.bpf.o and "
-                          "exporter/nccl/kernel_state.py disagree)")
+def check_layouts(value_sizes: dict[str, int]) -> None:
+    """Once, when the object loads: every value of a BPF map is exactly the map's value
+    size, so a layout that matches it decodes every value the map will hold."""
+    for name, layout in MAP_LAYOUTS.items():
+        size = value_sizes.get(name)
+        if size != layout.size:
+            raise LayoutError(f"map {name}: values of {size} bytes, expected {layout.size} (nccl.bpf.o and "
+                              "exporter/nccl/kernel_state.py disagree)")
 
 
 def decode_rank_state(raw: bytes, lag_n: int) -> RankState:
-    _check(raw, RANK_STATE, "rank_state")
     w = RANK_STATE.unpack_from(raw)
     ident, last_ts, last_bytes, boundary_ts, seq, boundary, last_op = w[:7]
     return RankState(ident, last_ts, last_bytes, boundary_ts, seq, boundary, last_op, _hist(w[9:], lag_n))
 
 
 def decode_op_stats(raw: bytes, enqueue_n: int, duration_n: int) -> OpStats:
-    _check(raw, OP_STATS, "op_stats")
     w = OP_STATS.unpack_from(raw)
     calls, nbytes, last_ts = w[:3]
     enqueue = _hist(w[3:3 + _HIST_WORDS], enqueue_n)

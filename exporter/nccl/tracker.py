@@ -1,7 +1,8 @@
 """Per-(communicator, rank, op) accounting of NCCL collectives, and hang judgement.
 
-Every source feeds the same tracker: POST /nccl/operations and the demo apply whole call
-records (record / record_batch); the uprobes' accounting is done per call in the kernel
+Every source feeds the same tracker: POST /nccl/operations applies whole call records
+(record / record_batch); the demo enters and returns calls one by one (call_entered /
+call_returned); the uprobes' accounting is done per call in the kernel
 (exporter/bpf/nccl.bpf.c) and applied here as cumulative state, about once a second
 (apply_probed), so the judgements below are the same whatever the source.
 
@@ -309,7 +310,7 @@ class NcclTracker:
         self._lock = threading.RLock()
         self._comms: dict[str, _Comm] = {}
         self._series = 0
-        # Uprobe calls whose API has not returned: token (pid, tid) -> (comm, rank, op, start).
+        # Entered calls whose API has not returned (call_entered): token -> (comm, rank, op, start).
         self._pending: dict[Hashable, tuple[str, int, str, float]] = {}
         self._evicted = {"idle": 0, "capacity": 0}
         self._dropped_calls = 0

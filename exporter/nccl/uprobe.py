@@ -101,7 +101,7 @@ class EventHandler:
     def __init__(self, tracker) -> None:
         self.tracker = tracker
         self.comms: dict[tuple[int, int], ks.CommRef] = {}      # (pid, comm pointer) -> comm
-        self.ended: list[tuple[int, int]] = []                  # destroyed, for a last read
+        self.ended: list[tuple[int, int, ks.CommRef]] = []      # destroyed (pid, pointer, comm), for a last read
         self.invalid: dict[str, int] = {}
         self.events = 0
         self._counts_lock = threading.Lock()     # counters are read from scrape threads
@@ -127,8 +127,9 @@ class EventHandler:
         if event.kind == EV_COMM_INIT:
             self._init(event)
         elif event.kind == EV_COMM_END:
-            if (event.pid, event.comm) in self.comms:
-                self.ended.append((event.pid, event.comm))
+            ref = self.comms.get((event.pid, event.comm))
+            if ref is not None:
+                self.ended.append((event.pid, event.comm, ref))
         else:
             self._invalid("unknown_kind")
 
@@ -136,7 +137,7 @@ class EventHandler:
         ref = self.comms.get((pid, pointer))
         if ref is None:
             # Initialised before we attached: no unique id, rank or size to be had.
-            ref = ks.CommRef(label="unknown-" + comm_label(fold_words([pid, pointer]))[:8], rank=-1, nranks=0)
+            ref = ks.CommRef(label=_unknown_label(pid, pointer), rank=-1, nranks=0)
             self.comms[(pid, pointer)] = ref
         return ref
 
@@ -146,7 +147,7 @@ class EventHandler:
             return
         if event.op == INIT_SPLIT and not event.ident:
             # A split of a comm initialised before we attached: no identity to derive.
-            label = "unknown-" + comm_label(fold_words([event.pid, event.comm]))[:8]
+            label = _unknown_label(event.pid, event.comm)
         else:
             label = comm_label(event.ident)
         # A split's new rank and size are decided inside NCCL, not visible in the
@@ -156,11 +157,15 @@ class EventHandler:
         if event.rank >= 0:
             self.tracker.register_comm(label, event.rank, nranks)
 
-    def end(self, pid: int, pointer: int) -> None:
-        """A destroyed comm, read one last time: it no longer takes part."""
-        ref = self.comms.pop((pid, pointer), None)
-        if ref is not None:
-            self.tracker.drop_inflight(ref.label, ref.rank)
+    def end(self, pid: int, pointer: int, ref: ks.CommRef) -> bool:
+        """A destroyed comm, read one last time: it no longer takes part. False when its
+        pointer names a newer comm by now (malloc reuses a freed ncclComm: an init of the same
+        pointer came after the destroy), which keeps the pointer and its kernel entries."""
+        self.tracker.drop_inflight(ref.label, ref.rank)
+        if self.comms.get((pid, pointer)) is not ref:
+            return False
+        del self.comms[(pid, pointer)]
+        return True
 
     def rank_processes(self) -> list[tuple[str, int, int, int]]:
         """(comm, rank, nranks, pid) of every communicator seen initialised."""
@@ -175,6 +180,11 @@ class EventHandler:
             self.tracker.drop_inflight(ref.label, ref.rank)
 
 
+def _unknown_label(pid: int, pointer: int) -> str:
+    """The label of a comm whose identity was never seen (initialised before the probes)."""
+    return "unknown-" + comm_label(fold_words([pid, pointer]))[:8]
+
+
 class KernelReader:
     """Reads nccl_rank_state, nccl_op_stats and nccl_open_calls and applies what changed
     to the tracker. A rank whose entries are byte-for-byte what the last read saw is not
@@ -186,9 +196,11 @@ class KernelReader:
         self.op_stats = obj.map("nccl_op_stats")
         self.open_calls = obj.map("nccl_open_calls")
         self.problems = obj.map("nccl_problems")
+        ks.check_layouts({name: obj.map(name).value_size for name in ks.MAP_LAYOUTS})
         # bpf_ktime_get_ns is CLOCK_MONOTONIC; wall = monotonic + offset.
         self._offset = time.time() - time.monotonic()
         self._seen: dict[tuple[int, int], tuple] = {}
+        self.pids: set[int] = set()          # processes with entries in the maps at the last read
 
     def resync_clock(self) -> None:
         self._offset = time.time() - time.monotonic()
@@ -205,10 +217,6 @@ class KernelReader:
         the ring."""
         tracker = self.handler.tracker
         lag_n, enqueue_n, duration_n = len(LAG_BUCKETS), len(ENQUEUE_BUCKETS), len(DURATION_BUCKETS)
-        inside: set[tuple[int, int, int]] = set()        # (pid, comm, entry ts) of calls not returned
-        for key, raw in self.open_calls.items():
-            ts, comm, _op, _pad = ks.OPEN_CALL.unpack_from(raw)
-            inside.add((ks.PID_TGID.unpack(key)[0] >> 32, comm, ts))
         ranks: dict[tuple[int, int], list] = {}
         for key, raw in self.rank_state.items():
             pid, _pad, comm = ks.COMM_KEY.unpack(key)
@@ -216,6 +224,13 @@ class KernelReader:
         for key, raw in self.op_stats.items():
             pid, op, comm = ks.OP_KEY.unpack(key)
             ranks.setdefault((pid, comm), [None, {}])[1][op] = raw
+        # Open calls after the states: a call entering between the two reads is then either
+        # unseen in both (its rank reads as its previous, returned call) or seen in both, never
+        # seen entered but missing from the open calls (which would call a blocked call returned).
+        inside: set[tuple[int, int, int]] = set()        # (pid, comm, entry ts) of calls not returned
+        for key, raw in self.open_calls.items():
+            ts, comm, _op, _pad = ks.OPEN_CALL.unpack_from(raw)
+            inside.add((ks.PID_TGID.unpack(key)[0] >> 32, comm, ts))
         observed_at = time.time()          # the maps were read just now
         drain_events()
         for (pid, comm), (state_raw, ops_raw) in ranks.items():
@@ -229,42 +244,49 @@ class KernelReader:
             self._seen[(pid, comm)] = signature
             ops = {op: ks.decode_op_stats(raw, enqueue_n, duration_n) for op, raw in ops_raw.items()}
             tracker.apply_probed(ks.probed_rank(ref, state, ops, returned, self.to_wall, observed_at))
+        self.pids = {pid for pid, _ in ranks} | {pid for pid, _, _ in inside}
         return {pid for pid, _ in ranks}
 
-    def take_ended(self) -> list[tuple[int, int]]:
+    def take_ended(self) -> list[tuple[int, int, ks.CommRef]]:
         """The comms destroyed so far, for end_comms after one more read."""
         ended, self.handler.ended = self.handler.ended, []
         return ended
 
-    def end_comms(self, ended: list[tuple[int, int]]) -> None:
+    def end_comms(self, ended: list[tuple[int, int, ks.CommRef]]) -> None:
         """Comms destroyed before the last read began (take_ended): that read was their
-        last; drop their entries here and their open operation in the tracker."""
-        for pid, comm in ended:
+        last; drop their open operation in the tracker, and their kernel entries unless a
+        newer comm took the pointer (its init reset them for itself)."""
+        for pid, comm, ref in ended:
+            if not self.handler.end(pid, comm, ref):
+                continue
             self.rank_state.delete(ks.COMM_KEY.pack(pid, 0, comm))
             for op in range(ks.NUM_OPS):
                 self.op_stats.delete(ks.OP_KEY.pack(pid, op, comm))
             self._seen.pop((pid, comm), None)
-            self.handler.end(pid, comm)
 
     def forget_processes(self, pids: set[int]) -> None:
-        """Delete every entry of processes that exited (their threads' open calls too)."""
+        """Delete every entry of processes that exited (their threads' open calls too). Only
+        pids the last read found in the maps have any: most exited processes (DataLoader
+        workers) cost nothing here."""
+        pids = pids & self.pids
         if not pids:
             return
         for bpf_map, layout in ((self.rank_state, ks.COMM_KEY), (self.op_stats, ks.OP_KEY)):
-            for key in list(bpf_map.keys()):
+            for key, _ in bpf_map.items():
                 if layout.unpack(key)[0] in pids:
                     bpf_map.delete(key)
-        for key in list(self.open_calls.keys()):
+        for key, _ in self.open_calls.items():
             if ks.PID_TGID.unpack(key)[0] >> 32 in pids:
                 self.open_calls.delete(key)
         for key in [k for k in self._seen if k[0] in pids]:
             del self._seen[key]
+        self.pids -= pids
 
     def problem_counts(self) -> dict[str, int]:
         out = {}
         for slot, name in enumerate(ks.PROBLEMS):
             value = self.problems.lookup(struct.pack("<I", slot))
-            out[name] = struct.unpack("<Q", value)[0] if value else 0
+            out[name] = ks.PROBLEM_COUNT.unpack(value)[0] if value else 0
         return out
 
 
@@ -514,7 +536,7 @@ class UprobeSource:
             maps = discovery.read_maps(self.procfs, pid)
             if maps is None:
                 if pid in calling:                  # called NCCL, gone before we looked
-                    self._handler.process_exited(pid)
+                    self._processes_exited({pid})
                 continue
             for ref in self._libraries_of(pid, maps):
                 found.setdefault((ref.dev, ref.inode), (ref, set()))[1].add(pid)
@@ -542,17 +564,20 @@ class UprobeSource:
             for library in self._libraries.values():
                 library.pids -= gone
             self._pids -= gone
-            for pid in sorted(gone):
-                self._process_exited(pid)
+        self._processes_exited(gone)        # the map walks outside the lock a scrape waits on
 
-    def _process_exited(self, pid: int) -> None:
-        self._handler.process_exited(pid)
+    def _processes_exited(self, pids: set[int]) -> None:
+        """Traced processes gone (DataLoader workers leave together at an epoch's end): their
+        comms and kernel entries, in one pass over the maps."""
+        for pid in sorted(pids):
+            self._handler.process_exited(pid)
+            log.info("traced process %d exited", pid)
         try:
-            self._reader.forget_processes({pid})
+            self._reader.forget_processes(pids)
         except Exception as exc:            # stale entries age out of the LRU maps anyway
-            log.debug("cannot delete the kernel entries of process %d: %s", pid, exc)
-        self._exited += 1
-        log.info("traced process %d exited", pid)
+            log.debug("cannot delete the kernel entries of processes %s: %s", sorted(pids), exc)
+        with self._lock:
+            self._exited += len(pids)
 
     def poll_once(self, timeout_ms: int = 100) -> None:
         """Drain pending events now (tests and benches; the thread does this on its own)."""
@@ -580,10 +605,11 @@ class UprobeSource:
             gone = [self._libraries.pop(key) for key in list(self._libraries) if key not in found]
             for key, library in self._libraries.items():
                 library.pids = found[key][1]
-            for pid in self._pids - traced:
-                self._process_exited(pid)
+            exited = self._pids - traced
             # Traced: mapping a library whose probes are in place (new ones join below).
             self._pids = set().union(*(lib.pids for lib in self._libraries.values() if lib.links))
+        if exited:
+            self._processes_exited(exited)
         if not found and not self._told_no_library:
             log.info("no process maps libnccl yet; %s", "looking at processes as they exec or dlopen"
                      if self.watch else f"looking again every {self.rescan_seconds:.1f}s")

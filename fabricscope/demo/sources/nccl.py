@@ -12,8 +12,8 @@ this models:
   collective; every other rank enters it (the API returns at once, NCCL calls are
   asynchronous) and waits for the collective to complete, issuing nothing more. When the
   fault ends, the stopped rank enters and the job goes on.
-Calls go into the node's NcclTracker through call_entered / call_returned, the methods the
-uprobe path uses. Every node derives the same step times from the same fault schedule and
+Calls go into the node's NcclTracker through call_entered / call_returned, one by one (the
+uprobe path applies the kernel's per-call accounting instead, apply_probed). Every node derives the same step times from the same fault schedule and
 a shared epoch (nodes whose clocks are in step).
 """
 from __future__ import annotations
