@@ -12,7 +12,7 @@ import threading
 from typing import Any, Callable
 from urllib.parse import parse_qs
 
-from fabricscope.httpserver import HttpServer, read_body, respond
+from fabricscope.httpserver import BadBody, HttpServer, read_body, respond
 
 from .exposition import CONTENT_TYPE
 from .framework import RouteHandler
@@ -70,7 +70,10 @@ def make_app(render_metrics: Callable[[], bytes], web: WebConfig, routes: dict[t
             return send(200, "text/html; charset=utf-8", landing)
         handler = routes.get(("GET" if method == "HEAD" else method, path))
         if handler is not None:
-            body = read_body(environ, MAX_BODY_BYTES)
+            try:
+                body = read_body(environ, MAX_BODY_BYTES)
+            except BadBody as exc:
+                return send(400, TEXT, f"{exc}\n".encode(), {"Connection": "close"})
             if body is None:
                 return send(413, TEXT, f"body larger than {MAX_BODY_BYTES} bytes\n".encode(), {"Connection": "close"})
             try:

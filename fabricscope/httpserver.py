@@ -8,8 +8,10 @@ and idle keep-alive connections wait in a selector instead of holding a thread e
 On top of cheroot, request framing is made unambiguous, because a proxy in front that
 reads a request's end differently from us is how requests are smuggled: a repeated
 Content-Length or Host, both Content-Length and Transfer-Encoding, or whitespace before a
-header's colon is a 400, and a connection whose chunked body the application did not read
-to its end is closed after the response instead of being parsed for another request.
+header's colon is a 400; a chunk size is hex digits on a line of at most 4 KiB, and the
+trailer section is read to its end (BadBody otherwise: a 400); and a connection whose
+chunked body the application did not read to its end is closed after the response instead
+of being parsed for another request.
 
 TLS: the handshake runs on the worker thread that serves the connection, under the
 connection timeout, never on the thread that accepts connections, and a connection
@@ -17,7 +19,8 @@ reaches a worker only once it has sent something - clients that connect and send
 cannot stop the others from being served. Once it has sent something, its request line
 and headers (and the TLS handshake) must all arrive within `header_timeout` seconds in
 total, else it gets a 408 and is closed: a client trickling a byte every few seconds,
-each read well inside the per-read `timeout`, cannot hold a worker for long either. The
+each read well inside the per-read `timeout`, cannot hold a worker for long either (a TLS
+handshake still unfinished then is closed without a reply: there is no HTTP to answer in). The
 body then has `body_timeout` seconds, extended by one second for every `body_min_rate`
 bytes received (as Apache's mod_reqtimeout does): a client that sends its body slower
 than that gets a 408 and the connection is closed.
@@ -25,6 +28,7 @@ than that gets a 408 and the connection is closed.
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import ssl
 import threading
@@ -95,6 +99,51 @@ class _StrictHeaderReader(cheroot_server.HeaderReader):
         return b"_" not in key_name
 
 
+class BadBody(ValueError):
+    """A chunked request body whose framing is malformed: answer 400."""
+
+
+class _StrictChunkedRFile(cheroot_server.ChunkedRFile):
+    """cheroot's chunked-body reader, framing made strict: a size line is read up to
+    MAX_LINE bytes (cheroot read it whole, so a size line with no end grew memory without
+    bound), a size is hex digits only (int(, 16) also takes "-1", "0x2", "+2" or "1_0",
+    and a size <= 0 ended the body: the bytes after it were read as a second request), and
+    the trailer section after the last chunk is read to its empty line (cheroot left its
+    CRLF unread, where the connection's next request was looked for)."""
+
+    MAX_LINE = 4096
+    _SIZE = re.compile(rb"[0-9A-Fa-f]+")
+
+    def _line(self) -> bytes:
+        line = self.rfile.readline(self.MAX_LINE + 2)
+        self.bytes_read += len(line)
+        if self.maxlen and self.bytes_read > self.maxlen:
+            raise cheroot_errors.MaxSizeExceeded("Request Entity Too Large", self.maxlen)
+        if not line.endswith(b"\r\n"):
+            raise BadBody(f"chunked body: a line of over {self.MAX_LINE} bytes, or without CRLF, or cut short")
+        return line[:-2]
+
+    def _fetch(self):
+        if self.closed:
+            return
+        size = self._line().split(b";", 1)[0].strip(b" \t")
+        if not self._SIZE.fullmatch(size):
+            raise BadBody(f"chunked body: bad chunk size {size[:32]!r}")
+        length = int(size, 16)
+        if length == 0:
+            while self._line():                     # trailer fields, up to the empty line
+                pass
+            self.closed = True
+            return
+        if self.maxlen and self.bytes_read + length > self.maxlen:
+            raise cheroot_errors.MaxSizeExceeded("Request Entity Too Large", self.maxlen)
+        chunk = self.rfile.read(length)
+        self.bytes_read += len(chunk)
+        self.buffer += chunk
+        if len(chunk) != length or self.rfile.read(2) != b"\r\n":
+            raise BadBody("chunked body: a chunk not followed by CRLF, or cut short")
+
+
 class _DeadlineSocketIO(socket.SocketIO):
     """The raw socket reads under a connection's buffered reader. While `deadline` is set
     each read may wait only for what is left until it (the socket timeout alone bounds
@@ -152,6 +201,17 @@ class _Request(cheroot_server.HTTPRequest):
             # The body (read by the application, if it reads it) at a minimum rate.
             raw.set_deadline(time.monotonic() + self.server.body_timeout, self.server.body_min_rate)
 
+    def respond(self):
+        if not self.chunked_read:
+            super().respond()
+            return
+        # cheroot's respond() with the strict chunked reader in place of its own.
+        self.rfile = _StrictChunkedRFile(self.conn.rfile, self.server.max_request_body_size)
+        self.server.gateway(self).respond()
+        self.ready and self.ensure_headers_sent()
+        if self.chunked_write:
+            self.conn.wfile.write(b"0\r\n\r\n")
+
     def read_request_headers(self):
         try:
             return super().read_request_headers()
@@ -181,9 +241,20 @@ class _Connection(cheroot_server.HTTPConnection):
 
     def close(self):
         raw = getattr(self.rfile, "raw", None)
-        if getattr(raw, "expired", False):
+        if getattr(raw, "expired", False) and not self._handshake_pending():
             self._linger()
         super().close()
+
+    def _handshake_pending(self) -> bool:
+        """A TLS connection whose handshake never completed (a stalled ClientHello)."""
+        return isinstance(self.socket, ssl.SSLSocket) and self.socket.version() is None
+
+    def _conditional_error(self, req, response):
+        # Before TLS is up there is no HTTP to answer in: writing the 408 re-entered the
+        # unfinished handshake and waited another full timeout holding the worker.
+        if self._handshake_pending():
+            return
+        super()._conditional_error(req, response)
 
     def _linger(self) -> None:
         """Closing a socket with unread bytes in its receive buffer sends a reset, and a
@@ -320,14 +391,10 @@ def respond(start_response: Callable[..., Any], status: int, body: bytes, conten
 def read_body(environ: dict[str, Any], limit: int) -> bytes | None:
     """The whole request body, or None when it is larger than `limit` (answer 413 and the
     server closes the connection). Chunked bodies are de-chunked by the server and
-    refused as soon as a chunk would cross its body limit."""
+    refused as soon as a chunk would cross its body limit. Raises BadBody for malformed
+    chunked framing (answer 400) and TimeoutError for a body that came too slowly (408)."""
     try:
         body = environ["wsgi.input"].read(limit + 1)
     except cheroot_errors.MaxSizeExceeded:
         return None
-    except OSError as exc:
-        # cheroot's chunked reader says "too large" with a bare IOError.
-        if "Too Large" in str(exc):
-            return None
-        raise
     return body if len(body) <= limit else None

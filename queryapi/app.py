@@ -16,6 +16,8 @@ from typing import Any, Mapping
 from apiflask import APIFlask
 from flask import g, request
 
+from fabricscope.httpserver import BadBody, read_body
+
 from . import errors
 from .audit import audit_record, make_audit_logger
 from .auth import OPEN, SECURITY_SCHEMES, authenticate, endpoint_scope
@@ -146,21 +148,16 @@ def _enforce_body_limit(limit: int) -> None:
     chunked = request.environ.get("HTTP_TRANSFER_ENCODING", "").lower() == "chunked"
     if not length and not chunked:
         return
-    raw = request.environ["wsgi.input"]
-    want = length if length is not None else limit + 1
-    buffer = bytearray()
     try:
-        while len(buffer) < want:
-            chunk = raw.read(min(65536, want - len(buffer)))
-            if not chunk:
-                break
-            buffer += chunk
+        buffer = read_body(request.environ, limit)
     except TimeoutError:
-        raise ApiError(408, f"the request body did not arrive in time ({len(buffer)} bytes received); send it "
-                            "faster or in smaller requests", code="request_timeout") from None
-    if len(buffer) > limit:
+        raise ApiError(408, "the request body did not arrive in time; send it faster or in smaller requests",
+                       code="request_timeout") from None
+    except BadBody as exc:
+        raise ApiError(400, str(exc)) from None
+    if buffer is None:
         raise ApiError(413, f"chunked request body exceeds the {limit}-byte limit", code="payload_too_large")
-    request.environ["wsgi.input"] = io.BytesIO(bytes(buffer))
+    request.environ["wsgi.input"] = io.BytesIO(buffer)
     request.environ["CONTENT_LENGTH"] = str(len(buffer))
     request.environ.pop("HTTP_TRANSFER_ENCODING", None)
 

@@ -21,7 +21,10 @@ class UnpairedSurrogate(ValueError):
 
 
 def loads(data: str | bytes) -> Any:
-    value = json.loads(data)
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     if _SURROGATE_ESCAPE.search(raw):
         try:

@@ -9,14 +9,17 @@ import time
 
 import pytest
 
-from fabricscope.httpserver import HttpServer, read_body, respond
+from fabricscope.httpserver import BadBody, HttpServer, read_body, respond
 
 GRACE = 1.0          # body_timeout
 MIN_RATE = 1000      # bytes a second, each one more second
 
 
 def echo_length(environ, start_response):
-    body = read_body(environ, 1 << 20)
+    try:
+        body = read_body(environ, 1 << 20)
+    except BadBody as exc:
+        return respond(start_response, 400, f"{exc}\n".encode(), "text/plain")
     if body is None:
         return respond(start_response, 413, b"too large\n", "text/plain")
     return respond(start_response, 200, f"{len(body)}\n".encode(), "text/plain")
@@ -71,5 +74,91 @@ def test_a_fast_body_and_the_next_request_on_the_connection(server):
             sock.sendall(f"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: {size}\r\n\r\n".encode() + b"z" * size)
             reply = b""
             while not reply.endswith(f"{size}\n".encode()):
-                reply += sock.recv(65536)
+                chunk = sock.recv(65536)
+                assert chunk, reply                # the server closed before the answer
+                reply += chunk
             assert reply.startswith(b"HTTP/1.1 200")
+
+
+# ---- chunked bodies: framing read strictly ----------------------------------------------------
+
+def exchange(server, raw: bytes, timeout: float = 10) -> bytes:
+    """Send `raw` on a new connection, then read until the server closes it."""
+    sock = socket.create_connection((server.host, server.port), timeout=timeout)
+    with sock:
+        try:
+            sock.sendall(raw)
+        except OSError:
+            pass                                   # refused part-way: the reply is still there
+        reply = b""
+        try:
+            while chunk := sock.recv(65536):
+                reply += chunk
+        except ConnectionResetError:
+            pass
+        return reply
+
+
+CHUNKED = b"POST /x HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def test_a_chunk_size_line_without_end_is_refused_after_a_few_kilobytes(server):
+    # 2 MB of hex digits and no line end: the size line is not buffered whole.
+    reply = exchange(server, CHUNKED + b"1" * 2_000_000)
+    assert reply.startswith(b"HTTP/1.1 400") and b"over 4096 bytes" in reply, reply[:200]
+
+
+@pytest.mark.parametrize("size", [b"-1", b"0x2", b"+2", b"1_0", b"zz", b""])
+def test_a_chunk_size_that_is_not_hex_digits_is_a_400_and_nothing_rides_behind_it(server, size):
+    smuggled = b"GET /smuggled HTTP/1.1\r\nHost: t\r\n\r\n"
+    reply = exchange(server, CHUNKED + size + b"\r\n{}\r\n0\r\n\r\n" + smuggled)
+    assert reply.startswith(b"HTTP/1.1 400") and b"bad chunk size" in reply, reply[:200]
+    assert reply.count(b"HTTP/1.1 ") == 1, reply
+
+
+def test_chunked_bodies_with_trailers_leave_the_connection_ready_for_the_next_request(server):
+    sock = socket.create_connection((server.host, server.port), timeout=15)
+    with sock:
+        for body, length in ((b"5\r\nhello\r\n0\r\n\r\n", b"5"), (b"3;ext=1\r\nabc\r\n0\r\nX-Trailer: 1\r\n\r\n", b"3")):
+            sock.sendall(CHUNKED + body)
+            reply = b""
+            while not reply.endswith(b"\r\n\r\n" + length + b"\n"):
+                chunk = sock.recv(65536)
+                assert chunk, reply
+                reply += chunk
+            assert reply.startswith(b"HTTP/1.1 200"), reply
+        started = time.monotonic()
+        sock.sendall(f"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nok".encode())
+        reply = sock.recv(65536)
+        # Answered at once on the same connection: no CRLF left over to be read as a request.
+        assert reply.startswith(b"HTTP/1.1 200") and time.monotonic() - started < 2, reply
+
+
+def test_a_chunked_body_over_the_limit_is_a_413(server):
+    reply = exchange(server, CHUNKED + b"%x\r\n" % (8 << 20) + b"a" * 1000)   # over the server's 4 MiB
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+
+
+def test_a_stalled_tls_handshake_is_closed_at_the_header_deadline_without_a_reply(tmp_path):
+    """A ClientHello cut short: there is no HTTP to answer in, so no 408 is written (writing
+    it re-entered the handshake and held the worker another full timeout)."""
+    import ssl
+
+    from fabricscope.devcerts import ensure_dev_certs
+
+    certs = ensure_dev_certs(tmp_path)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certs.cert, certs.key)
+    with HttpServer(echo_length, threads=1, timeout=1.0, ssl_context=context) as tls:
+        sock = socket.create_connection((tls.host, tls.port), timeout=10)
+        with sock:
+            sock.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")   # the first bytes of a ClientHello
+            started = time.monotonic()
+            received = b""
+            try:
+                while chunk := sock.recv(65536):
+                    received += chunk
+            except ConnectionResetError:
+                pass
+            took = time.monotonic() - started
+    assert received == b"" and took < 1.8, (received, took)

@@ -227,3 +227,14 @@ def test_a_full_exporter_answers_503_and_keeps_its_communicators(port, tmp_path)
         assert metric(base, "fabric_nccl_comm_info", comm="real", rank="0", nranks="2") == 1
     finally:
         running.stop()
+
+
+@pytest.mark.parametrize("body, says", [
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b'{"rank": ' + b"9" * 5000 + b"}", "invalid JSON"),          # beyond int()'s digit limit
+])
+def test_hostile_json_is_an_ingest_error_not_a_crash(body, says):
+    from fabricscope.exporter.nccl.ingest import IngestError, parse_operations
+
+    with pytest.raises(IngestError, match=says):
+        parse_operations(body)

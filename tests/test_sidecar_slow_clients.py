@@ -140,6 +140,25 @@ def test_a_body_sent_slower_than_the_minimum_rate_gets_a_408_and_the_connection_
     versions_within(sidecar, 15)
 
 
+@pytest.mark.parametrize("body, status, says", [
+    (b"zz\r\n{}\r\n0\r\n\r\n", b"400", b"bad chunk size"),                 # not hex digits
+    (b"1" * 200_000, b"400", b"over 4096 bytes"),                               # a size line with no end
+    (b"%x\r\n" % (1 << 25) + b"[", b"413", b"payload_too_large"),             # over the server's body limit
+    (b"%x\r\n" % 300_001 + b"[" * 150_000 + b"1" + b"]" * 150_000 + b"\r\n0\r\n\r\n", b"400", b"nested too deeply"),
+])
+def test_hostile_chunked_and_json_bodies_get_a_4xx_not_a_500(sidecar, body, status, says):
+    with connect(sidecar) as sock:
+        try:
+            sock.sendall(b"POST /tracing/spans HTTP/1.1\r\nHost: sidecar\r\nContent-Type: application/json\r\n"
+                         b"Authorization: Bearer " + sidecar.tokens["writer"].encode() + b"\r\n"
+                         b"Connection: close\r\nTransfer-Encoding: chunked\r\n\r\n" + body)
+        except OSError:
+            pass                                     # refused part-way: the reply is still there
+        reply = closed_by_server(sock, 15)
+    assert reply is not None and reply.startswith(b"HTTP/1.1 " + status) and says in reply, reply[:300]
+    versions_within(sidecar, 15)
+
+
 def test_sigterm_stops_the_sidecar_cleanly_and_closes_its_database(tmp_path):
     make_keys(tmp_path / "keys.yaml")
     sidecar = start_sidecar(tmp_path, "127.0.0.1", free_port(), f"http://127.0.0.1:{free_port()}",

@@ -42,6 +42,8 @@ def parse_operations(body: bytes) -> list[NcclCall]:
         raise IngestError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     except RecursionError:
         raise IngestError("JSON nested too deeply") from None
+    except ValueError as exc:              # e.g. an integer of more digits than int() takes
+        raise IngestError(f"invalid JSON: {exc}") from None
     records = data if isinstance(data, list) else [data]
     if not isinstance(data, (list, dict)):
         raise IngestError(f"expected a JSON object or a list of objects, got {type(data).__name__}")
