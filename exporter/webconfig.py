@@ -36,6 +36,7 @@ from types import SimpleNamespace
 from typing import Literal
 
 from .isolated import IsolatedStepError, in_child
+from .parsers.files import UnreadableFile, read_file_bytes
 from .schema import ConfigError
 
 _TLS_VERSIONS = {
@@ -188,7 +189,14 @@ def _usable_hash(hashed: str, user: str, path: Path) -> bytes:
 
 def _ssl_context(tls: SimpleNamespace, base: Path, path: Path) -> ssl.SSLContext:
     def resolve(name: str | None) -> str | None:
-        return str(base / name) if name else None
+        if not name:
+            return None
+        file = base / name
+        try:
+            read_file_bytes(file)     # ssl's own open of a FIFO or a device would block start-up forever
+        except UnreadableFile as exc:
+            raise WebConfigError(f"{path}: tls_server_config: {file}: {exc}") from None
+        return str(file)
 
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:

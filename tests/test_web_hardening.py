@@ -277,6 +277,24 @@ def test_web_config_mistakes_name_the_key(tmp_path, text, message):
     assert message in str(info.value) and str(path) in str(info.value)
 
 
+@pytest.mark.parametrize("which", ["cert_file", "key_file", "client_ca_file"])
+def test_a_fifo_as_a_tls_file_is_a_clear_error_not_a_hang(tmp_path, which):
+    """ssl opens the files itself: a FIFO there would block start-up until a writer came."""
+    import os
+
+    from fabricscope.devcerts import ensure_dev_certs
+
+    certs = ensure_dev_certs(tmp_path / "certs")
+    files = {"cert_file": certs.cert, "key_file": certs.key, "client_ca_file": certs.ca}
+    files[which] = tmp_path / "fifo"
+    os.mkfifo(files[which])
+    path = tmp_path / "web.yml"
+    path.write_text("tls_server_config:\n" + "".join(f"  {key}: {value}\n" for key, value in files.items())
+                    + "  client_auth_type: RequireAndVerifyClientCert\n")
+    with pytest.raises(WebConfigError, match="not a regular file"):
+        load_web_config(path)
+
+
 def test_web_config_mistake_stops_the_exporter_without_a_traceback(tmp_path):
     (tmp_path / "web.yml").write_text("tls_server_config:\n  cert_file: c\n  key_file: k\n  min_version: TLS99\n")
     result = subprocess.run([sys.executable, "-m", "fabricscope.cli", "exporter", "--web.config.file",
