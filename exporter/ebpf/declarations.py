@@ -83,8 +83,19 @@ def _layout(metric: dict, origin: str) -> BucketLayout:
 
 
 def load_declarations(directory: Path = SOURCE_DIR) -> list[ObjectDecl]:
-    """Every <name>.yaml in `directory` that has a matching <name>.bpf.c."""
-    import yaml   # here, not at the top: only an exporter with the ebpf collector on needs it
+    """Every <name>.yaml in `directory` that has a matching <name>.bpf.c, parsed in a
+    short-lived child where one can be forked (exporter/isolated.py): PyYAML does not stay
+    resident in the serving exporter. A bad declaration is a ValueError naming its file."""
+    from ..isolated import IsolatedStepError, in_child
+
+    try:
+        return in_child(_parse_declaration_files, directory)
+    except IsolatedStepError as exc:
+        raise ValueError(str(exc).split("\n", 1)[0]) from None
+
+
+def _parse_declaration_files(directory: Path) -> list[ObjectDecl]:
+    import yaml   # here, not at the top: only this step needs it
 
     decls = []
     for path in sorted(directory.glob("*.yaml")):
