@@ -158,10 +158,8 @@ def add_key(path: Path, key_id: str, scopes: list[str]) -> str:
     """Append a new key to `path` (created if missing, written atomically) and return the
     token, which is shown once and stored nowhere."""
     path = Path(path)
-    existing = KeyFile()
-    if path.exists():
-        parse_key_file(path)  # refuse to append to a broken file
-        existing = KeyFile.model_validate(load_yaml(path) or {})
+    # A broken file is refused, not appended to; the entries come back in file order.
+    existing = KeyFile(keys=list(parse_key_file(path).values())) if path.exists() else KeyFile()
     if any(entry.id == key_id for entry in existing.keys):
         raise KeyFileError(f"key id {key_id!r} already exists in {path}; remove it first to rotate")
     token = mint_key()
