@@ -25,6 +25,7 @@ from fabricscope.chaos.blast import BlastRadiusEngine  # noqa: E402
 from fabricscope.chaos.generator import FatTreeSpec, generate_fat_tree  # noqa: E402
 from fabricscope.chaos.model import SWITCH_KINDS  # noqa: E402
 from fabricscope.chaos.reference import NetworkxBlastRadius  # noqa: E402
+from measure import percentile  # noqa: E402
 
 TARGET_P99_MS = {16384: 50.0, 102400: 500.0}
 TARGET_RATIO = 10.0
@@ -33,11 +34,6 @@ TARGET_RATIO = 10.0
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
 def sample_requests(topology, count: int, seed: int) -> list[tuple[str, str]]:
@@ -96,7 +92,7 @@ def run_size(gpus: int, samples: int, reference_samples: int, seed: int) -> dict
         "edges": topology.graph.number_of_edges(), "states": engine.compact.states,
         "traversal_edges": engine.compact.edges, "generate_s": generated, "compact_build_s": built,
         "model_rss_mb": (rss1 - rss0) / 2**20, "compact_mb": engine.compact.memory_bytes() / 2**20,
-        "p50_ms": statistics.median(times) * 1e3, "p99_ms": percentile(times, 99) * 1e3,
+        "p50_ms": statistics.median(times) * 1e3, "p99_ms": percentile(times, 0.99) * 1e3,
         "max_ms": max(times) * 1e3, "worst": requests[worst], "samples": len(times),
         "whole_ms": whole_s * 1e3, "whole_affected": whole.affected_device_count,
         "nx_build_s": reference_built, "nx_p50_ms": statistics.median(nx_times) * 1e3,

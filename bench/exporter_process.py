@@ -11,16 +11,16 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from measure import stat_cpu_seconds
+
 ALL = ["ebpf", "infiniband", "kmsg", "nccl", "netdev", "nvlink", "tcp"]
 # "all" as glibc runs it on a 64-core host: 8 malloc arenas a core instead of the
 # exporter's cap of 2 (exporter/malloc.py; the environment variable wins over the cap).
 SET_ENVIRONMENT = {"all 512 arenas": {"MALLOC_ARENA_MAX": "512"}}
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return stat_cpu_seconds(f"/proc/{pid}/stat")
 
 
 def memory_mb(pid: int) -> dict[str, float]:

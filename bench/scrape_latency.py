@@ -46,6 +46,7 @@ from fabricscope.demo.plugin import ClusterSpec, NodeSpec  # noqa: E402
 from fabricscope.demo.sim_kmsg import KERN_INFO, KERN_WARNING  # noqa: E402
 from fabricscope.demo.sim_node import SimNode  # noqa: E402
 from fabricscope.stack.binaries import free_port  # noqa: E402
+from measure import percentile  # noqa: E402
 from nvml_old_path import read_as_the_old_collector  # noqa: E402
 
 HOST_COLLECTORS = ["infiniband", "netdev", "tcp", "kmsg"]
@@ -97,11 +98,6 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def report(name: str, times: list[float], series: int, rss: float | None) -> None:
@@ -167,12 +163,13 @@ def old_synchronous_path_seconds(backend, gpus) -> float:
 
 
 def link_rounds_cpu(nvlink, rounds: int) -> float:
-    """Median CPU of one GPU's link round (with its gpu tier) over `rounds` refreshes."""
+    """Median CPU of one GPU's link tier in a round over `rounds` refreshes (its gpu tier,
+    the link states, is counted apart: the shares below add the two)."""
     per_round = []
     for _ in range(rounds):
-        before = [s.cpu_seconds for s in nvlink.samplers]
+        before = [s.cpu_by_tier["link"] for s in nvlink.samplers]
         assert nvlink.refresh(), "a GPU sample timed out"
-        per_round += [s.cpu_seconds - b for s, b in zip(nvlink.samplers, before)]
+        per_round += [s.cpu_by_tier["link"] - b for s, b in zip(nvlink.samplers, before)]
     return statistics.median(per_round)
 
 

@@ -36,17 +36,13 @@ from fabricscope.queryapi.keys import add_key  # noqa: E402
 from fabricscope.queryapi.prom import PrometheusClient  # noqa: E402
 from fabricscope.queryapi.tracing.correlate import correlate_one  # noqa: E402
 from fabricscope.stack.sidecar import start_sidecar  # noqa: E402
+from measure import percentile, stat_cpu_seconds  # noqa: E402
 
 NODES = [f"gpu-node-{i}" for i in range(64)]
 ANOMALOUS = NODES[::8]          # 8 nodes with a firing anomaly
 RULES = {"groups": [{"name": "bench", "interval": "1s", "rules": [
     {"alert": "FabricTcpMicroburst", "labels": {"severity": "warning"},
      "expr": " or ".join(f'label_replace(vector(5), "node", "{n}", "", "")' for n in ANOMALOUS)}]}]}
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 PLACEHOLDER_TRACE = "t" * 10
@@ -100,18 +96,16 @@ class Rig:
 
 def process_tree_cpu_seconds(root_pid: int) -> float:
     """user+system CPU of a process and its children, from /proc."""
-    ticks = os.sysconf("SC_CLK_TCK")
     total = 0.0
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if int(entry.name) == root_pid or ppid == root_pid:
+                total += stat_cpu_seconds(entry / "stat")
         except OSError:
-            continue
-        pid, ppid = int(entry.name), int(fields[1])
-        if pid == root_pid or ppid == root_pid:
-            total += (int(fields[11]) + int(fields[12])) / ticks
+            continue                              # gone meanwhile
     return total
 
 

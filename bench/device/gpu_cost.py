@@ -46,6 +46,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))          # bench/: exporter_process
 
 from exporter_process import ALL, ExporterProcess, measured_window  # noqa: E402
+from measure import percentile, py_spy, stat_cpu_seconds  # noqa: E402
 from nvml_old_path import read_as_the_old_collector  # noqa: E402
 from nccl_straggler import fetch, free_port, import_exporter, parse, pick, scrape  # noqa: E402
 
@@ -61,11 +62,6 @@ def say(text: str = "") -> None:
     lines.append(text)
 
 
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] if ordered else float("nan")
-
-
 # ---- part 1: NVML ------------------------------------------------------------------------------
 
 def timed(function, *args) -> tuple[float, float, object]:
@@ -78,8 +74,16 @@ def timed(function, *args) -> tuple[float, float, object]:
     return time.perf_counter() - wall, time.thread_time() - cpu, result
 
 
+def call_row(samples: list[tuple[float, float, object]], values: int = 1) -> dict:
+    """Median wall and CPU of timed() calls, and how many answered."""
+    return {"calls": len(samples), "values_per_call": values,
+            "answered": sum(not isinstance(r, Exception) for _, _, r in samples),
+            "wall_ms_median": statistics.median(w for w, _, _ in samples) * 1e3,
+            "cpu_ms_median": statistics.median(c for _, c, _ in samples) * 1e3}
+
+
 def simulated_nvml():
-    """--simulate: the demo's simulated NVML (H200 per-call costs), 4 GPUs."""
+    """--simulate: the demo's simulated NVML (H200 per-call costs), WORLD GPUs."""
     import random
 
     from fabricscope.demo.plugin import ClusterSpec, NodeSpec
@@ -127,7 +131,7 @@ def nvml_part(results: dict, simulate: bool, interval: float, link_interval: flo
     from fabricscope.exporter.nvml.backend import (ERROR_TYPES, FI_NVLINK_ERROR_DL_CRC, FI_NVLINK_ERROR_DL_RECOVERY,
                                                    FI_NVLINK_ERROR_DL_REPLAY, FI_NVLINK_THROUGHPUT_DATA_RX,
                                                    FI_NVLINK_THROUGHPUT_DATA_TX, error_field)
-    from fabricscope.exporter.nvml.sampler import GpuSampler
+    from fabricscope.exporter.nvml.sampler import GATE_SAFETY_INTERVALS, GpuSampler
 
     backend = simulated_nvml() if simulate else open_backend()
     gpus = backend.gpus()
@@ -137,10 +141,7 @@ def nvml_part(results: dict, simulate: bool, interval: float, link_interval: flo
     calls: dict[str, dict] = {}
 
     def record(name: str, samples: list[tuple[float, float, object]], values: int = 1) -> None:
-        ok = sum(1 for _, _, r in samples if not isinstance(r, Exception))
-        calls[name] = {"calls": len(samples), "values_per_call": values, "answered": ok,
-                       "wall_ms_median": statistics.median(s[0] for s in samples) * 1e3,
-                       "cpu_ms_median": statistics.median(s[1] for s in samples) * 1e3}
+        calls[name] = call_row(samples, values)
 
     record("nvmlDeviceGetNvLinkState (all links)", [timed(backend.link_states, gpu) for _ in range(5)], len(links))
     record("version + remote PCI + remote type", [timed(backend.link_static, gpu, link) for link in links])
@@ -194,10 +195,11 @@ def nvml_part(results: dict, simulate: bool, interval: float, link_interval: flo
         return out
 
     rounds_of(True, 1)                                 # the first settles each GPU's plan
+    settled = [dict(s.gate_rounds) for s in samplers]
     timing.reset()
     link_rounds = rounds_of(True, 3)                   # error totals unchanged: gated (a total that moves opens it)
     gated_calls = timing.per_round(3 * len(gpus))
-    gate = {g.index: dict(samplers[i].gate_rounds) for i, g in enumerate(gpus)}
+    gate = {g.index: {k: v - settled[i][k] for k, v in samplers[i].gate_rounds.items()} for i, g in enumerate(gpus)}
     for s in samplers:                                 # every per-link counter read, as after a total moved
         s.gate_safety = 0.0
     timing.reset()
@@ -220,8 +222,6 @@ def nvml_part(results: dict, simulate: bool, interval: float, link_interval: flo
     for t in threads:
         t.join()
     parallel = time.perf_counter() - wall
-    for s in samplers:
-        s.gate_safety = 10 * s.link_interval
     reads = {g.index: samplers[i].latest.error_reads for i, g in enumerate(gpus)}
     gated = {g.index: samplers[i].latest.gated for i, g in enumerate(gpus)}
     costs = {g.index: {m: c * 1e3 for m, c in samplers[i].latest.read_costs.items()} for i, g in enumerate(gpus)}
@@ -230,8 +230,8 @@ def nvml_part(results: dict, simulate: bool, interval: float, link_interval: flo
     gated_cpu = statistics.median(c for r in link_rounds.values() for _, c in r)
     gated_wall = statistics.median(w for r in link_rounds.values() for w, _ in r)
     gpu_cpu = statistics.median(c for r in gpu_rounds.values() for _, c in r)
-    # Steady state: gated rounds, and every 10th round (the safety interval) a full one.
-    steady_cpu = (9 * gated_cpu + link_cpu) / 10
+    # Steady state: gated rounds, and every GATE_SAFETY_INTERVALS-th round (the safety read) a full one.
+    steady_cpu = ((GATE_SAFETY_INTERVALS - 1) * gated_cpu + link_cpu) / GATE_SAFETY_INTERVALS
     say(f"before: old synchronous path, {len(gpus)} GPUs one after another: "
         f"{statistics.median(b[0] for b in before) * 1e3:.0f} ms wall, {statistics.median(b[1] for b in before) * 1e3:.0f} ms "
         f"CPU per scrape")
@@ -246,10 +246,11 @@ def nvml_part(results: dict, simulate: bool, interval: float, link_interval: flo
             + ", ".join(f"{call} {ms:.3f}" for call, ms in per_call.items()))
     say(f"error counters read per GPU 0 link round: {reads[gpus[0].index]}; measured ms per value: "
         f"{ {m: round(c, 3) for m, c in costs[gpus[0].index].items()} }")
-    for n in (len(gpus), 2 * len(gpus)):
+    for n in (4, 8):                                  # per-GPU figures times a node's GPUs
         say(f"sampling CPU share, {n} GPUs: {n * (gpu_cpu / interval + steady_cpu / link_interval) * 100:.3f}% of a "
-            f"core (gpu tier {interval:g} s, link tier {link_interval:g} s, error totals unchanged: 9 gated rounds "
-            f"in 10); {n * (gpu_cpu / interval + link_cpu / link_interval) * 100:.3f}% while errors climb (every "
+            f"core (gpu tier {interval:g} s, link tier {link_interval:g} s, error totals unchanged: "
+            f"{GATE_SAFETY_INTERVALS - 1} gated rounds in {GATE_SAFETY_INTERVALS}); "
+            f"{n * (gpu_cpu / interval + link_cpu / link_interval) * 100:.3f}% while errors climb (every "
             f"link round full); {n * link_cpu / interval * 100:.2f}% reading everything every {interval:g} s "
             f"(gpu-tier rounds here run back to back: the exporter's, after a wait, cost more)")
     results["nvml"] = {"gpus": len(gpus), "gpu_name": gpu.name, "links": len(links), "calls": calls,
@@ -396,8 +397,7 @@ def job_part(args, results: dict, work: Path) -> None:
     config.write_text(f"nvlink:\n  sample_interval_seconds: {args.nvlink_interval}\n"
                       f"  link_sample_interval_seconds: {args.nvlink_link_interval}\n")
     ctx = mp.get_context("spawn")
-    stop, steps = ctx.Event(), ctx.Value("q", 0)
-    port = free_port()
+    stop, steps = ctx.Event(), ctx.Value("q", 0)        # steps summed over every rank
     if args.simulate:
         sys.path.insert(0, str(ROOT))
         from tests.nccl_fake.build import build_fake_nccl
@@ -405,7 +405,7 @@ def job_part(args, results: dict, work: Path) -> None:
         os.environ["GPU_COST_FAKE_NCCL"] = str(build_fake_nccl(work)[0])
     target = fake_rank_main if args.simulate else rank_main
     # --jobs K: K data-parallel jobs side by side on the same GPUs (K x WORLD ranks).
-    ports = [port] + [free_port() for _ in range(args.jobs - 1)]
+    ports = [free_port() for _ in range(args.jobs)]
     ranks = [ctx.Process(target=target, args=(rank, job_port, stop, steps, args.step_seconds))
              for job_port in ports for rank in range(WORLD)]
     if args.present_gpus:
@@ -418,7 +418,7 @@ def job_part(args, results: dict, work: Path) -> None:
         for rank in ranks:
             rank.start()
         deadline = time.monotonic() + 240
-        while steps.value < 50:
+        while steps.value < 50 * len(ranks):
             if time.monotonic() > deadline or not all(r.is_alive() for r in ranks):
                 raise SystemExit("the PyTorch job did not start training (see the ranks' output above)")
             time.sleep(0.5)
@@ -464,12 +464,13 @@ def job_part(args, results: dict, work: Path) -> None:
         + (f", the exporters shown {args.present_gpus} GPUs (each physical GPU's NVML calls made "
            f"{args.present_gpus // max(1, results.get('nvml', {}).get('gpus', args.present_gpus))}x)"
            if args.present_gpus else "") + ","
-        f" {job_steps / wall:.1f} training steps/s; scrape every "
+        f" {job_steps / wall / len(ranks):.1f} training steps/s per rank; scrape every "
         f"{args.scrape_interval:g} s; CPU over {wall:.0f} s; NVLink gpu tier every {args.nvlink_interval:g} s, link tier every "
         f"{args.nvlink_link_interval:g} s")
     say(f"{'collectors':<13} {'CPU s':>6} {'% core':>7} {'RSS MB':>7} {'anon':>6} {'file':>6} {'scrape p50/p99 ms':>18} "
         f"{'nvlink p50/max ms':>18} {'gpu age p50/max s':>14} {'NCCL calls/s':>13}")
-    results["job"] = {"processes": processes, "maps_mb": maps_kb / 1024, "steps_per_second": job_steps / wall,
+    results["job"] = {"processes": processes, "maps_mb": maps_kb / 1024,
+                      "steps_per_second_per_rank": job_steps / wall / len(ranks),
                       "seconds": wall, "scrape_interval": args.scrape_interval,
                       "nvlink_interval": args.nvlink_interval, "nvlink_link_interval": args.nvlink_link_interval,
                       "sets": {}}
@@ -499,22 +500,22 @@ def job_part(args, results: dict, work: Path) -> None:
             row["cpu_share_by_thread"] = {name: seconds / wall for name, seconds in threads.items()}
         results["job"]["sets"][exporter.name] = row
         say(f"{exporter.name:<13} {row['cpu_s']:6.2f} {row['core_share'] * 100:6.2f}% {mem['VmRSS']:7.1f} "
-            f"{mem['RssAnon']:6.1f} {mem['RssFile']:6.1f} {quantile(scrape_ms, .5):8.1f}/{quantile(scrape_ms, .99):<8.1f} "
-            f"{quantile(row['nvlink_collector_ms'], .5):8.2f}/{max(row['nvlink_collector_ms'] or [0]):<8.2f} "
-            f"{quantile(ages, .5):6.1f}/{max(ages or [0]):<6.1f} {row['nccl_calls_per_second']:13.0f}")
+            f"{mem['RssAnon']:6.1f} {mem['RssFile']:6.1f} {percentile(scrape_ms, .5):8.1f}/{percentile(scrape_ms, .99):<8.1f} "
+            f"{percentile(row['nvlink_collector_ms'], .5):8.2f}/{max(row['nvlink_collector_ms'] or [0]):<8.2f} "
+            f"{percentile(ages, .5):6.1f}/{max(ages or [0]):<6.1f} {row['nccl_calls_per_second']:13.0f}")
         if "cpu_share_by_thread" in row:
             say(f"{'':<13} CPU by thread (% of a core): " + ", ".join(
                 f"{name} {share * 100:.3f}" for name, share in row["cpu_share_by_thread"].items() if share > 0))
         say(f"{'':<13} collector p50/max ms: " + ", ".join(
-            f"{c} {quantile(v, .5):.1f}/{max(v or [0]):.1f}" for c, v in by_collector.items()))
+            f"{c} {percentile(v, .5):.1f}/{max(v or [0]):.1f}" for c, v in by_collector.items()))
         if "nvlink" in SETS[exporter.name]:
             by_tier = row["sampling_cpu_share_by_tier"]
             say(f"{'':<13} NVLink sampling threads: {row['sampling_cpu_share'] * 100:.3f}% of a core (gpu tier "
                 f"{by_tier['gpu'] * 100:.3f}%, link tier {by_tier['link'] * 100:.3f}%: one link round per GPU every "
                 f"{args.nvlink_link_interval:g} s, so a window shorter than that under- or over-counts it); "
-                f"link-tier age p50/max {quantile(link_ages, .5):.1f}/{max(link_ages or [0]):.1f} s")
-    say("(each exporter runs under this script's launcher, which adds ~2.4 MB of RSS to what "
-        "`fabricscope exporter` would use; scrape p50/p99 over "
+                f"link-tier age p50/max {percentile(link_ages, .5):.1f}/{max(link_ages or [0]):.1f} s")
+    say("(each exporter runs under this script's launcher, a little more RSS than `fabricscope exporter` "
+        "alone (docs/cost.md \"Memory\"); scrape p50/p99 over "
         f"{args.latency_scrapes} timed requests per set after the CPU window, the HTTP request only)")
     say("targets: scrape p99 <= 25 ms; exporter <= 0.5% of one core at a 15 s scrape interval, RSS <= 70 MB; "
         "NVLink samples no older than their tier's interval (+ one round)")
@@ -524,13 +525,12 @@ def job_part(args, results: dict, work: Path) -> None:
 
 def thread_cpu(pid: int) -> dict[int, float]:
     """CPU seconds (user + system) of each thread of the process."""
-    tick, out = os.sysconf("SC_CLK_TCK"), {}
+    out = {}
     for entry in os.scandir(f"/proc/{pid}/task"):
         try:
-            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+            out[int(entry.name)] = stat_cpu_seconds(Path(entry.path, "stat"))
         except OSError:
-            continue
-        out[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+            continue                                    # the thread ended meanwhile
     return out
 
 
@@ -538,15 +538,13 @@ def cpu_by_thread(pid: int, before: dict[int, float]) -> dict[str, float]:
     """CPU seconds each kind of thread used since `before`, by Python thread name (digits
     folded: nvml-gpu#), the names read with `py-spy dump` (threads it cannot name: by tid)."""
     import re
-    import shutil
     import subprocess
 
     after = thread_cpu(pid)
     names: dict[int, str] = {}
-    py_spy = HERE / "lib" / "py-spy"
-    py_spy = str(py_spy) if py_spy.is_file() else shutil.which("py-spy")
-    if py_spy:
-        dump = subprocess.run([py_spy, "dump", "--nonblocking", "--pid", str(pid)], capture_output=True, text=True,
+    spy = py_spy()
+    if spy:
+        dump = subprocess.run([spy, "dump", "--nonblocking", "--pid", str(pid)], capture_output=True, text=True,
                               timeout=60).stdout
         for match in re.finditer(r'^Thread (0x[0-9A-Fa-f]+|\d+) \([^)]*\): "([^"]*)"', dump, re.M):
             tid = match.group(1)
@@ -559,18 +557,16 @@ def cpu_by_thread(pid: int, before: dict[int, float]) -> dict[str, float]:
 
 
 def start_profile(exporter: Exporter, seconds: float, out_dir: Path):
-    """py-spy (bench/device/lib/py-spy, or on PATH) samples the exporter without stopping
-    it (--nonblocking: the exporter's CPU is not charged for the sampling)."""
-    import shutil
+    """py-spy samples the exporter without stopping it (--nonblocking: the exporter's CPU
+    is not charged for the sampling)."""
     import subprocess
 
-    py_spy = HERE / "lib" / "py-spy"
-    py_spy = str(py_spy) if py_spy.is_file() else shutil.which("py-spy")
-    if py_spy is None:
+    spy = py_spy()
+    if spy is None:
         say("(no py-spy: no profile)")
         return None
     out_dir.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen([py_spy, "record", "--nonblocking", "--threads", "-r", "200", "-f", "raw", "-d",
+    return subprocess.Popen([spy, "record", "--nonblocking", "--threads", "-r", "200", "-f", "raw", "-d",
                              str(int(seconds)), "-o", str(out_dir / f"{exporter.name.replace(' ', '_')}.txt"),
                              "-p", str(exporter.proc.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -589,9 +585,7 @@ def in_job_call_costs(simulate: bool) -> dict:
     rows: dict[str, dict] = {}
 
     def record(name: str, samples: list[tuple[float, float, object]]) -> None:
-        rows[name] = {"calls": len(samples), "answered": sum(not isinstance(r, Exception) for _, _, r in samples),
-                      "wall_ms_median": statistics.median(w for w, _, _ in samples) * 1e3,
-                      "cpu_ms_median": statistics.median(c for _, c, _ in samples) * 1e3}
+        rows[name] = call_row(samples)
 
     record("link states (all links)", [timed(backend.link_states, gpu) for _ in range(20)])
     record("crc_data counter, per link", [timed(backend.error_counter, gpu, link, "crc_data") for link in links])

@@ -1,8 +1,8 @@
 """Does the exporter's GPM-counted NVLink traffic agree with the driver's own counters?
 
 On a GPU host, while a 4-rank NCCL all-reduce loop moves data over NVLink, the exporter
-(nvlink collector only, link tier every --link-interval seconds) is scraped twice, a few
-link rounds apart. Over the same two moments this script reads the driver's per-link
+(nvlink collector only, link tier every --link-interval seconds, default 10) is scraped
+twice, four link rounds apart. Over the same two moments this script reads the driver's per-link
 throughput counters itself (field values NVLINK_THROUGHPUT_DATA_TX/RX, the path a GPU
 without GPM takes). It prints, per link of GPU 0, the rate each way and their ratio, and
 the exporter's fabric_nvlink_throughput_method.
@@ -11,6 +11,7 @@ the exporter's fabric_nvlink_throughput_method.
 """
 from __future__ import annotations
 
+import argparse
 import multiprocessing as mp
 import os
 import sys
@@ -51,10 +52,12 @@ def driver_counters(backend, gpu, links) -> tuple[float, dict[int, tuple[int, in
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--link-interval", type=float, default=10.0, help="the exporter's link tier (seconds)")
+    link_interval = parser.parse_args().link_interval
     import_exporter()
     from fabricscope.exporter.nvml import open_backend
 
-    link_interval = float(os.environ.get("GPM_CHECK_LINK_INTERVAL", "10"))
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
     port = free_port()
@@ -71,6 +74,8 @@ def main() -> int:
             for rank in ranks:
                 rank.start()
             time.sleep(30)                                   # NCCL up, traffic flowing, a few link rounds
+            if not all(rank.is_alive() for rank in ranks):
+                raise SystemExit("the all-reduce job did not start (see the ranks' output above)")
             first, first_scraped = exporter.scrape(), time.monotonic()
             first_at, first_driver = driver_counters(backend, gpu, links)
             time.sleep(4 * link_interval)

@@ -63,7 +63,8 @@ from nccl_straggler import import_exporter  # noqa: E402
 from smaps import largest_mappings  # noqa: E402
 
 import_exporter()
-from fabricscope.exporter.malloc import cap_malloc_arenas, return_free_heap  # noqa: E402
+from fabricscope.exporter.collectors.nvlink import DEFAULT_LINK_SAMPLE_INTERVAL, DEFAULT_SAMPLE_INTERVAL  # noqa: E402
+from fabricscope.exporter.malloc import DEFAULT_ARENAS, cap_malloc_arenas, return_free_heap  # noqa: E402
 from fabricscope.exporter.nvml.sampler import GpuSampler  # noqa: E402
 
 STEPS.append(("this script's imports (exporter source tree)", status()))
@@ -126,7 +127,7 @@ def main() -> int:
     args = parser.parse_args()
     started = time.monotonic()
     capped = cap_malloc_arenas()
-    say(f"python {sys.version.split()[0]}, pid {os.getpid()}, malloc arena cap {'2' if capped else 'not applied'}")
+    say(f"python {sys.version.split()[0]}, pid {os.getpid()}, malloc arena cap {DEFAULT_ARENAS if capped else 'not applied'}")
     say(f"{'step':<62} {'RSS MB':>7} {'anon':>7} {'file':>7} {'private':>7} {'shared':>7}   "
         f"{'+RSS':>6} {'+anon':>6} {'+file':>6}")
     show(0)
@@ -145,12 +146,12 @@ def main() -> int:
 
     gpus = backend.gpus()
     for gpu in gpus:
-        sample = GpuSampler(backend, gpu, interval=10.0, link_interval=120.0).sample_once(link_round=True)
+        sample = GpuSampler(backend, gpu, DEFAULT_SAMPLE_INTERVAL, DEFAULT_LINK_SAMPLE_INTERVAL).sample_once()
         if sample.failure:
             say(f"  GPU {gpu.index}: the round failed ({sample.failure})")
     step(f"one sampling round of each of {len(gpus)} GPUs (both tiers), this thread")
 
-    samplers = [GpuSampler(backend, gpu, 10.0, 120.0) for gpu in gpus]
+    samplers = [GpuSampler(backend, gpu, DEFAULT_SAMPLE_INTERVAL, DEFAULT_LINK_SAMPLE_INTERVAL) for gpu in gpus]
     for sampler in samplers:
         sampler.start()
     deadline = time.monotonic() + 30
