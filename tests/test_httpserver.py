@@ -82,6 +82,17 @@ def test_a_fast_body_and_the_next_request_on_the_connection(server):
 
 # ---- chunked bodies: framing read strictly ----------------------------------------------------
 
+def read_to_close(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    reply = b""
+    try:
+        while chunk := sock.recv(65536):
+            reply += chunk
+    except ConnectionResetError:
+        pass
+    return reply
+
+
 def exchange(server, raw: bytes, timeout: float = 10) -> bytes:
     """Send `raw` on a new connection, then read until the server closes it."""
     sock = socket.create_connection((server.host, server.port), timeout=timeout)
@@ -90,13 +101,7 @@ def exchange(server, raw: bytes, timeout: float = 10) -> bytes:
             sock.sendall(raw)
         except OSError:
             pass                                   # refused part-way: the reply is still there
-        reply = b""
-        try:
-            while chunk := sock.recv(65536):
-                reply += chunk
-        except ConnectionResetError:
-            pass
-        return reply
+        return read_to_close(sock)
 
 
 CHUNKED = b"POST /x HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -154,11 +159,6 @@ def test_a_stalled_tls_handshake_is_closed_at_the_header_deadline_without_a_repl
         with sock:
             sock.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")   # the first bytes of a ClientHello
             started = time.monotonic()
-            received = b""
-            try:
-                while chunk := sock.recv(65536):
-                    received += chunk
-            except ConnectionResetError:
-                pass
+            received = read_to_close(sock)
             took = time.monotonic() - started
     assert received == b"" and took < 1.8, (received, took)
