@@ -74,6 +74,10 @@ class InfiniBandCollector(Collector):
         with self._lock:
             return self._collect()
 
+    def close(self) -> None:
+        with self._lock:
+            self.static_cache.close()
+
     def _collect(self) -> list[Metric]:
         devices = [d for d in read_infiniband(self.ctx.sysfs, self.static_cache)
                    if not (d.pci is not None and d.pci.is_virtual_function)]   # VFs: the PF reports

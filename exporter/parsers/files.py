@@ -46,7 +46,7 @@ class ReadProblem:
         return f"{self.path}: {self.reason}"
 
 
-def _open_regular(path: str | Path, dir_fd: int | None = None) -> int | str:
+def open_regular(path: str | Path, dir_fd: int | None = None) -> int | str:
     """A descriptor open on `path` if it is a regular file, else the reason label.
 
     Opened non-blocking (a FIFO opens at once instead of waiting for a writer) and then
@@ -88,12 +88,20 @@ def _read_fd(fd: int, limit: int) -> bytes | str:
 
 def _read(path: str | Path, limit: int, dir_fd: int | None = None, directory: str | None = None
           ) -> str | ReadProblem:
-    fd = _open_regular(path, dir_fd)
-    raw = fd if fd.__class__ is str else _read_fd(fd, limit)
-    if raw.__class__ is str:
-        return ReadProblem(Path(directory, path) if directory else Path(path), raw)
-    text = raw.decode("utf-8", "replace").strip()
-    return text if text else ReadProblem(Path(directory, path) if directory else Path(path), "empty")
+    fd = open_regular(path, dir_fd)
+    return as_text(fd if fd.__class__ is str else _read_fd(fd, limit), path, directory)
+
+
+def as_text(raw: bytes | str, name: str | Path, directory: str | None = None) -> str | ReadProblem:
+    """What a read returned (bytes, or the reason label of a failure) as stripped text, or
+    as the ReadProblem of `name` (in `directory`): an empty file is a problem too. The Path
+    is built only for a problem."""
+    if raw.__class__ is not str:
+        text = raw.decode("utf-8", "replace").strip()
+        if text:
+            return text
+        raw = "empty"
+    return ReadProblem(Path(directory, name) if directory else Path(name), raw)
 
 
 class UnreadableFile(OSError):
@@ -112,7 +120,7 @@ def read_file_bytes(path: str | Path, limit: int = MAX_FILE_BYTES) -> bytes:
     """The whole content of a regular file of at most `limit` bytes, else UnreadableFile.
     For files an operator names (configuration, keys, inventories): a plain open() of a
     FIFO waits for a writer forever, and a read of /dev/zero never ends."""
-    fd = _open_regular(path)
+    fd = open_regular(path)
     raw = fd if fd.__class__ is str else _read_fd(fd, limit)
     if raw.__class__ is str:
         raise UnreadableFile(path, raw, limit)

@@ -6,9 +6,11 @@ file belongs, permission denied) become a ReadProblem in the device's `problems`
 the value is skipped, so one bad file never costs the rest of the device or other devices.
 
 Attributes that cannot change without the device being re-probed (board_id, fw_ver,
-hca_type, node_guid, PCI placement, port list, link layer, counter file names) are read
-once per device identity and kept in a StaticCache; a re-probed device gets a new sysfs
-directory (new inode) and therefore a fresh read.
+hca_type, node_guid, PCI placement, port list, link layer) are read once per device
+identity and kept in a StaticCache; a re-probed device gets a new sysfs directory (new
+inode) and therefore a fresh read. The files read on every scrape (port state, counters/,
+hw_counters/) are held open by the cached entry and re-read in place (parsers/held.py),
+which also follows a counter file appearing, vanishing or being replaced.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from .files import ReadProblem, parse_counter, parse_int, read_small_text, read_small_texts, reason_for
+from .files import ReadProblem, parse_counter, parse_int, read_small_text, reason_for
+from .held import HeldDirectory
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,8 +144,17 @@ class _StaticPort:
     path: str
     link_layer: str | None
     netdev: str | None
-    counter_files: tuple[str, ...]
-    hw_counter_files: tuple[str, ...]
+    # Held open between scrapes (parsers/held.py): the three attributes read per scrape,
+    # counters/ and hw_counters/ whole, and the Ethernet netdev's carrier_changes.
+    attributes: HeldDirectory
+    counters: HeldDirectory
+    hw_counters: HeldDirectory
+    carrier: HeldDirectory | None
+
+    def close(self) -> None:
+        for held in (self.attributes, self.counters, self.hw_counters, self.carrier):
+            if held is not None:
+                held.close()
 
 
 @dataclass(slots=True)
@@ -156,9 +168,21 @@ class _StaticDevice:
     ports: list[_StaticPort]
     problems: list[ReadProblem]
 
+    def close(self) -> None:
+        for port in self.ports:
+            port.close()
+
 
 class StaticCache(dict):
-    """device name -> attributes read once per device identity (see module docstring)."""
+    """device name -> attributes read once per device identity (see module docstring),
+    with the descriptors its ports hold open. close() releases them all."""
+
+    def drop(self, name: str) -> None:
+        self.pop(name).close()
+
+    def close(self) -> None:
+        for name in list(self):
+            self.drop(name)
 
 
 def read_infiniband(sysfs: Path | str, cache: StaticCache | None = None) -> list[InfiniBandDevice]:
@@ -168,8 +192,12 @@ def read_infiniband(sysfs: Path | str, cache: StaticCache | None = None) -> list
         entries = sorted(os.scandir(class_dir), key=lambda e: e.name)
     except FileNotFoundError:
         return []
-    if cache is None:
+    if cache is None:   # a one-off read: nothing is held past it
         cache = StaticCache()
+        try:
+            return read_infiniband(sysfs, cache)
+        finally:
+            cache.close()
     seen = set()
     devices = []
     for entry in entries:
@@ -181,7 +209,7 @@ def read_infiniband(sysfs: Path | str, cache: StaticCache | None = None) -> list
         seen.add(entry.name)
         devices.append(read_device(sysfs, entry, cache))
     for gone in set(cache) - seen:
-        del cache[gone]
+        cache.drop(gone)
     return devices
 
 
@@ -194,7 +222,9 @@ def read_device(sysfs: Path | str, entry: os.DirEntry, cache: StaticCache) -> In
         identity = (entry.inode(), 0)
     static = cache.get(entry.name)
     if static is None or static.identity != identity:
-        static = _read_static(entry.path, identity)
+        if static is not None:
+            cache.drop(entry.name)     # re-probed: its held files belong to the old device
+        static = _read_static(sysfs, entry.path, identity)
         # A failed read (permission, I/O, a file where a directory belongs) is reported now
         # and retried on the next scrape; cached, it would hide the device's ports until
         # its identity changed.
@@ -202,10 +232,12 @@ def read_device(sysfs: Path | str, entry: os.DirEntry, cache: StaticCache) -> In
             cache[entry.name] = static
     device = InfiniBandDevice(entry.name, static.board_id, static.fw_ver, static.hca_type,
                               static.node_guid, static.pci, problems=list(static.problems))
-    if static.pci is not None and static.pci.is_virtual_function:
-        return device  # VFs share the PF's physical port; the PF reports its health.
-    for sport in static.ports:
-        device.ports.append(_read_port(sysfs, entry.name, sport, device.problems))
+    if static.pci is None or not static.pci.is_virtual_function:
+        # (VFs share the PF's physical port; the PF reports its health.)
+        for sport in static.ports:
+            device.ports.append(_read_port(entry.name, sport, device.problems))
+    if cache.get(entry.name) is not static:
+        static.close()                 # not kept: nothing stays open for it
     return device
 
 
@@ -229,7 +261,7 @@ def _read_optional_int(path: str, problems: list[ReadProblem]) -> int | None:
     return value
 
 
-def _read_static(device_dir: str, identity: tuple[int, int]) -> _StaticDevice:
+def _read_static(sysfs: Path | str, device_dir: str, identity: tuple[int, int]) -> _StaticDevice:
     problems: list[ReadProblem] = []
     text = lambda name: _read_optional_text(os.path.join(device_dir, name), problems)  # noqa: E731
     static = _StaticDevice(identity, text("board_id"), text("fw_ver"), text("hca_type"),
@@ -245,10 +277,12 @@ def _read_static(device_dir: str, identity: tuple[int, int]) -> _StaticDevice:
     for name in sorted(port_names, key=int):
         port_dir = os.path.join(ports_dir, name)
         link_layer = _read_optional_text(os.path.join(port_dir, "link_layer"), problems)
+        netdev = _netdev(device_dir, port_dir)
+        carrier = (HeldDirectory(os.path.join(sysfs, "class", "net", netdev), ("carrier_changes",))
+                   if link_layer == "Ethernet" and netdev else None)
         static.ports.append(_StaticPort(
-            int(name), port_dir, link_layer, _netdev(device_dir, port_dir),
-            _list_files(os.path.join(port_dir, "counters"), problems),
-            _list_files(os.path.join(port_dir, "hw_counters"), problems)))
+            int(name), port_dir, link_layer, netdev, HeldDirectory(port_dir, _PORT_ATTRIBUTES),
+            HeldDirectory(f"{port_dir}/counters"), HeldDirectory(f"{port_dir}/hw_counters"), carrier))
     return static
 
 
@@ -275,19 +309,10 @@ def _netdev(device_dir: str, port_dir: str) -> str | None:
     return names[0] if names else None
 
 
-def _list_files(directory: str, problems: list[ReadProblem]) -> tuple[str, ...]:
-    try:
-        return tuple(sorted(e.name for e in os.scandir(directory)))
-    except FileNotFoundError:
-        return ()
-    except OSError as exc:
-        problems.append(ReadProblem(Path(directory), reason_for(exc)))
-        return ()
-
-
-def _read_counter_dir(directory: str, names: tuple[str, ...], problems: list[ReadProblem]) -> dict[str, int]:
+def _read_counter_dir(held: HeldDirectory, problems: list[ReadProblem]) -> dict[str, int]:
     values: dict[str, int] = {}
-    for name, text in read_small_texts(directory, names):
+    directory = held.path
+    for name, text in held.read():
         if text.__class__ is str:
             value = parse_counter(text, directory, name)
             if value.__class__ is ReadProblem:
@@ -302,10 +327,10 @@ def _read_counter_dir(directory: str, names: tuple[str, ...], problems: list[Rea
 _PORT_ATTRIBUTES = ("state", "phys_state", "rate")
 
 
-def _read_port(sysfs, device: str, sport: _StaticPort, problems: list[ReadProblem]) -> InfiniBandPort:
+def _read_port(device: str, sport: _StaticPort, problems: list[ReadProblem]) -> InfiniBandPort:
     port_dir = sport.path
     port = InfiniBandPort(device, sport.port, link_layer=sport.link_layer, netdev=sport.netdev)
-    for attr, text in read_small_texts(port_dir, _PORT_ATTRIBUTES):
+    for attr, text in sport.attributes.read():
         if isinstance(text, ReadProblem):
             if text.reason != "absent":
                 problems.append(text)
@@ -316,12 +341,11 @@ def _read_port(sysfs, device: str, sport: _StaticPort, problems: list[ReadProble
             problems.append(ReadProblem(Path(port_dir, attr), "malformed"))
             continue
         setattr(port, "rate_bytes_per_second" if attr == "rate" else attr, value)
-    counters = _read_counter_dir(f"{port_dir}/counters", sport.counter_files, problems)
+    counters = _read_counter_dir(sport.counters, problems)
     known = {k: v for k, v in counters.items() if k in _COUNTER_FIELD_SET}
     other = {k: v for k, v in counters.items() if k not in _COUNTER_FIELD_SET}
     port.counters = PortCounters(**known, other=other)
-    port.hw_counters = _read_counter_dir(f"{port_dir}/hw_counters", sport.hw_counter_files, problems)
-    if sport.link_layer == "Ethernet" and sport.netdev:
-        port.carrier_changes = _read_optional_int(
-            os.path.join(sysfs, "class", "net", sport.netdev, "carrier_changes"), problems)
+    port.hw_counters = _read_counter_dir(sport.hw_counters, problems)
+    if sport.carrier is not None:
+        port.carrier_changes = _read_counter_dir(sport.carrier, problems).get("carrier_changes")
     return port

@@ -1,0 +1,143 @@
+"""Counter files held open between scrapes (exporter/parsers/held.py): a held descriptor is
+never read once its file was replaced, removed or turned into something else, and nothing
+held outlives its device."""
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+
+import pytest
+
+from fabricscope.exporter.parsers.files import ReadProblem
+from fabricscope.exporter.parsers.held import BUDGET, HeldDirectory
+from tests.test_infiniband_collector import Node, port1, value
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def texts(held: HeldDirectory) -> dict[str, str]:
+    return {name: text if isinstance(text, str) else text.reason for name, text in held.read()}
+
+
+def test_values_written_in_place_are_read_through_the_held_descriptor(tmp_path):
+    (tmp_path / "a").write_text("1\n")
+    held = HeldDirectory(str(tmp_path))
+    assert texts(held) == {"a": "1"} and held.held == 1
+    (tmp_path / "a").write_text("22\n")
+    assert texts(held) == {"a": "22"}
+    held.close()
+    assert held.held == 0
+
+
+def test_a_file_replaced_under_the_open_descriptor_is_read_from_the_new_file(tmp_path):
+    (tmp_path / "a").write_text("1\n")
+    held = HeldDirectory(str(tmp_path))
+    texts(held)
+    before = open_descriptors()
+    # Replaced by rename: the held descriptor still reads "1" from the old inode.
+    (tmp_path / "a.new").write_text("2\n")
+    os.replace(tmp_path / "a.new", tmp_path / "a")
+    assert texts(held) == {"a": "2"}
+    assert open_descriptors() == before          # the stale descriptor was closed, not kept
+    held.close()
+
+
+def test_a_fifo_put_in_a_held_files_place_is_not_read_and_blocks_nothing(tmp_path):
+    (tmp_path / "a").write_text("1\n")
+    held = HeldDirectory(str(tmp_path))
+    texts(held)
+    (tmp_path / "a").unlink()
+    os.mkfifo(tmp_path / "a")
+    result: dict = {}
+    reader = threading.Thread(target=lambda: result.update(texts(held)), daemon=True)
+    reader.start()
+    reader.join(5)
+    assert not reader.is_alive() and result == {"a": "not_a_file"} and held.held == 0
+
+
+def test_files_appearing_and_vanishing_and_the_directory_going_away(tmp_path):
+    directory = tmp_path / "counters"
+    directory.mkdir()
+    (directory / "a").write_text("1\n")
+    held = HeldDirectory(str(directory))
+    assert texts(held) == {"a": "1"}
+    (directory / "b").write_text("5\n")
+    assert texts(held) == {"a": "1", "b": "5"} and held.held == 2
+    (directory / "a").unlink()
+    assert texts(held) == {"b": "5"} and held.held == 1
+    shutil.rmtree(directory)
+    assert held.read() == [] and held.held == 0
+
+
+def test_named_files_report_absent_ones(tmp_path):
+    (tmp_path / "state").write_text("4: ACTIVE\n")
+    (tmp_path / "other").write_text("x\n")
+    held = HeldDirectory(str(tmp_path), ("state", "rate"))
+    assert texts(held) == {"state": "4: ACTIVE", "rate": "absent"} and held.held == 1
+    held.close()
+
+
+def test_an_unlistable_directory_is_one_problem_for_the_directory(tmp_path):
+    (tmp_path / "file").write_text("1\n")
+    result = HeldDirectory(str(tmp_path / "file")).read()   # a file where a directory belongs
+    assert result == [("", ReadProblem(tmp_path / "file", "not_a_file"))]
+
+
+def test_past_the_budget_files_are_still_read_without_being_held(tmp_path, monkeypatch):
+    for name in "abc":
+        (tmp_path / name).write_text(f"{ord(name)}\n")
+    monkeypatch.setattr(BUDGET, "_limit", BUDGET.held + 1)
+    held = HeldDirectory(str(tmp_path))
+    assert texts(held) == {"a": "97", "b": "98", "c": "99"} and held.held == 1
+    held.close()
+
+
+@pytest.fixture
+def node(tmp_path) -> Node:
+    return Node(tmp_path)
+
+
+def test_a_device_removed_and_re_added_is_read_from_its_new_files(node):
+    """The kernel removes a device's sysfs directory and creates a new one when the device
+    is re-probed; descriptors held on the old files must not serve the old values."""
+    col = node.collector()
+    r = node.scrape(col)
+    labels = dict(**port1("mlx5_1"), counter="symbol_error")
+    old = value(r, "fabric_infiniband_port_counter_total", **labels)
+    device_dir = node.port("mlx5_1").parent.parent.resolve()
+    fresh = device_dir.with_name(device_dir.name + ".new")
+    shutil.copytree(device_dir, fresh, symlinks=True)
+    (fresh / "ports" / "1" / "counters" / "symbol_error").write_text(f"{old + 7:.0f}\n")
+    descriptors = open_descriptors()
+    shutil.rmtree(device_dir)
+    r = node.scrape(col)          # removed: reported missing, its descriptors closed
+    assert value(r, "fabric_infiniband_device_missing", device="mlx5_1") == 1
+    assert open_descriptors() < descriptors
+    fresh.rename(device_dir)
+    r = node.scrape(col)
+    assert value(r, "fabric_infiniband_port_counter_total", **labels) == old + 7
+    assert value(r, "fabric_infiniband_device_missing", device="mlx5_1") == 0
+    col.close()
+
+
+def test_a_counter_file_replaced_by_rename_is_read_from_the_new_file(node):
+    col = node.collector()
+    node.scrape(col)
+    counters = node.port("mlx5_1") / "counters"
+    (counters / "symbol_error.tmp").write_text("12345\n")
+    os.replace(counters / "symbol_error.tmp", counters / "symbol_error")
+    r = node.scrape(col)
+    assert value(r, "fabric_infiniband_port_counter_total", **port1("mlx5_1"), counter="symbol_error") == 12345
+    col.close()
+
+
+def test_closing_the_collector_releases_every_held_descriptor(node):
+    before = open_descriptors()
+    col = node.collector()
+    node.scrape(col)
+    assert open_descriptors() > before + 20
+    col.close()
+    assert open_descriptors() == before
