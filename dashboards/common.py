@@ -44,6 +44,13 @@ def matchers(*names: str, **fixed: str) -> str:
     return ", ".join(parts)
 
 
+def alert_matchers(*names: str) -> str:
+    """Matchers for ALERTS scoped by dashboard variables that also keep the alerts lacking
+    the label: FabricNcclHang has no `node` (a hang spans nodes), and `node=~"$node"`
+    would drop it from every node-scoped view. `|` adds the empty value to the regex."""
+    return ", ".join(f'{name}=~"${name}|"' for name in names)
+
+
 def datasource_variable() -> g.Template:
     return g.Template(name="datasource", label="Prometheus", query="prometheus", type="datasource",
                       default="Prometheus")
@@ -183,13 +190,19 @@ def stat(title: str, targets: Sequence, unit: str, description: str, size: Size 
 
 def table(title: str, targets: Sequence, unit: str, description: str, size: Size = Size(),
           links: Sequence[tuple[str, str]] = (), hidden: Sequence[str] = ("Time",),
-          renames: dict[str, str] | None = None, datasource: dict = PROMETHEUS) -> g.Table:
+          renames: dict[str, str] | None = None, datasource: dict = PROMETHEUS,
+          column_units: dict[str, str] | None = None) -> g.Table:
+    """`unit` is the value columns' unit; `column_units` gives a column (by its shown name)
+    another one, for tables whose queries measure different things."""
     transformations = [{"id": "merge", "options": {}}] if len(targets) > 1 else []
     transformations.append({"id": "organize", "options": {
         "excludeByName": {name: True for name in hidden}, "renameByName": renames or {}}})
     return g.Table(
         title=title, description=description, dataSource=datasource, targets=_with_refs(targets),
         unit=unit, gridPos=size, transformations=transformations, filterable=True,
+        overrides=[{"matcher": {"id": "byName", "options": column},
+                    "properties": [{"id": "unit", "value": column_unit}]}
+                   for column, column_unit in (column_units or {}).items()],
         extraJson=_data_links(links))
 
 
@@ -282,7 +295,7 @@ def alert_annotations(scope: Sequence[str]) -> g.Annotations:
         "datasource": PROMETHEUS, "enable": True, "hide": False, "iconColor": color,
         "name": f"{severity.capitalize()} alerts",
         "expr": "ALERTS{" + ", ".join(['alertstate="firing"', f'severity="{severity}"', *(
-            [matchers(*scope)] if scope else [])]) + "}",
+            [alert_matchers(*scope)] if scope else [])]) + "}",
         "step": "30s", "titleFormat": "{{alertname}}", "textFormat": "{{node}} {{device}} {{gpu}} {{comm}} {{rank}}",
         "tagKeys": "severity,node", "useValueForTime": False,
     } for severity, color in (("critical", "red"), ("warning", "orange"))])

@@ -103,6 +103,7 @@ def dashboard() -> g.Dashboard:
                    instant=True, table=True)], "none",
             "NVLink links counting errors (per second), and links that are down (state 0).",
             size=c.Size(12, 8), renames={"Value #A": "errors/s", "Value #B": "state (0 = down)"},
+            column_units={"errors/s": "eps"},
             links=[c.dashboard_link(nvlink_nccl.UID, "NVLink view of ${__data.fields.node} GPU ${__data.fields.gpu}",
                                     cluster="${cluster}", node="${__data.fields.node}", gpu="${__data.fields.gpu}")]),
         c.timeseries("Idle GPUs waiting for stragglers", [c.prom(IDLE_GPUS, legend="comm {{comm}}")], "none",

@@ -123,7 +123,7 @@ def dashboard() -> g.Dashboard:
                         c.fleet_variables(c.node_variable()), panels, annotation_scope=("cluster", "node"))
     board.annotations.list.append({
         "datasource": c.PROMETHEUS, "enable": True, "hide": False, "iconColor": "blue", "name": "Microbursts",
-        "expr": f'ALERTS{{alertname="FabricTcpMicroburst", alertstate="firing", {c.matchers("cluster", "node")}}}',
+        "expr": f'ALERTS{{alertname="FabricTcpMicroburst", alertstate="firing", {c.alert_matchers("cluster", "node")}}}',
         "step": "15s", "titleFormat": "Microburst on {{node}}", "textFormat": "{{severity}}",
         "tagKeys": "node,severity", "useValueForTime": False})
     return board

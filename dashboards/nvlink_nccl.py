@@ -143,12 +143,12 @@ def dashboard() -> g.Dashboard:
                                     c.prom(f"{DEVIATION} and on (cluster, comm, rank) ({MAD_SCORE} > {mad:g})",
                                            instant=True, table=True),
                                     c.prom(f"{STEP_SHARE} and on (cluster, comm, rank) ({MAD_SCORE} > {mad:g})",
-                                           instant=True, table=True)], "none",
+                                           instant=True, table=True)], "suffix: MAD",
                 f"Ranks more than {mad:g} median absolute deviations late, how much later than the median they "
                 "enter, and the share of step time the others lose to them.",
                 hidden=("Time", "__name__", "job", "instance"),
-                renames={"Value #A": "MAD score", "Value #B": "late by (s)", "Value #C": "step time lost"},
-                size=c.Size(12, 8)),
+                renames={"Value #A": "MAD score", "Value #B": "late by", "Value #C": "step time lost"},
+                column_units={"late by": "s", "step time lost": "percentunit"}, size=c.Size(12, 8)),
     ]
     return c.dashboard(__file__, TITLE, "NVLink links and topology, NCCL collectives, hangs and straggler ranks.",
                        c.fleet_variables(c.node_variable(), gpu_variable(), comm_variable(), rank_variable()),

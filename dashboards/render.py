@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -28,29 +30,145 @@ PIXELS_PER_GRID_COLUMN = 50
 PIXELS_PER_GRID_ROW = 36
 MAX_SERIES = 12
 MAX_TABLE_ROWS = 14
+MAX_TIMELINE_ROWS = 24
+MAX_HEATMAP_LABELS = 10
+MAX_LEGEND_CHARS = 40
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 COLOURS = {"green": "#3d9a4a", "orange": "#e88b1d", "red": "#d63b3b", "yellow": "#e3c21b",
            "blue": "#3c7fd1", "purple": "#8e58c7"}
 LEGEND_TEMPLATE = re.compile(r"\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")
 
 Series = dict[str, Any]
+Pair = tuple[dict, Series]                 # (the panel's target, one series it returned)
+Results = list[tuple[dict, list[Series]]]  # per target, the series it returned
+PLUMBING_LABELS = ("__name__", "job", "instance")
+
+
+@dataclass
+class Annotation:
+    """A firing alert over part of the range (from the dashboard's annotation queries)."""
+    start: float
+    end: float
+    text: str
+    colour: str
+
+
+@dataclass
+class Drawn:
+    """What a panel's image shows, for report.json and the HTML: the series' legends or
+    the table's rows, out of how many, and the sentence announcing a cut."""
+    shown: list = field(default_factory=list)
+    total: int = 0
+    note: str | None = None
 
 
 def unit_of(panel: dict) -> str:
     return panel.get("fieldConfig", {}).get("defaults", {}).get("unit") or "none"
 
 
+def column_units(panel: dict) -> dict[str, str]:
+    """Per-column units from the panel's byName overrides (what Grafana applies)."""
+    units = {}
+    for override in panel.get("fieldConfig", {}).get("overrides", []):
+        matcher = override.get("matcher", {})
+        for prop in override.get("properties", []):
+            if matcher.get("id") == "byName" and prop.get("id") == "unit":
+                units[matcher.get("options")] = prop.get("value")
+    return units
+
+
 def legend(target: dict, labels: dict[str, str]) -> str:
     template = target.get("legendFormat") or ""
     if template:
         return LEGEND_TEMPLATE.sub(lambda m: labels.get(m[1], ""), template).strip()
-    shown = {k: v for k, v in labels.items() if k not in ("__name__", "job", "instance", "cluster")}
+    shown = {k: v for k, v in labels.items() if k not in (*PLUMBING_LABELS, "cluster")}
     return ", ".join(f"{k}={v}" for k, v in sorted(shown.items())) or target.get("refId", "")
 
 
-def points(series: Series) -> tuple[list[datetime], list[float]]:
-    times = [datetime.fromtimestamp(float(t), tz=timezone.utc) for t, _ in series["values"]]
-    values = [float(v) for _, v in series["values"]]
+def _static_words(target: dict) -> list[str]:
+    return LEGEND_TEMPLATE.sub(" ", target.get("legendFormat") or "").split()
+
+
+def legends(pairs: list[Pair]) -> list[str]:
+    """One legend per series that tells it apart from the others. The panel's legendFormat
+    when its texts are distinct and short; otherwise the labels whose values differ
+    between the series (a comm id shared by every rank says nothing), plus the words of
+    the target's format that other targets lack ("hang line")."""
+    rendered = [legend(target, series["metric"]) for target, series in pairs]
+    if len(set(rendered)) == len(rendered) and all(len(text) <= MAX_LEGEND_CHARS for text in rendered):
+        return rendered
+    keys = sorted({k for _, s in pairs for k in s["metric"] if k not in PLUMBING_LABELS})
+    varying = [k for k in keys if len({s["metric"].get(k) for _, s in pairs}) > 1]
+    targets = {id(t): t for t, _ in pairs}
+    common = set.intersection(*(set(_static_words(t)) for t in targets.values())) if len(targets) > 1 else set()
+    out = []
+    for target, series in pairs:
+        parts = [f"{k}={series['metric'][k]}" for k in varying if k in series["metric"]]
+        if len(targets) > 1:
+            parts += [word for word in _static_words(target) if word not in common]
+        out.append(" ".join(parts) or legend(target, series["metric"]))
+    return out
+
+
+def _values(series: Series) -> list[float]:
+    return [float(v) for _, v in series["values"]]
+
+
+def points(series: Series, step: float | None = None) -> tuple[list[datetime], list[float]]:
+    """The series' samples; where Prometheus returned none for more than one step (the
+    series was absent), a NaN breaks the line: a gap stays a gap."""
+    times, values = [], []
+    previous = None
+    for t, v in series["values"]:
+        t = float(t)
+        if step and previous is not None and t - previous > 1.5 * step:
+            times.append(datetime.fromtimestamp(previous + step, tz=timezone.utc))
+            values.append(math.nan)
+        times.append(datetime.fromtimestamp(t, tz=timezone.utc))
+        values.append(float(v))
+        previous = t
     return times, values
+
+
+def _severity(series: Series) -> int:
+    return SEVERITY_ORDER.get(series["metric"].get("severity", ""), len(SEVERITY_ORDER))
+
+
+def _deviations(pairs: list[Pair]) -> list[float]:
+    """Each series' largest distance from the median of all series at the same instant:
+    the failed link among healthy ones, the late rank among punctual ones."""
+    at: dict[float, list[float]] = {}
+    for _, series in pairs:
+        for t, v in series["values"]:
+            if not math.isnan(float(v)):
+                at.setdefault(float(t), []).append(float(v))
+    medians = {t: statistics.median(vs) for t, vs in at.items()}
+    return [max((abs(float(v) - medians[float(t)]) for t, v in series["values"] if not math.isnan(float(v))),
+                default=0.0) for _, series in pairs]
+
+
+def select_series(pairs: list[Pair], limit: int = MAX_SERIES) -> list[Pair]:
+    """At most `limit` series, the most anomalous first: by severity (critical alerts
+    before warnings), then by deviation from the cross-series median, then by peak. Each
+    target keeps a share, so a second query (the hang line, a reference) is never crowded
+    out by the first one's many series. The result keeps the panel's order."""
+    if len(pairs) <= limit:
+        return pairs
+    deviation = dict(zip(map(id, (s for _, s in pairs)), _deviations(pairs)))
+
+    def rank(pair: Pair):
+        peak = max((abs(v) for v in _values(pair[1]) if not math.isnan(v)), default=0.0)
+        return (_severity(pair[1]), -deviation[id(pair[1])], -peak)
+
+    by_target: dict[int, list[Pair]] = {}
+    for pair in pairs:
+        by_target.setdefault(id(pair[0]), []).append(pair)
+    share = max(1, limit // len(by_target))
+    chosen = [pair for group in by_target.values() for pair in sorted(group, key=rank)[:share]]
+    rest = sorted((p for p in pairs if not any(p is c for c in chosen)), key=rank)
+    chosen += rest[:max(0, limit - len(chosen))]
+    keep = {id(s) for _, s in chosen[:limit]}
+    return [pair for pair in pairs if id(pair[1]) in keep]
 
 
 def last_value(series: Series) -> float:
@@ -84,7 +202,8 @@ def figure(panel: dict):
 
 
 def save(fig, path: Path) -> Path:
-    fig.savefig(path, dpi=DPI, facecolor="white")
+    # tight: a legend right of the axes is part of the image, never clipped at the edge.
+    fig.savefig(path, dpi=DPI, facecolor="white", bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -105,40 +224,57 @@ def _time_axis(ax, start: float, end: float) -> None:
     ax.grid(alpha=0.3)
 
 
-def _strongest(pairs: list[tuple[dict, Series]]) -> list[tuple[dict, Series]]:
-    """The MAX_SERIES series with the largest peaks: a post-mortem wants the outliers."""
-    def peak(pair):
-        values = [abs(float(v)) for _, v in pair[1]["values"] if not math.isnan(float(v))]
-        return max(values, default=0.0)
-    return sorted(pairs, key=peak, reverse=True)[:MAX_SERIES]
+def _annotate(ax, annotations: list[Annotation]) -> None:
+    """Alert bands behind the lines, named once each at the top of the axes."""
+    named = set()
+    for note in annotations:
+        left = datetime.fromtimestamp(note.start, tz=timezone.utc)
+        right = datetime.fromtimestamp(max(note.end, note.start + 1), tz=timezone.utc)
+        ax.axvspan(left, right, color=note.colour, alpha=0.12, linewidth=0, zorder=0)
+        if note.text not in named:
+            named.add(note.text)
+            ax.text(left, 1.0, note.text, transform=ax.get_xaxis_transform(), fontsize=5.5,
+                    color=note.colour, va="bottom", ha="left", clip_on=False)
 
 
-def timeseries(panel: dict, results: list[tuple[dict, list[Series]]], start: float, end: float, path: Path) -> Path:
+def _cut_note(shown: int, total: int, what: str, how: str) -> str | None:
+    return f"{shown} of {total} {what} ({how})" if total > shown else None
+
+
+def timeseries(panel: dict, results: Results, start: float, end: float, path: Path,
+               step: float | None = None, annotations: list[Annotation] = ()) -> Drawn:
     unit = unit_of(panel)
     pairs = [(target, series) for target, found in results for series in found]
+    chosen = select_series(pairs)
+    names = legends(chosen)
     fig = figure(panel)
     ax = fig.add_axes([0.12, 0.14, 0.57, 0.74])
-    bars = panel.get("fieldConfig", {}).get("defaults", {}).get("custom", {}).get("drawStyle") == "bars"
-    for target, series in _strongest(pairs):
-        times, values = points(series)
+    custom = panel.get("fieldConfig", {}).get("defaults", {}).get("custom", {})
+    bars = custom.get("drawStyle") == "bars"
+    _annotate(ax, list(annotations))
+    for (target, series), name in zip(chosen, names):
+        times, values = points(series, step)
         if bars:
-            ax.bar(times, values, width=(end - start) / 86400 / 200, label=legend(target, series["metric"]))
+            ax.bar(times, values, width=(end - start) / 86400 / 200, label=name)
         else:
-            ax.plot(times, values, linewidth=1.2, label=legend(target, series["metric"]))
-    for limit, step_colour in threshold_steps(panel)[1:]:
-        if panel.get("fieldConfig", {}).get("defaults", {}).get("custom", {}).get(
-                "thresholdsStyle", {}).get("mode") == "line" and limit is not None:
-            ax.axhline(limit, color=step_colour, linestyle="--", linewidth=1)
+            ax.plot(times, values, linewidth=1.2, label=name)
+    if custom.get("thresholdsStyle", {}).get("mode") == "line":
+        for limit, step_colour in threshold_steps(panel)[1:]:
+            if limit is not None:
+                ax.axhline(limit, color=step_colour, linestyle="--", linewidth=1)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_value(v, unit)))
     _time_axis(ax, start, end)
-    if pairs and any(legend(t, s["metric"]) for t, s in pairs):
+    if any(names):
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=6.5, frameon=False)
-    if len(pairs) > MAX_SERIES:
-        fig.text(0.7, 0.03, f"{MAX_SERIES} of {len(pairs)} series (largest peaks)", fontsize=7, color="#666666")
-    return save(fig, path)
+    drawn = Drawn(names, len(pairs), _cut_note(len(chosen), len(pairs), "series",
+                                                "the most anomalous: severity, then distance from the median"))
+    if drawn.note:
+        fig.text(0.01, 0.0, drawn.note, fontsize=7, color="#666666")
+    save(fig, path)
+    return drawn
 
 
-def heatmap(panel: dict, results: list[tuple[dict, list[Series]]], start: float, end: float, path: Path) -> Path:
+def heatmap(panel: dict, results: Results, start: float, end: float, path: Path) -> Drawn:
     import numpy as np
 
     series = [s for _, found in results for s in found]
@@ -162,14 +298,17 @@ def heatmap(panel: dict, results: list[tuple[dict, list[Series]]], start: float,
         labels = [format_value(b, unit_of(panel)) for b in bounds[rows[0]:rows[-1] + 1]]
         x = [datetime.fromtimestamp(t, tz=timezone.utc) for t in times]
         mesh = ax.pcolormesh(x, range(len(labels)), shown, cmap="Oranges", shading="nearest")
-        ax.set_yticks(range(len(labels)))
-        ax.set_yticklabels(labels, fontsize=6)
+        # Every bucket is drawn; every k-th is named, so the labels stay readable.
+        every = max(1, math.ceil(len(labels) / MAX_HEATMAP_LABELS))
+        ax.set_yticks(range(0, len(labels), every))
+        ax.set_yticklabels(labels[::every], fontsize=6)
         fig.colorbar(mesh, ax=ax, pad=0.01).ax.tick_params(labelsize=6)
     _time_axis(ax, start, end)
-    return save(fig, path)
+    save(fig, path)
+    return Drawn([f"le={b:g}" for b in bounds], len(bounds))
 
 
-def stat(panel: dict, results: list[tuple[dict, list[Series]]], path: Path) -> Path:
+def stat(panel: dict, results: Results, path: Path) -> Drawn:
     values = [last_value(s) for _, found in results for s in found]
     value = values[0] if values else math.nan
     fig = figure(panel)
@@ -178,33 +317,49 @@ def stat(panel: dict, results: list[tuple[dict, list[Series]]], path: Path) -> P
              fontsize=22, color="white", fontweight="bold")
     fig.savefig(path, dpi=DPI, facecolor=fig.get_facecolor())
     plt.close(fig)
-    return path
+    return Drawn([value] if values else [], len(values))
 
 
-def table(panel: dict, results: list[tuple[dict, list[Series]]], path: Path) -> Path:
-    hidden = {name for name, on in (panel.get("transformations", [{}])[-1].get("options", {})
-                                    .get("excludeByName", {}).items()) if on}
-    renames = panel.get("transformations", [{}])[-1].get("options", {}).get("renameByName", {})
-    rows: dict[tuple, dict[str, str]] = {}
+def table(panel: dict, results: Results, path: Path) -> Drawn:
+    """Rows as Grafana's merge + organize transformations make them (one row per label
+    set, a value column per query), worst first: sorted by the first value column,
+    largest on top. Each value column in its own unit (panel overrides)."""
+    options = panel.get("transformations", [{}])[-1].get("options", {})
+    hidden = {name for name, on in options.get("excludeByName", {}).items() if on}
+    renames = options.get("renameByName", {})
+    rows: dict[tuple, dict[str, Any]] = {}
+    value_columns: list[str] = []
     multi = len(results) > 1
     for target, found in results:
         value_column = f"Value #{target['refId']}" if multi else "Value"
+        if value_column not in hidden:
+            value_columns.append(renames.get(value_column, value_column))
         for series in found:
-            labels = {k: v for k, v in series["metric"].items() if k not in hidden and k != "__name__"}
+            labels = {renames.get(k, k): v for k, v in series["metric"].items() if k not in hidden and k != "__name__"}
             row = rows.setdefault(tuple(sorted(labels.items())), dict(labels))
             if value_column not in hidden:
-                row[renames.get(value_column, value_column)] = format_value(last_value(series), unit_of(panel))
-    columns = sorted({k for row in rows.values() for k in row}, key=lambda k: (k[0].isupper() or " " in k, k))
-    columns = [renames.get(col, col) for col in columns]
+                row[renames.get(value_column, value_column)] = last_value(series)
     if not rows:
-        return message(panel, "no rows at the end of the range", path)
-    ordered = list(rows.values())[:MAX_TABLE_ROWS]
-    cells = [[row.get(col, "") for col in columns] for row in ordered]
-    return draw_table(panel, cells, columns, len(rows), path, fontsize=7)
+        message(panel, "no rows at the end of the range", path)
+        return Drawn([], 0)
+    label_columns = sorted({k for row in rows.values() for k in row} - set(value_columns))
+    columns = label_columns + value_columns
+    ordered = sorted(rows.values(), key=lambda row: -_sortable(row.get(value_columns[0]))) if value_columns \
+        else list(rows.values())
+    shown = ordered[:MAX_TABLE_ROWS]
+    units = {column: unit_of(panel) for column in value_columns} | column_units(panel)
+    cells = [[format_value(row[c], units[c]) if c in units and c in row else row.get(c, "") for c in columns]
+             for row in shown]
+    drawn = Drawn(shown, len(rows), _cut_note(len(shown), len(rows), "rows", "the largest first"))
+    draw_table(panel, cells, columns, drawn.note, path, fontsize=7)
+    return drawn
 
 
-def draw_table(panel: dict, cells: list[list], labels: list[str], total: int, path, fontsize: float):
-    """A table panel: the first MAX_TABLE_ROWS rows, saying how many there were in all."""
+def _sortable(value: Any) -> float:
+    return value if isinstance(value, float) and not math.isnan(value) else -math.inf
+
+
+def draw_table(panel: dict, cells: list[list], labels: list[str], note: str | None, path, fontsize: float) -> Path:
     fig = figure(panel)
     ax = fig.add_axes([0.01, 0.02, 0.98, 0.86])
     ax.axis("off")
@@ -212,60 +367,91 @@ def draw_table(panel: dict, cells: list[list], labels: list[str], total: int, pa
     drawn.auto_set_font_size(False)
     drawn.set_fontsize(fontsize)
     drawn.scale(1, 1.15)
-    if total > MAX_TABLE_ROWS:
-        fig.text(0.01, 0.01, f"{MAX_TABLE_ROWS} of {total} rows", fontsize=7, color="#666666")
+    if note:
+        fig.text(0.01, 0.01, note, fontsize=7, color="#666666")
     return save(fig, path)
 
 
-def state_timeline(panel: dict, results: list[tuple[dict, list[Series]]], start: float, end: float,
-                   path: Path) -> Path:
+def state_timeline(panel: dict, results: Results, start: float, end: float, path: Path) -> Drawn:
+    """One row per series. Past MAX_TIMELINE_ROWS, the rows kept are those most often away
+    from the panel's usual state (the flapping port, not the 30 that stayed up), and the
+    image says so."""
     mapping = {}
     for entry in panel.get("fieldConfig", {}).get("defaults", {}).get("mappings", []) or panel.get("mappings", []):
         for value, option in entry.get("options", {}).items():
             mapping[float(value)] = (option.get("text", value), colour(option.get("color")))
-    pairs = sorted(((legend(t, s["metric"]), s) for t, found in results for s in found), key=lambda p: p[0])
-    pairs = pairs[:24]
+    pairs = [(t, s) for t, found in results for s in found]
+    names = legends(pairs) if pairs else []
+    rows = list(zip(names, (s for _, s in pairs)))
+    counts: dict[float, int] = {}
+    for _, series in rows:
+        for v in _values(series):
+            counts[v] = counts.get(v, 0) + 1
+    usual = max(counts, key=counts.get) if counts else None
+
+    def unusual(series: Series) -> float:
+        values = _values(series)
+        return sum(v != usual for v in values) / max(1, len(values))
+
+    kept = sorted(rows, key=lambda row: (-unusual(row[1]), row[0]))[:MAX_TIMELINE_ROWS]
+    kept.sort(key=lambda row: row[0])
     fig = figure(panel)
     ax = fig.add_axes([0.2, 0.12, 0.78, 0.76])
     seen = {}
-    for row, (name, series) in enumerate(pairs):
+    for row, (name, series) in enumerate(kept):
         times = [float(t) for t, _ in series["values"]]
-        values = [float(v) for _, v in series["values"]]
+        values = _values(series)
         for i, (t, v) in enumerate(zip(times, values)):
             width = (times[i + 1] - t) if i + 1 < len(times) else (end - start) / max(1, len(times))
             text, fill = mapping.get(v, (format_value(v, unit_of(panel)), "#999999"))
             seen[text] = fill
             ax.barh(row, width / 86400, left=mdates.date2num(datetime.fromtimestamp(t, tz=timezone.utc)),
                     color=fill, height=0.85, linewidth=0)
-    ax.set_yticks(range(len(pairs)))
-    ax.set_yticklabels([name for name, _ in pairs], fontsize=6.5)
+    ax.set_yticks(range(len(kept)))
+    ax.set_yticklabels([name for name, _ in kept], fontsize=6.5)
     ax.invert_yaxis()
     _time_axis(ax, start, end)
     handles = [plt.Rectangle((0, 0), 1, 1, color=fill) for fill in seen.values()]
     if handles:
         ax.legend(handles, list(seen), loc="lower right", fontsize=6.5, ncol=len(handles), frameon=False,
                   bbox_to_anchor=(1.0, 1.0))
-    return save(fig, path)
+    usual_text = mapping.get(usual, (format_value(usual, unit_of(panel)),))[0] if usual is not None else ""
+    drawn = Drawn([name for name, _ in kept], len(rows),
+                  _cut_note(len(kept), len(rows), "rows", f"those most often not {usual_text}"))
+    if drawn.note:
+        fig.text(0.01, 0.0, drawn.note, fontsize=7, color="#666666")
+    save(fig, path)
+    return drawn
 
 
-def bargauge(panel: dict, results: list[tuple[dict, list[Series]]], path: Path) -> Path:
-    pairs = [(legend(t, s["metric"]), last_value(s)) for t, found in results for s in found][:MAX_TABLE_ROWS]
+def bargauge(panel: dict, results: Results, path: Path) -> Drawn:
+    """Bars largest first; past MAX_TABLE_ROWS the smallest are left out, and said so."""
+    pairs = [(t, s) for t, found in results for s in found]
+    bars = sorted(zip(legends(pairs) if pairs else [], (last_value(s) for _, s in pairs)),
+                  key=lambda bar: -_sortable(bar[1]))
+    shown = bars[:MAX_TABLE_ROWS]
     fig = figure(panel)
     ax = fig.add_axes([0.3, 0.1, 0.65, 0.78])
-    ax.barh([name for name, _ in pairs], [value for _, value in pairs],
-            color=[colour_for(panel, value) for _, value in pairs])
+    ax.barh([name for name, _ in shown], [value for _, value in shown],
+            color=[colour_for(panel, value) for _, value in shown])
+    ax.invert_yaxis()
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_value(v, unit_of(panel))))
     ax.tick_params(labelsize=7)
-    return save(fig, path)
+    drawn = Drawn([name for name, _ in shown], len(bars), _cut_note(len(shown), len(bars), "bars", "the largest"))
+    if drawn.note:
+        fig.text(0.01, 0.0, drawn.note, fontsize=7, color="#666666")
+    save(fig, path)
+    return drawn
 
 
-def node_graph(panel: dict, results: list[tuple[dict, list[Series]]], path: Path) -> Path:
+def node_graph(panel: dict, results: Results, path: Path) -> Drawn:
     """Nodes in two columns (GPUs left, what their links reach right), edges between."""
     frames = {target["refId"]: found for target, found in results}
     nodes = {s["metric"].get("id"): s["metric"].get("title", s["metric"].get("id")) for s in frames.get("nodes", [])}
     edges = [(s["metric"].get("source"), s["metric"].get("target"), last_value(s)) for s in frames.get("edges", [])]
     if not nodes:
-        return message(panel, "no topology at the end of the range", path)
+        message(panel, "no topology at the end of the range", path)
+        return Drawn([], 0)
     sources = sorted({a for a, _, _ in edges} | {n for n, t in nodes.items() if "GPU" in t.split()})
     targets = sorted(set(nodes) - set(sources))
     fig = figure(panel)
@@ -284,7 +470,8 @@ def node_graph(panel: dict, results: list[tuple[dict, list[Series]]], path: Path
                 ha="right" if name in sources else "left", va="center")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
-    return save(fig, path)
+    save(fig, path)
+    return Drawn(sorted(nodes.values()), len(nodes))
 
 
 def _cell(value: Any, kind: str) -> str:
@@ -307,4 +494,5 @@ def sidecar_table(panel: dict, columns: list[dict], rows: list[dict], path: Path
     if not rows:
         return message(panel, "no rows in the time range", path)
     cells = [[_cell(row.get(c["selector"]), c["type"]) for c in columns] for row in rows[:MAX_TABLE_ROWS]]
-    return draw_table(panel, cells, [c["text"] for c in columns], len(rows), path, fontsize=6.5)
+    return draw_table(panel, cells, [c["text"] for c in columns],
+                      _cut_note(len(cells), len(rows), "rows", "as the sidecar ordered them"), path, fontsize=6.5)

@@ -6,6 +6,12 @@ Prometheus server's data, for post-mortems and for people without Grafana at han
 It reads the committed dashboard JSON (what Grafana provisions), resolves the template
 variables against Prometheus as Grafana does ("All" unless --var pins one), runs every
 panel's queries over the range and draws each panel with matplotlib (no display needed).
+Tables, stats and other instant targets are instant queries at the end time (what the
+panel shows "now" in Grafana, with the panel's own topk), not the last value of a range.
+Time series keep their gaps, draw their reference lines and the dashboard's alert
+annotations, and keep the most anomalous series when there are too many; every cut is
+announced on the image and in the page. `report.json` beside the page holds, per panel,
+what was drawn (legends or rows) out of how many, for tests and for tools.
 Panels served by the sidecar through the Infinity datasource are drawn as tables when
 --sidecar-url is given (GET requests only), and listed with their request otherwise.
 """
@@ -94,6 +100,20 @@ class Prometheus:
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict]:
         return self._get("/api/v1/query_range", {"query": expr, "start": start, "end": end, "step": step})["result"]
 
+    def query(self, expr: str, at: float) -> list[dict]:
+        """An instant query, returned in the range form ({"metric", "values": [[t, v]]})
+        the drawers take. A scalar result becomes one series without labels."""
+        data = self._get("/api/v1/query", {"query": expr, "time": at})
+        if data["resultType"] in ("scalar", "string"):
+            return [{"metric": {}, "values": [data["result"]]}]
+        return [{"metric": item["metric"], "values": [item["value"]]} for item in data["result"]]
+
+    def run_target(self, target: dict, expr: str, start: float, end: float, step: float) -> list[dict]:
+        """As Grafana runs a target: instant at the end of the range, or over the range."""
+        if target.get("instant"):
+            return self.query(expr, end)
+        return self.query_range(expr, start, end, step)
+
 
 class QueryError(Exception):
     """Prometheus or the sidecar refused one query (the panel shows the message; the
@@ -132,6 +152,9 @@ class PanelImage:
     image: str | None                  # path relative to the report directory
     queries: list[str] = field(default_factory=list)
     problem: str | None = None
+    panel_id: int | None = None
+    kind: str = ""
+    drawn: object = None               # render.Drawn: what the image shows, out of how many
 
 
 @dataclass
@@ -146,6 +169,35 @@ def step_for(start: float, end: float, scrape_seconds: float) -> float:
     return max(scrape_seconds, (end - start) / MAX_POINTS)
 
 
+def alert_annotations(board: dict, prometheus: Prometheus, variables: model.Variables, start: float, end: float,
+                      step: float) -> list:
+    """The dashboard's Prometheus annotation queries (firing alerts), as bands: one per
+    contiguous run of samples of each series, named by the annotation's titleFormat."""
+    from . import render
+
+    bands = []
+    for item in board.get("annotations", {}).get("list", []):
+        if not item.get("enable", True) or not item.get("expr"):
+            continue
+        try:
+            found = prometheus.query_range(variables.substitute(item["expr"]), start, end, step)
+        except QueryError:
+            continue      # an annotation that fails leaves the panels as they are
+        for series in found:
+            text = render.legend({"legendFormat": item.get("titleFormat", "")}, series["metric"])
+            run_start = previous = None
+            for t, _ in series["values"]:
+                t = float(t)
+                if previous is not None and t - previous > 1.5 * step:
+                    bands.append(render.Annotation(run_start, previous, text, render.colour(item.get("iconColor"))))
+                    run_start = None
+                run_start = t if run_start is None else run_start
+                previous = t
+            if run_start is not None:
+                bands.append(render.Annotation(run_start, previous, text, render.colour(item.get("iconColor"))))
+    return bands
+
+
 def render_dashboard(name: str, board: dict, prometheus: Prometheus, start: float, end: float,
                      out_dir: Path, scrape_seconds: float, chosen: dict[str, list[str]],
                      sidecar: Sidecar | None = None) -> DashboardSection:
@@ -157,9 +209,11 @@ def render_dashboard(name: str, board: dict, prometheus: Prometheus, start: floa
         board, lambda label, selector: prometheus.label_values(label, selector, start, end), builtins, chosen)
     section = DashboardSection(name, board["title"], {k: v for k, v in variables.values.items() if k != "datasource"})
     (out_dir / name).mkdir(parents=True, exist_ok=True)
+    bands = alert_annotations(board, prometheus, variables, start, end, step)
     for panel in model.panels(board):
         kind = panel.get("type")
-        entry = PanelImage(panel.get("title", ""), panel.get("description") or "", None)
+        entry = PanelImage(panel.get("title", ""), panel.get("description") or "", None,
+                           panel_id=panel.get("id"), kind=kind or "")
         section.panels.append(entry)
         targets = [t for t in panel.get("targets", [])
                    if model.datasource_type(board, model.target_datasource(panel, t)) == "prometheus"]
@@ -176,25 +230,25 @@ def render_dashboard(name: str, board: dict, prometheus: Prometheus, start: floa
             expr = variables.substitute(target["expr"])
             entry.queries.append(expr)
             try:
-                results.append((target, prometheus.query_range(expr, start, end, step)))
+                results.append((target, prometheus.run_target(target, expr, start, end, step)))
             except QueryError as exc:
                 problems.append(f"{target['refId']}: {exc}")
                 results.append((target, []))
         path = out_dir / name / f"panel-{panel['id']}.png"
-        if kind in ("timeseries",):
-            render.timeseries(panel, results, start, end, path)
+        if kind == "timeseries":
+            entry.drawn = render.timeseries(panel, results, start, end, path, step, bands)
         elif kind == "heatmap":
-            render.heatmap(panel, results, start, end, path)
+            entry.drawn = render.heatmap(panel, results, start, end, path)
         elif kind == "state-timeline":
-            render.state_timeline(panel, results, start, end, path)
+            entry.drawn = render.state_timeline(panel, results, start, end, path)
         elif kind == "stat":
-            render.stat(panel, results, path)
+            entry.drawn = render.stat(panel, results, path)
         elif kind == "table":
-            render.table(panel, results, path)
+            entry.drawn = render.table(panel, results, path)
         elif kind == "bargauge":
-            render.bargauge(panel, results, path)
+            entry.drawn = render.bargauge(panel, results, path)
         elif kind == "nodeGraph":
-            render.node_graph(panel, results, path)
+            entry.drawn = render.node_graph(panel, results, path)
         entry.image = f"{name}/{path.name}"
         if problems:
             entry.problem = "; ".join(problems)
@@ -253,7 +307,7 @@ figure {{ margin: 0; background: white; padding: 6px; border: 1px solid #ddd; ma
 figure img {{ display: block; max-width: 100%; }}
 figcaption {{ font-size: 0.8em; color: #555; width: 0; min-width: 100%; }}
 details {{ font-size: 0.75em; }} code {{ white-space: pre-wrap; word-break: break-all; }}
-.problem {{ color: #a33; }} .vars {{ font-size: 0.8em; color: #555; }}
+.problem {{ color: #a33; }} .cut {{ color: #666; font-style: italic; }} .vars {{ font-size: 0.8em; color: #555; }}
 </style></head><body>
 <h1>fabricscope report</h1>
 <p>{e(stamp(start))} – {e(stamp(end))}, from Prometheus <code>{e(prometheus_url)}</code>.</p>
@@ -268,6 +322,8 @@ details {{ font-size: 0.75em; }} code {{ white-space: pre-wrap; word-break: brea
             image = f'<img src="{e(panel.image)}" alt="{e(panel.title)}">' if panel.image else \
                 f"<p><strong>{e(panel.title)}</strong></p>"
             problem = f'<p class="problem">{e(panel.problem)}</p>' if panel.problem else ""
+            if panel.drawn is not None and panel.drawn.note:
+                problem += f'<p class="cut">{e(panel.drawn.note)}</p>'
             queries = "".join(f"<code>{e(q)}</code><br>" for q in panel.queries)
             parts.append(f"<figure>{image}<figcaption>{e(panel.description)}{problem}"
                          f"<details><summary>queries</summary>{queries}</details></figcaption></figure>")
@@ -275,6 +331,32 @@ details {{ font-size: 0.75em; }} code {{ white-space: pre-wrap; word-break: brea
     parts.append("</body></html>\n")
     path = out_dir / "index.html"
     path.write_text("\n".join(parts))
+    return path
+
+
+def _plain(value: object) -> object:
+    """JSON without NaN (not JSON) and with rows' numbers kept as numbers."""
+    if isinstance(value, float):
+        return None if value != value or value in (float("inf"), float("-inf")) else value
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def write_data(sections: list[DashboardSection], out_dir: Path, start: float, end: float) -> Path:
+    """report.json: per dashboard and panel, its queries and what its image shows (legends
+    drawn, or a table's rows as label and value columns), out of how many, and the cut."""
+    data = {"start": start, "end": end, "dashboards": {section.name: {
+        "title": section.title, "variables": section.variables,
+        "panels": [{"id": p.panel_id, "title": p.title, "type": p.kind, "image": p.image, "queries": p.queries,
+                    "problem": p.problem,
+                    **({"shown": _plain(p.drawn.shown), "total": p.drawn.total, "note": p.drawn.note}
+                       if p.drawn is not None else {})}
+                   for p in section.panels]} for section in sections}}
+    path = out_dir / "report.json"
+    path.write_text(json.dumps(data, indent=1, allow_nan=False))
     return path
 
 
@@ -342,6 +424,7 @@ def run(args: argparse.Namespace) -> int:
         sections = [render_dashboard(name, boards[name], prometheus, start, end, args.out,
                                      scrape_seconds, chosen, sidecar) for name in wanted]
         page = write_html(sections, args.out, args.prometheus_url, start, end)
+        write_data(sections, args.out, start, end)
     except (ReportError, model.DashboardModelError) as exc:
         print(f"fabricscope report: {exc}", file=sys.stderr)
         return 2

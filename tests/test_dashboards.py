@@ -171,3 +171,29 @@ def test_docs_show_every_sidecar_panel_request():
             if options.get("data"):
                 assert f"`{options['data']}`" in docs, panel["title"]
             assert all(f"`{column['selector']}`" in docs for column in target["columns"]), panel["title"]
+
+
+@pytest.mark.parametrize("name", sorted(DASHBOARDS))
+def test_alert_annotations_keep_alerts_that_lack_the_scoped_labels(name):
+    """A variable-scoped annotation matches the empty value too: FabricNcclHang has no
+    `node` label, and the node-scoped NCCL view must still mark it."""
+    for item in DASHBOARDS[name]["annotations"]["list"]:
+        for label, value in re.findall(r'(\w+)=~"(\$\w+[^"]*)"', item["expr"]):
+            assert value == f"${label}|", f"{name}: annotation matcher {label}=~{value!r} drops alerts without {label}"
+
+
+@pytest.mark.parametrize("name", sorted(DASHBOARDS))
+def test_every_table_value_column_has_its_own_unit(name):
+    """A table joining several queries shows different quantities (a MAD score, seconds,
+    a share of step time): each value column past the first carries its unit."""
+    for panel in model.panels(DASHBOARDS[name]):
+        if panel.get("type") != "table" or len(panel.get("targets", [])) < 2:
+            continue
+        options = panel["transformations"][-1]["options"]
+        hidden = {k for k, on in options.get("excludeByName", {}).items() if on}
+        overridden = {o["matcher"]["options"] for o in panel["fieldConfig"].get("overrides", [])
+                      if any(p["id"] == "unit" for p in o["properties"])}
+        for target in panel["targets"][1:]:
+            column = options.get("renameByName", {}).get(f"Value #{target['refId']}", f"Value #{target['refId']}")
+            if f"Value #{target['refId']}" not in hidden and "state" not in column:
+                assert column in overridden, f"{name} {panel['title']!r}: column {column!r} has no unit"
