@@ -163,6 +163,7 @@ class DashboardSection:
     title: str
     variables: dict[str, list[str]]
     panels: list[PanelImage] = field(default_factory=list)
+    annotations: list = field(default_factory=list)     # render.Annotation bands drawn on its time series
 
 
 def step_for(start: float, end: float, scrape_seconds: float) -> float:
@@ -209,7 +210,7 @@ def render_dashboard(name: str, board: dict, prometheus: Prometheus, start: floa
         board, lambda label, selector: prometheus.label_values(label, selector, start, end), builtins, chosen)
     section = DashboardSection(name, board["title"], {k: v for k, v in variables.values.items() if k != "datasource"})
     (out_dir / name).mkdir(parents=True, exist_ok=True)
-    bands = alert_annotations(board, prometheus, variables, start, end, step)
+    bands = section.annotations = alert_annotations(board, prometheus, variables, start, end, step)
     for panel in model.panels(board):
         kind = panel.get("type")
         entry = PanelImage(panel.get("title", ""), panel.get("description") or "", None,
@@ -350,6 +351,7 @@ def write_data(sections: list[DashboardSection], out_dir: Path, start: float, en
     drawn, or a table's rows as label and value columns), out of how many, and the cut."""
     data = {"start": start, "end": end, "dashboards": {section.name: {
         "title": section.title, "variables": section.variables,
+        "annotations": [{"text": a.text, "start": a.start, "end": a.end} for a in section.annotations],
         "panels": [{"id": p.panel_id, "title": p.title, "type": p.kind, "image": p.image, "queries": p.queries,
                     "problem": p.problem,
                     **({"shown": _plain(p.drawn.shown), "total": p.drawn.total, "note": p.drawn.note}

@@ -16,10 +16,18 @@ the next gets 429 with Retry-After. The topology is the `chaos_topology` invento
 with the live metrics every `chaos_refresh_seconds` (chaos/live.py); each result names the
 topology version it ran on.
 
+Only a valid request spends the budget: one refused with 422 (unknown device, failure
+type that cannot apply) costs nothing.
+
 Alert enrichment: every critical alert the Alertmanager webhook records (storage.alerts)
 gets the blast radius of the device its labels name (an HCA, NIC, GPU or host, see
 chaos.live.DeviceIndex) computed once per alert episode and kept beside it in the store
-(simulation id `alert-<hash of fingerprint and startsAt>`), for dashboards to read.
+(simulation id `alert-<hash of fingerprint and startsAt>`), for dashboards to read. The
+worker pages through the alerts oldest first with a cursor that moves only past alerts it
+handled, so a storm of 1,500 alerts delays the last ones instead of skipping them. It has a
+budget of its own (`chaos_alert_simulations_per_minute`), separate from any API key's, and
+a result is reused for every alert naming the same device on the same topology version: a
+storm on one switch costs one simulation.
 """
 from __future__ import annotations
 
@@ -32,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 from apiflask import APIBlueprint
-from flask import current_app, request
+from flask import current_app
 from pydantic import BaseModel, ConfigDict, Field
 
 from fabricscope.chaos.blast import FAILURE_TYPES, BlastRadiusEngine, ChaosInputError, initial_failures
@@ -56,6 +64,7 @@ STALE_SECONDS = 300
 SIMULATION_THREADS = 2
 ALERT_SCAN_SECONDS = 5.0
 ALERT_LOOKBACK_MS = 3600 * 1000     # on start, alerts of the last hour get their blast radius
+ALERT_PAGE = 100
 
 
 class SimulateIn(BaseModel):
@@ -91,6 +100,15 @@ class ChaosService:
     def start(self) -> None:
         """Nothing to start: pool threads start with the first simulation."""
 
+    def spend(self, key_id: str) -> float | None:
+        """Take one simulation from the key's budget: None if allowed, else the seconds
+        until the next one is."""
+        allowed, retry_after = self.limiter.allow(key_id, self.per_minute / 60.0, self.per_minute)
+        return None if allowed else retry_after
+
+    def budget_message(self, key_id: str) -> str:
+        return f"chaos simulations are limited to {self.per_minute} per minute per API key (key {key_id!r})"
+
     def stop(self, timeout: float = 10.0) -> None:
         self.executor.shutdown(wait=True, cancel_futures=False)
 
@@ -111,32 +129,46 @@ def alert_simulation_id(fingerprint: str, starts_at: str) -> str:
 
 
 class AlertBlastRadius:
-    """Finds critical alerts recorded since the last pass and stores the blast radius of the
-    device each names, once per alert episode."""
+    """Stores the blast radius of the device each critical alert names, once per alert
+    episode, oldest alert first, under its own simulation budget."""
     name = "chaos-alerts"
 
-    def __init__(self, service: ChaosService, storage) -> None:
+    def __init__(self, service: ChaosService, storage, per_minute: int) -> None:
         self.service = service
         self.storage = storage
-        self.since_ms = _now_ms() - ALERT_LOOKBACK_MS
+        self.per_minute = per_minute
+        self.limiter = RateLimiter()
+        # (last_received_ms, fingerprint, starts_at) of the last alert handled.
+        self.cursor: tuple[int, str, str] = (_now_ms() - ALERT_LOOKBACK_MS, "", "")
         self._index: tuple[str, DeviceIndex] | None = None
+        self._results: dict[str, dict] = {}          # device -> result, on the version of _index
         self.worker = PeriodicWorker(self.name, ALERT_SCAN_SECONDS, self.run_once)
 
     def _device_index(self, engine: BlastRadiusEngine) -> DeviceIndex:
         if self._index is None or self._index[0] != engine.version:
             self._index = (engine.version, DeviceIndex(engine.topology))
+            self._results.clear()
         return self._index[1]
 
     def run_once(self) -> int:
-        rows = self.storage.alerts(since_ms=self.since_ms, status="firing", limit=500)
+        """Handle alerts past the cursor until none is left or the budget runs out (the
+        cursor then stays on the first alert not handled, for the next pass)."""
         attached = 0
-        for row in rows:
-            self.since_ms = max(self.since_ms, row["last_received_ms"])
-            if (row["labels"] or {}).get("severity") == "critical":
-                attached += self.attach(row)
-        return attached
+        while True:
+            rows = self.storage.alerts_after(self.cursor, status="firing", limit=ALERT_PAGE)
+            for row in rows:
+                if (row["labels"] or {}).get("severity") == "critical":
+                    done = self.attach(row)
+                    if done is None:
+                        return attached
+                    attached += done
+                self.cursor = (row["last_received_ms"], row["fingerprint"], row["starts_at"])
+            if len(rows) < ALERT_PAGE:
+                return attached
 
-    def attach(self, row: dict) -> int:
+    def attach(self, row: dict) -> int | None:
+        """1 if a blast radius was stored, 0 if there was nothing to do, None if the budget
+        is spent for now."""
         sim_id = alert_simulation_id(row["fingerprint"], row["starts_at"])
         if self.storage.load_simulation(sim_id) is not None:
             return 0
@@ -147,10 +179,14 @@ class AlertBlastRadius:
         if device is None:
             self.storage.save_simulation(sim_id, "no_device", {"alert": alert, "submitted_ms": _now_ms()})
             return 0
-        result = engine.simulate(device, "device_failure")
+        result = self._results.get(device)
+        if result is None:
+            allowed, _ = self.limiter.allow("alerts", self.per_minute / 60.0, self.per_minute)
+            if not allowed:
+                return None
+            result = self._results[device] = engine.simulate(device, "device_failure").to_dict()
         self.storage.save_simulation(sim_id, "complete", {"alert": alert, "submitted_ms": _now_ms(),
-                                                          "topology_version": engine.version,
-                                                          "result": result.to_dict()})
+                                                          "topology_version": engine.version, "result": result})
         return 1
 
 
@@ -173,7 +209,7 @@ def setup(app, state) -> None:
     service = ChaosService(topology, config.chaos_simulations_per_minute)
     app.extensions[EXTENSION] = service
     state.workers.append(service)
-    service.alerts = AlertBlastRadius(service, state.storage)
+    service.alerts = AlertBlastRadius(service, state.storage, config.chaos_alert_simulations_per_minute)
     state.workers.append(service.alerts.worker)
     if query is not None:
         state.workers.append(PeriodicWorker("chaos-topology", config.chaos_refresh_seconds, topology.refresh))
@@ -187,21 +223,6 @@ def _service() -> ChaosService:
         raise ApiError(404, "no cluster topology is configured for chaos simulations: start the sidecar with "
                             "--chaos-topology FILE (docs/chaos.md)", code="chaos_no_topology")
     return service
-
-
-@bp.before_request
-def _simulation_budget():
-    """The per-key simulation budget, counted before the body is even validated: every
-    attempt at the graph-walking endpoint counts, as the seed's abuse guard intends."""
-    if request.endpoint != "chaos.simulate":
-        return
-    service = _service()
-    key = current_key()
-    allowed, retry_after = service.limiter.allow(key.id, service.per_minute / 60.0, service.per_minute)
-    if not allowed:
-        raise ApiError(429, f"chaos simulations are limited to {service.per_minute} per minute per API key "
-                            f"(key {key.id!r})", code="chaos_rate_limited",
-                       headers={"Retry-After": str(max(1, math.ceil(retry_after)))})
 
 
 @bp.post("/graph/chaos-simulate")
@@ -221,9 +242,14 @@ def simulate(json_data: SimulateIn):
         raise ApiError(422, str(exc), code=f"chaos_invalid_{exc.field}",
                        detail={"field": exc.field, "choices": exc.choices,
                                "failure_types": list(FAILURE_TYPES)}) from None
+    key = current_key()
+    retry_after = service.spend(key.id)
+    if retry_after is not None:
+        raise ApiError(429, service.budget_message(key.id), code="chaos_rate_limited",
+                       headers={"Retry-After": str(max(1, math.ceil(retry_after)))})
     state = sidecar()
     sim_id = uuid.uuid4().hex
-    record = {"request": json_data.model_dump(), "key_id": current_key().id, "instance": service.instance,
+    record = {"request": json_data.model_dump(), "key_id": key.id, "instance": service.instance,
               "submitted_ms": _now_ms(), "topology_version": engine.version}
     state.storage.save_simulation(sim_id, "running", record)
     service.executor.submit(service.run, state.storage, sim_id, record, engine)

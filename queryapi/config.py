@@ -58,11 +58,15 @@ class SidecarConfig(BaseModel):
     # GPU-hour price per rate class (e.g. {"default": 2.5, "h100": 4.0}) for get_cost.
     gpu_hour_rates: dict[str, float] = Field(default_factory=lambda: {"default": 2.0})
     correlation_interval_seconds: float = Field(1.0, gt=0)
+    # Spans may end at most this far past the sidecar's clock (clock skew between hosts).
+    span_max_future_skew_seconds: float = Field(300.0, ge=0)
     # Chaos simulations (chaos_api.py): the inventory file (YAML/JSON, docs/chaos.md); how
     # often the live metrics are merged over it (0: inventory only); the per-key budget.
     chaos_topology: Path | None = None
     chaos_refresh_seconds: float = Field(60.0, ge=0)
     chaos_simulations_per_minute: int = Field(5, ge=1)
+    # Blast radii of critical alerts (a budget of their own, not any key's).
+    chaos_alert_simulations_per_minute: int = Field(60, ge=1)
 
     @field_validator("prometheus_url")
     @classmethod

@@ -192,6 +192,83 @@ def test_critical_alerts_get_the_blast_radius_of_their_device(env):
 
 
 
+def test_refused_requests_do_not_spend_the_simulation_budget(env):
+    make_app, keys = env
+    client = make_app().test_client()
+    token = keys["writer-5"]
+    for _ in range(20):
+        assert submit(client, token, device="no-such-device").status_code == 422
+        assert submit(client, token, device="gpu-node-0", failure_type="switch_failure").status_code == 422
+    for _ in range(5):
+        assert submit(client, token, device="core-0").status_code == 202
+    assert submit(client, token, device="core-0").status_code == 429
+
+
+@pytest.mark.parametrize("typo", ["gpu-node-99", "gpunode-1", "xgpu-node-1", "node-gpu-1", "zzzz"])
+def test_every_unknown_device_gets_close_matches(env, typo):
+    """Typos past the first characters, in the first characters, words swapped, or
+    nothing alike: the 422 always names devices to try."""
+    make_app, keys = env
+    error = submit(make_app().test_client(), keys["writer-0"], device=typo).get_json()["error"]
+    assert error["code"] == "chaos_invalid_device" and error["detail"]["choices"], error
+    assert "close matches:" in error["message"]
+
+
+def test_every_critical_alert_of_a_storm_gets_its_blast_radius_oldest_first(env):
+    """1,500 critical alerts at once (newer than the 500 a page used to hold): each gets a
+    blast radius, one simulation per device however many alerts name it, and the key
+    budget of the API is untouched."""
+    make_app, keys = env
+    app = make_app()
+    state = app.extensions["fabricscope"]
+    now = int(time.time() * 1000)
+    storm = [alert("FabricInfinibandPortDown", "critical", node=f"gpu-node-{i % 8}", device="mlx5_0", port="1",
+                   incident=str(i)) for i in range(1500)]
+    for i, sent in enumerate(storm):
+        sent["fingerprint"] = f"storm-{i:04d}"
+    for offset, start in enumerate(range(0, 1500, 300)):
+        state.storage.record_alerts(storm[start:start + 300], now - 1000 + offset)
+    worker = app.extensions["fabricscope.chaos"].alerts
+    simulated = []
+    real_simulate = app.extensions["fabricscope.chaos"].topology.engine().simulate
+
+    def counting(device, *args, **kwargs):
+        simulated.append(device)
+        return real_simulate(device, *args, **kwargs)
+
+    app.extensions["fabricscope.chaos"].topology.engine().simulate = counting
+    assert worker.run_once() == 1500
+    assert sorted(simulated) == sorted({f"gpu-node-{i}/mlx5_0" for i in range(8)})
+    from fabricscope.queryapi.chaos_api import alert_simulation_id
+    for sent in (storm[0], storm[777], storm[-1]):
+        assert state.storage.load_simulation(alert_simulation_id(sent["fingerprint"], sent["startsAt"]))["status"] \
+            == "complete"
+    assert worker.run_once() == 0
+    # The API key budget is the API's alone.
+    assert submit(app.test_client(), keys["writer-1"], device="core-0").status_code == 202
+
+
+def test_alert_budget_defers_and_never_skips(env):
+    """Past its own budget the worker stops where it is; the next pass goes on from the
+    first alert it left, so the oldest are never skipped."""
+    make_app, keys = env
+    app = make_app(chaos_alert_simulations_per_minute=2)
+    state = app.extensions["fabricscope"]
+    now = int(time.time() * 1000)
+    alerts = [alert("FabricExporterDown", "critical", node=f"gpu-node-{i}") for i in range(4)]
+    for i, sent in enumerate(alerts):
+        sent["fingerprint"] = f"down-{i}"
+    for i, sent in enumerate(alerts):
+        state.storage.record_alerts([sent], now - 100 + i)
+    worker = app.extensions["fabricscope.chaos"].alerts
+    assert worker.run_once() == 2
+    assert worker.run_once() == 0                  # budget spent: nothing skipped, nothing done
+    worker.limiter = type(worker.limiter)()        # a minute later
+    assert worker.run_once() == 2
+    from fabricscope.queryapi.chaos_api import alert_simulation_id
+    assert all(state.storage.load_simulation(alert_simulation_id(a["fingerprint"], a["startsAt"])) for a in alerts)
+
+
 def test_real_sidecar_process_simulates_and_keeps_results_across_a_restart(tmp_path):
     """`fabricscope sidecar` (TLS): the pool and the refresh worker run in the serving
     process, and a result outlives the process."""
@@ -232,3 +309,16 @@ def test_real_sidecar_process_simulates_and_keeps_results_across_a_restart(tmp_p
         assert again.status_code == 200 and again.json() == done
     finally:
         process.stop()
+
+
+def test_neighbors_tool_names_close_matches_for_an_unknown_device(env):
+    make_app, keys = env
+    client = make_app().test_client()
+    response = client.post("/api/v1/tools/device_neighbors", json={"device": "gpu-nod-1"}, headers=bearer(keys["reader"]))
+    assert response.status_code == 422, response.get_json()
+    error = response.get_json()["error"]
+    assert error["code"] == "invalid_params" and "close matches: gpu-node-1" in error["message"]
+    assert error["detail"] == {"param": "device", "choices": error["detail"]["choices"]}
+    assert "gpu-node-1" in error["detail"]["choices"]
+    known = client.post("/api/v1/tools/device_neighbors", json={"device": "gpu-node-1"}, headers=bearer(keys["reader"]))
+    assert known.status_code == 200 and known.get_json()["results"]

@@ -359,3 +359,67 @@ def test_report_with_pinned_variables_draws_only_the_chosen_node(run, tmp_path):
     assert 'node=~"gpu-node-1"' in page and "gpu-node-0" not in page
     # device is chained on node: only gpu-node-1's HCAs are offered (all of them, "All").
     assert 'device=~"(mlx5_0|mlx5_1|mlx5_2)"' in page
+
+
+def _report_data(report) -> dict:
+    code, out = report
+    return json.loads((out / "report.json").read_text())
+
+
+def _instant(run: Run, expr: str) -> list[dict]:
+    response = requests.get(run.prometheus.url + "/api/v1/query", params={"query": expr, "time": run.end}, timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()["data"]["result"]
+
+
+def test_report_tables_are_the_instant_query_at_the_end_time(run, report):
+    """Every Prometheus table of the report holds exactly what its queries answer at the
+    report's end time (the panel's own topk), not the last value each series had in the
+    range: no port that was at 0 by then, no hang after recovery."""
+    data = _report_data(report)
+    checked = 0
+    for name, board in DASHBOARDS.items():
+        panels = {p["id"]: p for p in model.panels(board)}
+        for drawn in data["dashboards"][name]["panels"]:
+            panel = panels[drawn["id"]]
+            if drawn["type"] != "table" or not drawn["queries"] or "shown" not in drawn:
+                continue
+            options = panel["transformations"][-1]["options"]
+            hidden = {k for k, on in options.get("excludeByName", {}).items() if on}
+            renames = options.get("renameByName", {})
+            expected = {}
+            for expr in drawn["queries"]:
+                for item in _instant(run, expr):
+                    labels = {renames.get(k, k): v for k, v in item["metric"].items() if k not in hidden | {"__name__"}}
+                    expected[tuple(sorted(labels.items()))] = labels
+            assert drawn["total"] == len(expected), f"{name} {panel['title']!r}"
+            for row in drawn["shown"]:
+                labels = {k: v for k, v in row.items() if isinstance(v, str)}
+                assert tuple(sorted(labels.items())) in expected, f"{name} {panel['title']!r}: row {row} not at the end"
+            checked += 1
+    assert checked >= 8
+
+
+# Each scripted fault and where its anomalous series must be drawn (dashboard, panel title,
+# text in a drawn legend or row): the selection keeps them however many series there are.
+ANOMALIES = [
+    ("infiniband", "Port state", "gpu-node-2"),               # link_down mlx5_0 on node 2
+    ("nvlink_nccl", "Inactive NVLink links per GPU", "gpu-node-0"),
+    ("nvlink_nccl", "Arrival lag per rank (1m mean)", "5"),   # the straggler rank
+    ("fleet", "Firing alerts", "FabricTcpMicroburst"),
+    ("node_network", "Microburst: p99 RTT", "gpu-node-3"),
+]
+
+
+@pytest.mark.parametrize("name, title, text", ANOMALIES)
+def test_report_draws_each_faults_anomalous_series(report, name, title, text):
+    data = _report_data(report)
+    panels = [p for p in data["dashboards"][name]["panels"] if p["title"].startswith(title)]
+    assert panels, f"{name} has no panel {title!r}: {[p['title'] for p in data['dashboards'][name]['panels']]}"
+    shown = json.dumps(panels[0]["shown"])
+    assert text in shown, f"{name} {title!r} draws {panels[0]['shown']} of {panels[0]['total']}"
+
+
+def test_report_marks_the_nccl_hang_on_the_node_scoped_nccl_view(report):
+    annotations = _report_data(report)["dashboards"]["nvlink_nccl"]["annotations"]
+    assert "FabricNcclHang" in {a["text"] for a in annotations}

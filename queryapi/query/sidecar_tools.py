@@ -82,11 +82,11 @@ def _chaos_service(caller):
 @tool_handler("neighbors")
 def neighbors(state, params: dict[str, Any], caller) -> list[dict[str, Any]]:
     """The devices one link away, with the link's kind, partition and state."""
-    from fabricscope.chaos.blast import ChaosInputError
+    from fabricscope.chaos.blast import unknown_device
     topology = _chaos_service(caller).topology.engine().topology
     device = params["device"]
     if device not in topology:
-        raise ChaosInputError("device", f"unknown device {device!r} in topology {topology.name!r}")
+        raise unknown_device(topology, device)
     graph = topology.graph
     rows = []
     for peer in sorted(set(graph.successors(device)) | set(graph.predecessors(device))):
@@ -102,13 +102,15 @@ def neighbors(state, params: dict[str, Any], caller) -> list[dict[str, Any]]:
 def blast_radius(state, params: dict[str, Any], caller) -> dict[str, Any]:
     """The chaos engine's simulation, synchronously (milliseconds), under the same per-key
     simulation budget as POST /graph/chaos-simulate."""
+    from fabricscope.chaos.blast import initial_failures
     service = _chaos_service(caller)
-    if caller.key is not None:
-        allowed, retry_after = service.limiter.allow(caller.key.id, service.per_minute / 60.0, service.per_minute)
-        if not allowed:
-            raise QueryBudgetExceeded(f"chaos simulations are limited to {service.per_minute} per minute per API "
-                                      f"key (key {caller.key.id!r})", retry_after)
     engine = service.topology.engine()
+    # Validated before the budget is spent: a request naming an unknown device costs nothing.
+    initial_failures(engine.topology, params["device"], params["failure_type"])
+    if caller.key is not None:
+        retry_after = service.spend(caller.key.id)
+        if retry_after is not None:
+            raise QueryBudgetExceeded(service.budget_message(caller.key.id), retry_after)
     result = engine.simulate(params["device"], params["failure_type"], include_jobs=True).to_dict()
     kinds = {name: kind for name, kind in engine.topology.graph.nodes(data="kind")}
     rows = [{"labels": {"device": step["device"], "kind": kinds.get(step["device"], "")},

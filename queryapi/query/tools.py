@@ -84,9 +84,12 @@ def classify(exc: BaseException) -> ToolError:
         retry = max(1, math.ceil(exc.retry_after))
         return ToolError(429, "rate_limited", str(exc), {"retry_after_seconds": retry}, {"Retry-After": str(retry)})
     if isinstance(exc, ValueError):
-        # e.g. fabricscope.chaos' ChaosInputError names the field it refused
-        field = getattr(exc, "field", None)
-        return ToolError(422, "invalid_params", str(exc)[:500], {"param": field} if field else {})
+        # e.g. fabricscope.chaos' ChaosInputError names the field it refused and close matches
+        field, choices = getattr(exc, "field", None), getattr(exc, "choices", None)
+        detail = {"param": field} if field else {}
+        if choices:
+            detail["choices"] = [str(choice)[:256] for choice in choices[:20]]
+        return ToolError(422, "invalid_params", str(exc)[:500], detail)
     return ToolError(500, DEFAULT_CODES[500], f"internal error in tool ({type(exc).__name__})")
 
 

@@ -71,7 +71,11 @@ class Storage:
     # spans --------------------------------------------------------------------------
     def insert_spans(self, spans: list[SpanRow]) -> int: raise NotImplementedError
     def slo_violations(self, since_ms: int, until_ms: int | None = None, service: str | None = None,
-                       operation: str | None = None, limit: int = 500) -> list[dict]: raise NotImplementedError
+                       operation: str | None = None, limit: int = 500,
+                       before: tuple[int, int] | None = None) -> list[dict]:
+        """Violating spans newest first (end_ms, then pk, descending); `before` = (end_ms, pk)
+        of the last span of the previous page."""
+        raise NotImplementedError
     def claim_pending_violations(self, limit: int, lease_ms: int = 60_000) -> list[dict]: raise NotImplementedError
     def save_correlations(self, done_span_pks: list[int], correlations: list[Correlation]) -> None:
         raise NotImplementedError
@@ -79,6 +83,12 @@ class Storage:
     def count_pending_violations(self, trace_id: str | None = None) -> int: raise NotImplementedError
     def correlations(self, trace_id: str | None = None, since_ms: int | None = None,
                      limit: int = 500) -> list[dict]: raise NotImplementedError
+    def alerts_after(self, cursor: tuple[int, str, str] | None, status: str | None = None,
+                     limit: int = 100) -> list[dict]:
+        """Alerts oldest first, strictly after `cursor` = (last_received_ms, fingerprint,
+        starts_at) of the last one a reader handled: a reader that pages through them
+        never skips one, however many arrive at once."""
+        raise NotImplementedError
     # alerts -------------------------------------------------------------------------
     def record_alerts(self, alerts: list[dict], received_ms: int, receiver: str = "") -> tuple[int, int]:
         raise NotImplementedError

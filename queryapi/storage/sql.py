@@ -110,8 +110,11 @@ class SqlStorage(Storage):
             row["attributes"] = json.loads(row["attributes"])
         return rows
 
-    def slo_violations(self, since_ms, until_ms=None, service=None, operation=None, limit=500):
+    def slo_violations(self, since_ms, until_ms=None, service=None, operation=None, limit=500, before=None):
         where, params = ["violated = 1", "end_ms >= ?"], [since_ms]
+        if before is not None:
+            where.append("(end_ms < ? OR (end_ms = ? AND pk < ?))")
+            params += [before[0], before[0], before[1]]
         if until_ms is not None:
             where.append("end_ms <= ?")
             params.append(until_ms)
@@ -226,6 +229,25 @@ class SqlStorage(Storage):
         with self._transaction(write=False) as cur:
             self._execute(cur, f"SELECT {', '.join(ALERT_COLUMNS)} FROM alerts WHERE {' AND '.join(where)} "
                                "ORDER BY last_received_ms DESC LIMIT ?", (*params, limit))
+            rows = self._rows(cur, ALERT_COLUMNS)
+        for row in rows:
+            row["labels"] = json.loads(row["labels"])
+            row["annotations"] = json.loads(row["annotations"])
+        return rows
+
+    def alerts_after(self, cursor, status=None, limit=100):
+        where, params = ["1 = 1"], []
+        if status is not None:
+            where.append("status = ?")
+            params.append(status)
+        if cursor is not None:
+            received, fingerprint, starts_at = cursor
+            where.append("(last_received_ms > ? OR (last_received_ms = ? AND (fingerprint > ? OR "
+                         "(fingerprint = ? AND starts_at > ?))))")
+            params += [received, received, fingerprint, fingerprint, starts_at]
+        with self._transaction(write=False) as cur:
+            self._execute(cur, f"SELECT {', '.join(ALERT_COLUMNS)} FROM alerts WHERE {' AND '.join(where)} "
+                               "ORDER BY last_received_ms, fingerprint, starts_at LIMIT ?", (*params, limit))
             rows = self._rows(cur, ALERT_COLUMNS)
         for row in rows:
             row["labels"] = json.loads(row["labels"])

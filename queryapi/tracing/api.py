@@ -94,7 +94,8 @@ def ingest_spans():
         raise ApiError(422, f"a batch holds at most {MAX_BATCH_SPANS} spans, got {len(body['spans'])}",
                        code="batch_too_large")
     state = sidecar()
-    rows, rejected = validate_batch(body["spans"], state.config.slo_for, "seed")
+    rows, rejected = validate_batch(body["spans"], state.config.slo_for, "seed",
+                                    state.config.span_max_future_skew_seconds)
     state.metrics.spans_rejected.labels("seed").inc(len(rejected))
     if rejected and not rows:
         raise ApiError(422, f"all {len(rejected)} span(s) were rejected", code="all_spans_rejected",
@@ -122,7 +123,8 @@ def otlp_traces():
         raise ApiError(400, str(exc), code="bad_otlp") from None
     spans = list(otlp.seed_spans(message))
     state = sidecar()
-    rows, rejected = validate_batch(spans, state.config.slo_for, "otlp")
+    rows, rejected = validate_batch(spans, state.config.slo_for, "otlp",
+                                    state.config.span_max_future_skew_seconds)
     state.metrics.spans_rejected.labels("otlp").inc(len(rejected))
     _store(rows, "otlp")
     message_text = "; ".join(f"span {r.index}: {r.errors[0]['field']}: {r.errors[0]['message']}"
@@ -131,11 +133,16 @@ def otlp_traces():
     return Response(payload, status=200, mimetype="application/json" if as_json else PROTOBUF)
 
 
+CURSOR_PATTERN = r"^[0-9]{1,15}:[0-9]{1,18}$"     # "<end_ms>:<pk>" of a page's last span
+
+
 class ViolationsQuery(BaseModel):
     service: str | None = Field(None, max_length=128, pattern=NAME_PATTERN)
     operation: str | None = Field(None, max_length=256, pattern=NAME_PATTERN)
     window_seconds: int = Field(3600, ge=1, le=31 * 86400, description="trailing window (default 1 h)")
     limit: int = Field(500, ge=1, le=5000)
+    cursor: str | None = Field(None, max_length=64, pattern=CURSOR_PATTERN,
+                               description="next_cursor of the previous page")
 
 
 class SpanOut(BaseModel):
@@ -155,18 +162,24 @@ class SpanOut(BaseModel):
 class ViolationsOut(BaseModel):
     window_seconds: int
     violations: list[SpanOut]
+    next_cursor: str | None = Field(description="pass as cursor for the next (older) page; null on the last page")
 
 
 @bp.get("/tracing/slo-violations")
 @require_scope("read")
 @bp.input(ViolationsQuery, location="query")
 @bp.output(ViolationsOut)
-@bp.doc(summary="Spans over their (service, operation) SLO in the trailing window")
+@bp.doc(summary="Spans over their (service, operation) SLO in the trailing window, newest first, "
+                "paginated: next_cursor leads to the next page")
 def slo_violations(query_data: ViolationsQuery):
     since = int((time.time() - query_data.window_seconds) * 1000)
+    before = tuple(int(part) for part in query_data.cursor.split(":")) if query_data.cursor else None
+    # One row more than asked tells whether another page exists without a COUNT.
     rows = sidecar().storage.slo_violations(since, service=query_data.service, operation=query_data.operation,
-                                            limit=query_data.limit)
-    return {"window_seconds": query_data.window_seconds, "violations": rows}
+                                            limit=query_data.limit + 1, before=before)
+    page, more = rows[:query_data.limit], len(rows) > query_data.limit
+    return {"window_seconds": query_data.window_seconds, "violations": page,
+            "next_cursor": f"{page[-1]['end_ms']}:{page[-1]['pk']}" if more else None}
 
 
 class CorrelationsQuery(BaseModel):

@@ -2,6 +2,7 @@
 index and reasons, the good spans of the same batch are kept."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
@@ -63,21 +64,33 @@ class IngestOut(BaseModel):
 _SPAN_LIST = TypeAdapter(list[SpanIn])
 
 
-def validate_batch(raw_spans: list[Any], slo_for, ingest_format: str) -> tuple[list[SpanRow], list[Rejection]]:
+def validate_batch(raw_spans: list[Any], slo_for, ingest_format: str,
+                   max_future_seconds: float | None = None) -> tuple[list[SpanRow], list[Rejection]]:
     """Every span validated in one pass (pydantic's core walks the list); when some fail,
-    their errors are grouped by index and the others are validated again without them."""
+    their errors are grouped by index and the others are validated again without them.
+    A span ending more than `max_future_seconds` past this clock is rejected: the "last
+    hour" views sort by end time, and a span stamped in 2100 would top them for decades."""
     try:
         good = list(enumerate(_SPAN_LIST.validate_python(raw_spans)))
-        rejected: list[Rejection] = []
-    except ValidationError as exc:
         by_index: dict[int, list[dict[str, str]]] = {}
+    except ValidationError as exc:
+        by_index = {}
         for error in exc.errors():
             index, *field = error["loc"]
             by_index.setdefault(int(index), []).append(
                 {"field": ".".join(str(p) for p in field) or "span", "message": error["msg"]})
-        rejected = [Rejection(index=i, errors=errors) for i, errors in sorted(by_index.items())]
         keep = [i for i in range(len(raw_spans)) if i not in by_index]
         good = list(zip(keep, _SPAN_LIST.validate_python([raw_spans[i] for i in keep])))
+    if max_future_seconds is not None:
+        latest = int((time.time() + max_future_seconds) * 1000)
+        for index, span in good:
+            if span.end_time_ms > latest:
+                by_index[index] = [{"field": "end_time_ms", "message": (
+                    f"{span.end_time_ms} is {(span.end_time_ms - latest) / 1000 + max_future_seconds:.0f} s after "
+                    f"this sidecar's clock; at most {max_future_seconds:g} s of clock skew is accepted "
+                    "(span_max_future_skew_seconds)")}]
+        good = [(index, span) for index, span in good if index not in by_index]
+    rejected = [Rejection(index=i, errors=errors) for i, errors in sorted(by_index.items())]
     rows = [to_row(span, slo_for(span.service, span.operation), ingest_format) for _, span in good]
     return rows, rejected
 
