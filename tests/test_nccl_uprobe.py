@@ -17,6 +17,7 @@ from fabricscope.exporter.context import Context
 from fabricscope.exporter.nccl import discovery
 from fabricscope.exporter.nccl.commid import comm_label, splitmix64, unique_id_hash
 from fabricscope.exporter.nccl.tracker import NcclTracker
+from tests.nccl_fake import identity
 from tests.nccl_fake.build import build_fake_nccl, build_step_driver
 from fabricscope.exporter.nccl.commid import fold_words
 from fabricscope.exporter.nccl.uprobe import (EV_COMM_END, EV_COMM_INIT, EVENT, INIT_ALL, INIT_RANK, INIT_SPLIT,
@@ -259,7 +260,7 @@ def test_uprobes_count_every_call_of_processes_started_after_the_exporter(uprobe
         r.tell()
     for r in ranks:
         r.expect("done")
-    comm = comm_label(unique_id_hash(salted_unique_id(salt)))
+    comm = comm_label(identity.comm_hash(salted_unique_id(salt)))
     wait_for(lambda: scrape(base).get(series("fabric_nccl_calls_total", comm=comm, rank="1", op="Recv")) == 1,
              "the last call of rank 1")
     samples = scrape(base)
@@ -277,10 +278,11 @@ def test_uprobes_count_every_call_of_processes_started_after_the_exporter(uprobe
         assert s("fabric_nccl_enqueue_seconds_count", "AllReduce") == n
         assert s("fabric_nccl_operation_duration_seconds_count", "AllReduce") == n
         assert s("fabric_nccl_inflight_elapsed_seconds", "Recv") is not None
-    # ncclCommSplit(comm, color 7, key rank): its own comm id, the key as rank, size unknown.
-    split = comm_label(splitmix64(unique_id_hash(salted_unique_id(salt)) ^ splitmix64(7)))
+    # ncclCommSplit(comm, color 7, key rank): NCCL's hash, rank and size of the new comm,
+    # read from it.
+    split = comm_label(identity.split_hash(identity.comm_hash(salted_unique_id(salt)), 7))
     for rank in ("0", "1"):
-        assert samples[series("fabric_nccl_comm_info", comm=split, rank=rank, nranks="0")] == 1
+        assert samples[series("fabric_nccl_comm_info", comm=split, rank=rank, nranks="2")] == 1
         assert samples[series("fabric_nccl_bytes_total", comm=split, rank=rank, op="AllReduce")] == 12
     assert samples[series("fabric_nccl_events_lost_total")] == 0
     for r in ranks:
@@ -306,7 +308,7 @@ def test_a_call_blocked_inside_nccl_is_in_flight_and_hanging_then_completes(upro
                                                   "FAKE_NCCL_BLOCK_CALL": str(n)})
     wait_for(lambda: traced(collector, {rank.proc.pid}), "rank traced")
     rank.tell()
-    comm = comm_label(unique_id_hash(salted_unique_id(salt)))
+    comm = comm_label(identity.comm_hash(salted_unique_id(salt)))
 
     def blocked():
         active = requests.get(base + "/nccl/operations/active", timeout=10).json()["operations"]
@@ -366,7 +368,7 @@ class Job:
         barrier.write_bytes(b"\0" * 64)
         delays, stop = delays or {}, stop or {}
         salt = random.randrange(1, 256)
-        self.comm = comm_label(unique_id_hash(salted_unique_id(salt)))
+        self.comm = comm_label(identity.comm_hash(salted_unique_id(salt)))
         self.procs = [subprocess.Popen([str(driver), str(nranks), str(rank), str(nsteps), str(delays.get(rank, 0)),
                                         str(stop.get(rank, 0)), str(barrier)],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,

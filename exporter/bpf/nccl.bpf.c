@@ -213,6 +213,16 @@ struct {
 	__type(value, struct op_stats);
 } nccl_op_stats SEC(".maps");
 
+/* The identity of a comm initialised before the probes, learned by user space from the
+ * communicator itself (exporter/nccl/commread.py); taken into the rank's state at its
+ * next call, so its arrivals join those of its local peers from then on. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct comm_key);
+	__type(value, __u64);
+} nccl_comm_ident SEC(".maps");
+
 /* First local entry of op `seq` on a comm. LRU: old ops age out on their own. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -378,6 +388,13 @@ static __always_inline int coll_enter(__u16 op, __u64 comm, __u64 count, __s32 d
 	state->last_bytes = bytes;
 	if (op == OP_SEND || op == OP_RECV)
 		return 0;
+	if (!state->ident) {
+		struct comm_key key = { .pid = pid, .comm = comm };
+		__u64 *learned = bpf_map_lookup_elem(&nccl_comm_ident, &key);
+
+		if (learned)
+			state->ident = *learned;
+	}
 	state->seq += 1;
 	if (cfg->boundary_ops && state->seq % cfg->boundary_ops == 0) {
 		state->boundary = state->seq;

@@ -220,4 +220,10 @@ class NcclCollector(Collector):
                                       labels=["reason"])
         for reason, count in sorted(elfsym.MALFORMED_FILES.items()):
             skipped.add_metric([reason], count)
-        yield from (available, attached, traced, exited, lost, invalid, skipped)
+        named = GaugeMetricFamily("fabric_nccl_comm_identities", "Local ranks' communicators by where their "
+                                  "identity came from: init (its init was probed), memory (initialised before "
+                                  "the probes: read from the communicator), unknown (reason says why).",
+                                  labels=["source", "reason"])
+        for (source, reason), count in sorted(status.identities.items()):
+            named.add_metric([source, reason], count)
+        yield from (available, attached, traced, exited, lost, invalid, skipped, named)

@@ -71,8 +71,8 @@ class ElfFile:
         self.sections = [_unpack(self.endian + self.SECTION, data, e_shoff + i * e_shentsize, path)
                          for i in range(e_shnum)]
 
-    def defined_functions(self, table: int = SHT_DYNSYM) -> Iterator[tuple[bytes, int]]:
-        """(name, value) of every defined FUNC/IFUNC symbol in the `table` sections."""
+    def defined_functions(self, table: int = SHT_DYNSYM) -> Iterator[tuple[bytes, int, int]]:
+        """(name, value, size) of every defined FUNC/IFUNC symbol in the `table` sections."""
         data, fmt, path = self.data, self.endian + "IBBHQQ", self.path
         entry_size = struct.calcsize(fmt)
         for (_name, sh_type, _f, _a, sh_offset, sh_size, sh_link, _i, _al, sh_entsize) in self.sections:
@@ -82,14 +82,14 @@ class ElfFile:
                 raise _refuse(path, "malformed", "malformed ELF: symbol table outside the file or unlinked")
             strtab = self.sections[sh_link][4]
             for pos in range(sh_offset, sh_offset + sh_size - entry_size + 1, sh_entsize):
-                st_name, st_info, _other, st_shndx, st_value, _size = struct.unpack_from(fmt, data, pos)
+                st_name, st_info, _other, st_shndx, st_value, st_size = struct.unpack_from(fmt, data, pos)
                 if st_shndx == 0 or st_value == 0 or (st_info & 0xF) not in (STT_FUNC, STT_GNU_IFUNC):
                     continue
                 start = strtab + st_name
                 end = data.find(b"\0", start) if start < len(data) else -1
                 if end < 0:
                     raise _refuse(path, "malformed", "malformed ELF: symbol name outside the file")
-                yield data[start:end], st_value
+                yield data[start:end], st_value, st_size
 
     def file_offset(self, value: int) -> int | None:
         """File offset of virtual address `value`, None when no PT_LOAD segment holds it."""
@@ -119,10 +119,26 @@ def symbol_file_offset(path: str | Path, symbol: str) -> int:
     name = symbol.encode()
     with open_elf(path) as elf:
         value = next((v for table in (SHT_DYNSYM, SHT_SYMTAB)
-                      for n, v in elf.defined_functions(table) if n == name), None)
+                      for n, v, _ in elf.defined_functions(table) if n == name), None)
         if value is None:
             raise ElfError(f"{path}: no defined function symbol {symbol!r}")
         offset = elf.file_offset(value)
     if offset is None:
         raise ElfError(f"{path}: symbol {symbol!r} at {value:#x} lies in no loadable segment")
     return offset
+
+
+def function_code(path: str | Path, symbols: set[str]) -> dict[str, bytes]:
+    """The machine code of each exported function of `symbols` the ELF defines (from .dynsym,
+    by its symbol size); absent names are left out."""
+    wanted = {name.encode(): name for name in symbols}
+    code: dict[str, bytes] = {}
+    with open_elf(path) as elf:
+        for name, value, size in elf.defined_functions(SHT_DYNSYM):
+            if name not in wanted or wanted[name] in code or size <= 0:
+                continue
+            offset = elf.file_offset(value)
+            if offset is None or offset + size > len(elf.data):
+                raise _refuse(path, "malformed", f"malformed ELF: {wanted[name]} lies outside the file")
+            code[wanted[name]] = bytes(elf.data[offset:offset + size])
+    return code

@@ -102,7 +102,7 @@ def exported_functions(path: str) -> frozenset[str]:
 
 def _read_dynsym(path: str) -> frozenset[str]:
     with open_elf(path) as elf:
-        return frozenset(name.decode(errors="replace") for name, _ in elf.defined_functions(SHT_DYNSYM))
+        return frozenset(name.decode(errors="replace") for name, _, _ in elf.defined_functions(SHT_DYNSYM))
 
 
 # struct procwatch_event in exporter/bpf/procwatch.bpf.c

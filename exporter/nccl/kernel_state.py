@@ -31,6 +31,8 @@ OP_STATS = struct.Struct(f"<QQQ{_HIST_WORDS}Q{_HIST_WORDS}Q{RECENT_MAX}QQ")
 # struct comm_key (pid, pad, comm) and struct op_key (pid, op, comm)
 COMM_KEY = struct.Struct("<IIQ")
 OP_KEY = struct.Struct("<IIQ")
+# nccl_comm_ident values: a comm's identity learned by user space (u64)
+IDENT = struct.Struct("<Q")
 # struct open_call, keyed by pid_tgid
 OPEN_CALL = struct.Struct("<QQII")
 PID_TGID = struct.Struct("<Q")
@@ -40,7 +42,7 @@ PROBLEMS = ("events_lost", "unknown_datatype", "state_full")
 PROBLEM_COUNT = struct.Struct("<Q")
 # The maps whose values user space decodes, by layout (check_layouts).
 MAP_LAYOUTS = {"nccl_rank_state": RANK_STATE, "nccl_op_stats": OP_STATS, "nccl_open_calls": OPEN_CALL,
-               "nccl_problems": PROBLEM_COUNT}
+               "nccl_problems": PROBLEM_COUNT, "nccl_comm_ident": IDENT}
 
 
 class LayoutError(ValueError):
@@ -128,10 +130,13 @@ def decode_op_stats(raw: bytes, enqueue_n: int, duration_n: int) -> OpStats:
 
 @dataclass(frozen=True)
 class CommRef:
-    """What user space knows of a (process, comm pointer) from its init event."""
+    """What user space knows of a (process, comm pointer): from its init event, or read
+    from the communicator when the init came before the probes (uprobe.EventHandler)."""
     label: str
     rank: int
     nranks: int
+    source: str = "init"     # init | memory | unknown
+    reason: str = ""         # why unknown
 
 
 def probed_rank(ref: CommRef, state: RankState | None, ops: dict[int, OpStats], api_returned: bool,

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from . import discovery
+from . import commread, discovery
 from . import kernel_state as ks
 from .commid import comm_label, fold_words
 from .tracker import DURATION_BUCKETS, ENQUEUE_BUCKETS, LAG_BUCKETS
@@ -96,12 +96,32 @@ def kernel_config(tracker) -> bytes:
 
 
 class EventHandler:
-    """Communicator init and destroy events. Single-threaded (the ring-buffer poller)."""
+    """Communicator init and destroy events, and the comms they name. Single-threaded (the
+    ring-buffer poller).
 
-    def __init__(self, tracker) -> None:
+    A comm is named by NCCL's own commHash, rank and nRanks, read from the communicator
+    (`identify`: commread.read_comm with the library's layout), whether its init was seen
+    or not: an exporter that starts or restarts while a job runs names its comms exactly
+    as one that saw them initialised. Where the communicator cannot be read (a library
+    whose layout is unknown, no access to the rank's memory), a seen init still names the
+    comm from its arguments (the ncclUniqueId fold of commid.py), and a comm initialised
+    before the probes is `unknown-...` with rank -1 and its reason."""
+
+    # A comm that could not be read is tried again this often (a non-blocking init may
+    # still be filling it in; access may come back).
+    RETRY_SECONDS = 10.0
+
+    def __init__(self, tracker, identify: Callable[[int, int], "commread.CommFields"] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.tracker = tracker
+        self.identify = identify
+        self.clock = clock
         self.comms: dict[tuple[int, int], ks.CommRef] = {}      # (pid, comm pointer) -> comm
         self.ended: list[tuple[int, int, ks.CommRef]] = []      # destroyed (pid, pointer, comm), for a last read
+        # Comms named from memory whose identity the kernel's arrival join still needs:
+        # (pid, pointer, comm hash), written into nccl_comm_ident by the reader.
+        self.learned: list[tuple[int, int, int]] = []
+        self._retry_at: dict[tuple[int, int], float] = {}
         self.invalid: dict[str, int] = {}
         self.events = 0
         self._counts_lock = threading.Lock()     # counters are read from scrape threads
@@ -134,28 +154,71 @@ class EventHandler:
             self._invalid("unknown_kind")
 
     def comm(self, pid: int, pointer: int) -> ks.CommRef:
-        ref = self.comms.get((pid, pointer))
-        if ref is None:
-            # Initialised before we attached: no unique id, rank or size to be had.
-            ref = ks.CommRef(label=_unknown_label(pid, pointer), rank=-1, nranks=0)
-            self.comms[(pid, pointer)] = ref
+        """The comm a (process, pointer) in the kernel's accounting stands for. One whose
+        init was never seen (the job started before the probes) is read from memory."""
+        key = (pid, pointer)
+        ref = self.comms.get(key)
+        if ref is not None and (ref.source != "unknown" or self.clock() < self._retry_at.get(key, 0.0)):
+            return ref
+        read = self._read(pid, pointer)
+        if isinstance(read, str):
+            if ref is None:
+                ref = ks.CommRef(_unknown_label(pid, pointer), -1, 0, source="unknown", reason=read)
+                self.comms[key] = ref
+            return ref
+        ref = ks.CommRef(comm_label(read.comm_hash), read.rank, read.nranks, source="memory")
+        self.comms[key] = ref
+        self.learned.append((pid, pointer, read.comm_hash))
+        self.tracker.register_comm(ref.label, ref.rank, ref.nranks)
+        log.info("NCCL comm %s rank %d of %d (pid %d) named from its communicator: its init came before "
+                 "the probes", ref.label, ref.rank, ref.nranks, pid)
         return ref
+
+    def _read(self, pid: int, pointer: int) -> "commread.CommFields | str":
+        """The communicator's fields, or the reason they cannot be had."""
+        from .commlayout import LayoutUnknown
+
+        if self.identify is None:
+            return "no_reader"
+        try:
+            fields = self.identify(pid, pointer)
+        except (commread.CommUnreadable, LayoutUnknown) as exc:
+            self._retry_at[(pid, pointer)] = self.clock() + self.RETRY_SECONDS
+            log.debug("NCCL comm %#x of pid %d not readable: %s", pointer, pid, exc)
+            return exc.reason
+        self._retry_at.pop((pid, pointer), None)
+        return fields
 
     def _init(self, event: NcclEvent) -> None:
         if event.op not in (INIT_RANK, INIT_SCALABLE, INIT_ALL, INIT_SPLIT):
             self._invalid("unknown_init")
             return
-        if event.op == INIT_SPLIT and not event.ident:
-            # A split of a comm initialised before we attached: no identity to derive.
-            label = _unknown_label(event.pid, event.comm)
+        read = self._read(event.pid, event.comm)
+        if not isinstance(read, str):
+            # NCCL's own hash, rank and size: what an exporter that starts later reads too.
+            ref = ks.CommRef(comm_label(read.comm_hash), read.rank, read.nranks)
+            if not event.ident:                 # a split of a comm the kernel never named
+                self.learned.append((event.pid, event.comm, read.comm_hash))
         else:
-            label = comm_label(event.ident)
-        # A split's new rank and size are decided inside NCCL, not visible in the
-        # arguments: the split key stands for the rank (it orders the ranks), nranks 0.
-        nranks = 0 if event.op == INIT_SPLIT else event.nranks
-        self.comms[(event.pid, event.comm)] = ks.CommRef(label, event.rank, nranks)
-        if event.rank >= 0:
-            self.tracker.register_comm(label, event.rank, nranks)
+            if event.op == INIT_SPLIT and not event.ident:
+                # A split of a comm initialised before we attached: no identity to derive.
+                label = _unknown_label(event.pid, event.comm)
+            else:
+                label = comm_label(event.ident)
+            # A split's new rank and size are decided inside NCCL, not visible in the
+            # arguments: the split key stands for the rank (it orders the ranks), nranks 0.
+            ref = ks.CommRef(label, event.rank, 0 if event.op == INIT_SPLIT else event.nranks)
+        self._retry_at.pop((event.pid, event.comm), None)
+        self.comms[(event.pid, event.comm)] = ref
+        if ref.rank >= 0:
+            self.tracker.register_comm(ref.label, ref.rank, ref.nranks)
+
+    def sources(self) -> dict[tuple[str, str], int]:
+        """Comms known now by how they were named (init, memory, unknown) and why unknown."""
+        counts: dict[tuple[str, str], int] = {}
+        for ref in list(self.comms.values()):
+            counts[(ref.source, ref.reason)] = counts.get((ref.source, ref.reason), 0) + 1
+        return counts
 
     def end(self, pid: int, pointer: int, ref: ks.CommRef) -> bool:
         """A destroyed comm, read one last time: it no longer takes part. False when its
@@ -165,6 +228,7 @@ class EventHandler:
         if self.comms.get((pid, pointer)) is not ref:
             return False
         del self.comms[(pid, pointer)]
+        self._retry_at.pop((pid, pointer), None)
         return True
 
     def rank_processes(self) -> list[tuple[str, int, int, int]]:
@@ -177,6 +241,7 @@ class EventHandler:
         """Forget the process's comms: their open operations will never be followed."""
         for key in [k for k in self.comms if k[0] == pid]:
             ref = self.comms.pop(key)
+            self._retry_at.pop(key, None)
             self.tracker.drop_inflight(ref.label, ref.rank)
 
 
@@ -196,6 +261,7 @@ class KernelReader:
         self.op_stats = obj.map("nccl_op_stats")
         self.open_calls = obj.map("nccl_open_calls")
         self.problems = obj.map("nccl_problems")
+        self.comm_ident = obj.map("nccl_comm_ident")
         ks.check_layouts({name: obj.map(name).value_size for name in ks.MAP_LAYOUTS})
         # bpf_ktime_get_ns is CLOCK_MONOTONIC; wall = monotonic + offset.
         self._offset = time.time() - time.monotonic()
@@ -245,7 +311,15 @@ class KernelReader:
             ops = {op: ks.decode_op_stats(raw, enqueue_n, duration_n) for op, raw in ops_raw.items()}
             tracker.apply_probed(ks.probed_rank(ref, state, ops, returned, self.to_wall, observed_at))
         self.pids = {pid for pid, _ in ranks} | {pid for pid, _, _ in inside}
+        self._teach_kernel()
         return {pid for pid, _ in ranks}
+
+    def _teach_kernel(self) -> None:
+        """Comms named from memory: their identity for the kernel's arrival join, which
+        takes it at the rank's next call (nccl_comm_ident in nccl.bpf.c)."""
+        learned, self.handler.learned = self.handler.learned, []
+        for pid, pointer, ident in learned:
+            self.comm_ident.update(ks.COMM_KEY.pack(pid, 0, pointer), ks.IDENT.pack(ident))
 
     def take_ended(self) -> list[tuple[int, int, ks.CommRef]]:
         """The comms destroyed so far, for end_comms after one more read."""
@@ -260,6 +334,7 @@ class KernelReader:
             if not self.handler.end(pid, comm, ref):
                 continue
             self.rank_state.delete(ks.COMM_KEY.pack(pid, 0, comm))
+            self.comm_ident.delete(ks.COMM_KEY.pack(pid, 0, comm))
             for op in range(ks.NUM_OPS):
                 self.op_stats.delete(ks.OP_KEY.pack(pid, op, comm))
             self._seen.pop((pid, comm), None)
@@ -271,7 +346,8 @@ class KernelReader:
         pids = pids & self.pids
         if not pids:
             return
-        for bpf_map, layout in ((self.rank_state, ks.COMM_KEY), (self.op_stats, ks.OP_KEY)):
+        for bpf_map, layout in ((self.rank_state, ks.COMM_KEY), (self.op_stats, ks.OP_KEY),
+                                (self.comm_ident, ks.COMM_KEY)):
             for key, _ in bpf_map.items():
                 if layout.unpack(key)[0] in pids:
                     bpf_map.delete(key)
@@ -308,6 +384,7 @@ class UprobeStatus:
     events_lost: int                    # dropped in the kernel: ring buffer full
     invalid: dict[str, int]
     events: int
+    identities: dict[tuple[str, str], int] = field(default_factory=dict)   # (source, reason) -> comms
 
 
 class UprobeSource:
@@ -366,7 +443,7 @@ class UprobeSource:
     # ---- lifecycle ---------------------------------------------------------------------
 
     def attach(self, tracker) -> None:
-        self._handler = EventHandler(tracker)
+        self._handler = EventHandler(tracker, identify=self.identify)
         if not self._load():
             return
         self._thread = threading.Thread(target=self._run, name="nccl-uprobes", daemon=True)
@@ -685,6 +762,23 @@ class UprobeSource:
         library.links = []
         library.symbols = []
 
+    def identify(self, pid: int, pointer: int) -> commread.CommFields:
+        """Hash, rank and size of the ncclComm at `pointer` in `pid`, read with the layout
+        of the probed library the process maps (commlayout.py)."""
+        from .commlayout import LayoutUnknown, library_layout
+
+        with self._lock:
+            paths = [lib.ref.host_path for lib in self._libraries.values() if pid in lib.pids and lib.links]
+        if not paths:
+            raise LayoutUnknown("library_unknown", f"pid {pid} maps no probed NCCL library")
+        problem: Exception | None = None
+        for path in paths:
+            try:
+                return commread.read_comm(self.procfs, pid, pointer, library_layout(path))
+            except (LayoutUnknown, commread.CommUnreadable) as exc:
+                problem = exc
+        raise problem
+
     # ---- reading ---------------------------------------------------------------------------
 
     @property
@@ -716,4 +810,5 @@ class UprobeSource:
             invalid.update(kernel_invalid)
             return UprobeStatus(reason=self.reason, libraries=libraries, processes_traced=len(self._pids),
                                 processes_exited=self._exited,
-                                events_lost=lost, invalid=invalid, events=events)
+                                events_lost=lost, invalid=invalid, events=events,
+                                identities=self._handler.sources() if self._handler else {})

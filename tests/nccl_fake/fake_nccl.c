@@ -6,27 +6,63 @@
  * FAKE_NCCL_BLOCK_CALL-th ncclAllReduce (1-based) reads one byte from that FIFO first.
  */
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include "nccl.h"
 
-struct ncclComm { int rank; int nranks; ncclUniqueId id; };
+/* The communicator as NCCL 2.18-2.28 lays out the part an exporter reads (src/include/
+ * comm.h): the identity fields together, kilobytes into the struct, after the channels.
+ * The accessors below read them as NCCL's do, so the layout is found the same way. */
+struct ncclComm {
+	uint64_t startMagic;
+	char before[9000];          /* memory stacks, channels, peer info, ... */
+	uint64_t magic;
+	uint64_t commHash;
+	int rank;
+	int nRanks;
+	int cudaDev;
+	int nvmlDev;
+	int compCap;
+	int minCompCap, maxCompCap;
+	int64_t busId;
+	uint64_t endMagic;
+};
+
+#define FAKE_NCCL_MAGIC 0x0280028002800280ULL
 
 static int allreduce_calls;
 /* Keeps the compiler from folding the trivial bodies into one another (identical code
  * folding would give two symbols one address, and one uprobe would fire for both). */
 volatile int fake_nccl_last_op;
 
-static ncclComm_t new_comm(int rank, int nranks, const ncclUniqueId *id)
+/* NCCL 2.18's getHash (DJB2a over signed chars): the comm's id, commHash. */
+static uint64_t get_hash(const char *bytes, int n)
 {
+	uint64_t result = 5381;
+
+	for (int c = 0; c < n; c++)
+		result = ((result << 5) + result) ^ (uint64_t)(int64_t)bytes[c];
+	return result;
+}
+
+/* FAKE_NCCL_CUDA_DEV (a number) is the device every comm of the process is on; else the rank. */
+static ncclComm_t new_comm(int rank, int nranks, uint64_t hash)
+{
+	const char *dev = getenv("FAKE_NCCL_CUDA_DEV");
 	ncclComm_t comm = calloc(1, sizeof(*comm));
+
 	if (!comm)
 		return NULL;
+	comm->startMagic = comm->endMagic = FAKE_NCCL_MAGIC;
+	comm->commHash = hash;
 	comm->rank = rank;
-	comm->nranks = nranks;
-	if (id)
-		memcpy(&comm->id, id, sizeof(*id));
+	comm->nRanks = nranks;
+	comm->cudaDev = dev ? atoi(dev) : rank;
+	comm->nvmlDev = comm->cudaDev;
+	comm->compCap = comm->minCompCap = comm->maxCompCap = 90;
+	comm->busId = 0x18000 + comm->cudaDev * 0x1000;
 	return comm;
 }
 
@@ -47,7 +83,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId,
 {
 	if (rank < 0 || rank >= nranks)
 		return ncclInvalidArgument;
-	*comm = new_comm(rank, nranks, &commId);
+	*comm = new_comm(rank, nranks, get_hash(commId.internal, NCCL_UNIQUE_ID_BYTES));
 	return *comm ? ncclSuccess : ncclSystemError;
 }
 
@@ -60,17 +96,24 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId c
 
 ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist)
 {
+	ncclUniqueId id;
+
 	(void)devlist;
+	ncclGetUniqueId(&id);           /* as NCCL does: one fresh id for the clique */
 	for (int i = 0; i < ndev; i++)
-		comm[i] = new_comm(i, ndev, NULL);
+		comm[i] = new_comm(i, ndev, get_hash(id.internal, NCCL_UNIQUE_ID_BYTES) ^ 0xa11);
 	return ncclSuccess;
 }
 
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config)
 {
-	(void)config; (void)color;
-	*newcomm = new_comm(key, comm->nranks, &comm->id);
-	return ncclSuccess;
+	/* NCCL derives the child's hash from the parent's and the color; the key orders the
+	 * ranks of the new comm (here: the key is the rank). */
+	struct { uint64_t parent; int color; } seed = { comm->commHash, color };
+
+	(void)config;
+	*newcomm = new_comm(key, comm->nRanks, get_hash((const char *)&seed, 12));
+	return *newcomm ? ncclSuccess : ncclSystemError;
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm)
@@ -79,8 +122,9 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm)
 	return ncclSuccess;
 }
 
-ncclResult_t ncclCommCount(const ncclComm_t comm, int *count) { *count = comm->nranks; return ncclSuccess; }
+ncclResult_t ncclCommCount(const ncclComm_t comm, int *count) { *count = comm->nRanks; return ncclSuccess; }
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank) { *rank = comm->rank; return ncclSuccess; }
+ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int *devid) { *devid = comm->cudaDev; return ncclSuccess; }
 
 static void maybe_block(void)
 {
