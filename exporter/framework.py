@@ -89,6 +89,30 @@ def add_sample(family: Metric, labels: dict[str, str], value: float) -> None:
     family.samples.append(sample_of(family, labels, value))
 
 
+class SampleCache:
+    """A collector's samples kept from one scrape to the next: a series whose value did not
+    change is served as the same Sample object, whose formatted line the renderer keeps
+    (exposition.Renderer), so it is neither built nor formatted again. Most of a node's
+    series are error counters that never move. Series not served on a scrape are dropped
+    at the next one, so the cache holds at most two scrapes' series."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple, Sample] = {}
+        self._now: dict[tuple, Sample] = {}
+
+    def next_scrape(self) -> None:
+        self._last, self._now = self._now, {}
+
+    def sample(self, name: str, label_names: tuple[str, ...], label_values: tuple[str, ...],
+               value: float) -> Sample:
+        key = (name, label_values)
+        sample = self._last.get(key)
+        if sample is None or sample.value != value:
+            sample = Sample(name, dict(zip(label_names, label_values)), value)
+        self._now[key] = sample
+        return sample
+
+
 def _with_node_label(metric: Metric, node: str) -> Metric:
     metric.samples = [s._replace(labels={**s.labels, "node": node}) for s in metric.samples]
     return metric

@@ -393,12 +393,36 @@ def test_corrupt_state_file_is_reported_and_replaced(node):
     assert list(node.state_dir.glob("infiniband.json.corrupt-*"))
 
 
-def test_state_file_of_the_wrong_shape_is_corrupt(node):
+@pytest.mark.parametrize("stored", [
+    '{"known_devices": ["mlx5_0"], "ports": 5}',
+    '{"ports": {"mlx5_0": {"state": "ACTIVE"}}}',                     # no port number
+    '{"down_transitions": {"mlx5_0/x1": 2}}',
+    '{"known_devices": {"mlx5_0": {"ports": ["1"], "role": "compute"}}}',
+])
+def test_state_file_of_the_wrong_shape_is_corrupt(node, stored):
     node.state_dir.mkdir()
-    (node.state_dir / "infiniband.json").write_text('{"known_devices": ["mlx5_0"], "ports": 5}')
+    (node.state_dir / "infiniband.json").write_text(stored)
     r = node.scrape(node.collector())
     assert value(r, "fabric_state_file_problem", collector="infiniband", problem="corrupt") == 1
     assert value(r, "fabric_infiniband_port_state", **port1("mlx5_0"), state="ACTIVE") == 4
+
+
+def test_state_file_keys_are_the_device_slash_port_texts(node):
+    """Ports and thresholds are typed keys in memory and the same texts as before on disk,
+    so a state file written by an earlier version still restores."""
+    col = node.collector()
+    node.scrape(col)
+    node.counter("mlx5_1", "link_downed", 9)
+    node.state("mlx5_0", "1: DOWN", "3: Disabled")
+    node.scrape(col)
+    stored = json.loads((node.state_dir / "infiniband.json").read_text())
+    assert stored["counters"]["mlx5_1/1"]["link_downed"]["latched"] == ["link_downed:fatal"]
+    assert stored["down_transitions"] == {"mlx5_0/1": 1}
+    assert stored["ports"]["mlx5_0/1"] == {"state": "DOWN", "fatal": True}
+    r = node.scrape(node.collector())                 # restored from those texts
+    assert value(r, "fabric_infiniband_port_counter_breached", **port1("mlx5_1"), counter="link_downed",
+                 severity="fatal") == 1
+    assert value(r, "fabric_infiniband_port_down_transitions_total", **port1("mlx5_0")) == 1
 
 
 def test_unwritable_state_dir_is_counted_not_fatal(node):
@@ -418,3 +442,22 @@ def test_served_over_http(node, port):
     assert ('fabric_infiniband_port_state{device="mlx5_0",node="gpu-node-0",port="1",state="ACTIVE"} 4.0'
             in text)
     assert 'fabric_scrape_collector_success{collector="infiniband",node="gpu-node-0"} 1.0' in text
+
+
+def test_unchanged_series_are_served_again_and_render_as_a_fresh_exposition(node):
+    """The collector hands back the same Sample for a series whose value did not move (the
+    renderer then reuses its line); what is served is still exactly this scrape's values."""
+    from fabricscope.exporter.exposition import Renderer, render
+
+    col = node.collector()
+    renderer = Renderer({"node": "n"})
+    first = list(col.collect())
+    renderer.render(first)
+    node.counter("mlx5_1", "symbol_error", 77)
+    second = list(col.collect())
+    assert renderer.render(second) == render(second, {"node": "n"})
+    samples = lambda families: {(s.name, tuple(s.labels.items())): s for f in families for s in f.samples}  # noqa: E731
+    before, after = samples(first), samples(second)
+    moved = [key for key in after if key[0].startswith("fabric_infiniband") and after[key] is not before.get(key)]
+    assert [dict(labels)["counter"] for _, labels in moved] == ["symbol_error"]
+    assert after[moved[0]].value == 77

@@ -11,7 +11,7 @@ from fabricscope.exporter.health.thresholds import (DEFAULT_THRESHOLDS, CounterT
 
 
 def by_key(thresholds):
-    return {t.key: t for t in thresholds}
+    return {str(t.key): t for t in thresholds}
 
 
 def test_defaults_match_the_design():
@@ -39,7 +39,7 @@ def test_config_overrides_adds_and_disables():
     assert thresholds["req_cqe_error:fatal"].kind == "delta"
     only = load_thresholds({"replace_default_thresholds": True,
                             "thresholds": [{"counter": "link_downed", "type": "delta", "threshold": 2}]})
-    assert [t.key for t in only] == ["link_downed:non_fatal"]
+    assert [t.key for t in only] == [("link_downed", "non_fatal")]
 
 
 @pytest.mark.parametrize("entry, message", [

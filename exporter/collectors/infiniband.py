@@ -5,24 +5,219 @@ Reads <sysfs>/class/infiniband through exporter.parsers.infiniband, classifies N
 boot-ID, device disappearance, persistent state) and maps the result to the metrics in
 docs/metrics.md. Thresholds and role overrides come from the `infiniband` section of
 --config.file; see docs/infiniband.md.
+
+Exposition is one table, FIELDS: each row a family and the function that lists its
+samples from one scrape's View, filled by expose(). Samples go through a SampleCache, so
+the many counters that did not move since the last scrape are served as the same objects
+and not formatted again.
 """
 from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Iterable
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Mapping, NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..context import Context
-from ..framework import Collector, add_sample, register
+from ..framework import Collector, SampleCache, register
 from ..health import nic_roles
-from ..health.gpu_nic_affinity import NicCandidate, nearest_nics
+from ..health.gpu_nic_affinity import Affinity, NicCandidate, nearest_nics
 from ..health.link_state import is_active
 from ..health.thresholds import load_thresholds
-from ..health.tracker import HealthTracker
-from ..parsers.infiniband import InfiniBandDevice, StaticCache, read_infiniband
+from ..health.tracker import HealthTracker, NodeHealth
+from ..parsers.infiniband import InfiniBandDevice, InfiniBandPort, StaticCache, read_infiniband
 from ..statefile import StateFile, state_metrics
+
+
+@dataclass(slots=True)
+class View:
+    """What one scrape found, as the FIELDS' sample functions read it."""
+    devices: list[InfiniBandDevice]
+    roles: Mapping[str, str]
+    health: NodeHealth
+    tracker: HealthTracker
+    affinity: list[Affinity]
+
+    def ports(self) -> Iterator[tuple[InfiniBandDevice, InfiniBandPort, str]]:
+        """(device, port, port number as a label) for every port."""
+        for device in self.devices:
+            for port in device.ports:
+                yield device, port, str(port.port)
+
+
+Samples = Iterable[tuple[tuple[str, ...], float]]   # (label values, value)
+
+
+class Field(NamedTuple):
+    metric: str                      # the exported name (a counter's without _total)
+    counter: bool
+    help: str
+    labels: tuple[str, ...]
+    samples: Callable[[View], Samples]
+
+
+PORT = ("device", "port")
+# Mellanox port_*_data counters count 4-byte words; exported as bytes in their own families.
+_BYTE_COUNTERS = {"port_rcv_data", "port_xmit_data"}
+
+
+def _device_info(view: View) -> Samples:
+    for d in view.devices:
+        numa = "" if d.pci is None or d.pci.numa_node is None else str(d.pci.numa_node)
+        yield (d.name, d.board_id or "", d.fw_ver or "", d.hca_type or "", d.node_guid or "",
+               view.roles.get(d.name, "unknown"), numa), 1
+
+
+def _port_info(view: View) -> Samples:
+    for d, port, p in view.ports():
+        yield (d.name, p, port.link_layer or "", port.netdev or ""), 1
+
+
+def _state(view: View) -> Samples:
+    for d, port, p in view.ports():
+        if port.state is not None:
+            yield (d.name, p, port.state.name), port.state.code
+
+
+def _phys_state(view: View) -> Samples:
+    for d, port, p in view.ports():
+        if port.phys_state is not None:
+            yield (d.name, p, port.phys_state.name), port.phys_state.code
+
+
+def _rate(view: View) -> Samples:
+    for d, port, p in view.ports():
+        if port.rate_bytes_per_second is not None:
+            yield (d.name, p), port.rate_bytes_per_second
+
+
+def _bytes(counter: str) -> Callable[[View], Samples]:
+    def samples(view: View) -> Samples:
+        for d, port, p in view.ports():
+            words = port.counters.get(counter)
+            if words is not None:
+                yield (d.name, p), words * 4
+    return samples
+
+
+def _counters(view: View) -> Samples:
+    for d, port, p in view.ports():
+        for name, value in port.counters.items():
+            if name not in _BYTE_COUNTERS:
+                yield (d.name, p, name), value
+
+
+def _hw_counters(view: View) -> Samples:
+    for d, port, p in view.ports():
+        for name, value in port.hw_counters.items():
+            yield (d.name, p, name), value
+
+
+def _breached(view: View) -> Samples:
+    for d, port, p in view.ports():
+        for (name, severity), flag in sorted(view.health.ports[port.key].breached.items()):
+            yield (d.name, p, name, severity), flag
+
+
+def _fatal(view: View) -> Samples:
+    for d, port, p in view.ports():
+        yield (d.name, p), int(view.health.ports[port.key].fatal)
+
+
+def _anomaly(view: View) -> Samples:
+    for d, port, p in view.ports():
+        verdict = view.health.ports[port.key]
+        yield (d.name, p, "uncabled"), int(verdict.uncabled)
+        yield (d.name, p, "homogeneity"), int(verdict.inhomogeneous)
+
+
+def _read_errors(view: View) -> Samples:
+    for d in view.devices:
+        for reason, count in sorted(Counter(problem.reason for problem in d.problems).items()):
+            yield (d.name, reason), count
+
+
+def _affinity(view: View) -> Samples:
+    for a in view.affinity:
+        yield (str(a.gpu), a.device, str(a.port), a.path), 1
+
+
+def _missing(view: View) -> Samples:
+    for name, flag in sorted(view.health.missing.items()):
+        yield (name,), flag
+
+
+def _events(view: View) -> Samples:
+    for (key, severity), count in sorted(view.tracker.events.items()):
+        yield (key.device, str(key.port), severity), count
+
+
+def _resets(view: View) -> Samples:
+    for (key, name), count in sorted(view.tracker.reset_counts.items()):
+        yield (key.device, str(key.port), name), count
+
+
+def _down_transitions(view: View) -> Samples:
+    for key, count in sorted(view.tracker.down_transitions.items()):
+        yield (key.device, str(key.port)), count
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("fabric_infiniband_device_info", False, "InfiniBand/RoCE device metadata and NIC role; always 1.",
+          ("device", "board_id", "fw_version", "hca_type", "node_guid", "role", "numa_node"), _device_info),
+    Field("fabric_infiniband_port_info", False, "Port link layer and netdev; always 1.",
+          (*PORT, "link_layer", "netdev"), _port_info),
+    Field("fabric_infiniband_port_state", False, "Port logical state code (ports/<n>/state).",
+          (*PORT, "state"), _state),
+    Field("fabric_infiniband_port_phys_state", False, "Port physical state code (ports/<n>/phys_state).",
+          (*PORT, "phys_state"), _phys_state),
+    Field("fabric_infiniband_port_rate_bytes_per_second", False,
+          "Port signalling rate in bytes per second (ports/<n>/rate, Gb/s converted).", PORT, _rate),
+    Field("fabric_infiniband_port_receive_bytes", True,
+          "Bytes received (counters/port_rcv_data, 4-byte words x 4).", PORT, _bytes("port_rcv_data")),
+    Field("fabric_infiniband_port_transmit_bytes", True,
+          "Bytes transmitted (counters/port_xmit_data, 4-byte words x 4).", PORT, _bytes("port_xmit_data")),
+    Field("fabric_infiniband_port_counter", True, "Port counters from ports/<n>/counters/<counter>.",
+          (*PORT, "counter"), _counters),
+    Field("fabric_infiniband_port_hw_counter", True, "Driver counters from ports/<n>/hw_counters/<counter>.",
+          (*PORT, "counter"), _hw_counters),
+    Field("fabric_infiniband_port_counter_breached", False,
+          "1 while a counter threshold is breached (latched until reset or a full window recovers).",
+          (*PORT, "counter", "severity"), _breached),
+    Field("fabric_infiniband_port_fatal", False,
+          "1 when the port is DOWN, phys Disabled or has a fatal counter breach.", PORT, _fatal),
+    Field("fabric_infiniband_port_anomaly", False,
+          "1 for an uncabled port or a card with fewer active ports than its peers.", (*PORT, "check"), _anomaly),
+    Field("fabric_infiniband_device_read_errors", False, "Files of this device that could not be used on this scrape.",
+          ("device", "reason"), _read_errors),
+    Field("fabric_gpu_nic_affinity_info", False, "The NIC port nearest each GPU in the PCIe tree (path: "
+          "same_switch, same_root_port, same_numa, cross_socket, unknown); gpu is the NVML index; always 1.",
+          ("gpu", "device", "port", "path"), _affinity),
+    Field("fabric_infiniband_device_missing", False, "1 when a device this node had is gone (fatal).",
+          ("device",), _missing),
+    Field("fabric_infiniband_port_health_events", True, "Health events: fatal, non_fatal, recovery, baseline.",
+          (*PORT, "severity"), _events),
+    Field("fabric_infiniband_port_counter_resets", True,
+          "Counters seen going down between scrapes (admin clear with perfquery -x, driver reload).",
+          (*PORT, "counter"), _resets),
+    Field("fabric_infiniband_port_down_transitions", True,
+          "ACTIVE -> not ACTIVE transitions seen by the exporter (persisted).", PORT, _down_transitions),
+)
+
+
+def expose(view: View, cache: SampleCache) -> list[Metric]:
+    """Every FIELDS family, filled from `view`."""
+    families = []
+    for field in FIELDS:
+        family = (CounterMetricFamily if field.counter else GaugeMetricFamily)(
+            field.metric, field.help, labels=field.labels)
+        name = f"{field.metric}_total" if field.counter else field.metric
+        family.samples = [cache.sample(name, field.labels, labels, value) for labels, value in field.samples(view)]
+        families.append(family)
+    return families
 
 
 @register
@@ -38,9 +233,11 @@ class InfiniBandCollector(Collector):
         self.static_cache = StaticCache()
         self.tracker = HealthTracker(StateFile(ctx.state_dir / "infiniband.json"), self.thresholds,
                                      ctx.procfs, clock)
+        self.samples = SampleCache()
         self._topology_key: tuple | None = None
         self._near_gpu: dict[str, bool | None] = {}
         self._gpus: list[nic_roles.Gpu] = []
+        self._affinity_of: tuple[tuple[NicCandidate, ...], list[Affinity]] | None = None
         # The web server is threaded: two overlapping scrapes must not interleave their
         # updates of the health history (a breach would be judged twice).
         self._lock = threading.Lock()
@@ -56,19 +253,23 @@ class InfiniBandCollector(Collector):
             self._gpus = nic_roles.find_gpus(self.ctx.sysfs)
             self._near_gpu = nic_roles.gpu_proximity(placements, self._gpus)
             self._topology_key = key
+            self._affinity_of = None
         default_ifaces = nic_roles.default_route_interfaces(self.ctx.procfs)
         return {p.device: nic_roles.classify(p, self._near_gpu.get(p.device), default_ifaces,
                                              any(is_active(port) for port in d.ports),
                                              self.role_overrides.get(p.device))
                 for p, d in zip(placements, devices)}
 
-    def _affinity(self, devices: list[InfiniBandDevice]):
+    def _affinity(self, devices: list[InfiniBandDevice]) -> list[Affinity]:
         def port_of(device: InfiniBandDevice) -> int | None:
             active = [p.port for p in device.ports if is_active(p)]
             return min(active or [p.port for p in device.ports], default=None)
-        nics = [NicCandidate(d.name, d.pci.path if d.pci else None, d.pci.numa_node if d.pci else None, port_of(d))
-                for d in devices]
-        return nearest_nics(self._gpus, nics)
+        nics = tuple(NicCandidate(d.name, d.pci.path if d.pci else None, d.pci.numa_node if d.pci else None,
+                                  port_of(d)) for d in devices)
+        # The PCIe walk is the same until a device or its chosen port changes.
+        if self._affinity_of is None or self._affinity_of[0] != nics:
+            self._affinity_of = (nics, nearest_nics(self._gpus, list(nics)))
+        return self._affinity_of[1]
 
     def collect(self) -> Iterable[Metric]:
         with self._lock:
@@ -83,98 +284,9 @@ class InfiniBandCollector(Collector):
                    if not (d.pci is not None and d.pci.is_virtual_function)]   # VFs: the PF reports
         roles = self._roles(devices)
         health = self.tracker.update(devices, roles)
+        self.samples.next_scrape()
+        view = View(devices, roles, health, self.tracker, self._affinity(devices))
         tracker = self.tracker
-
-        g = GaugeMetricFamily
-        c = CounterMetricFamily
-        device_info = g("fabric_infiniband_device_info", "InfiniBand/RoCE device metadata and NIC role; always 1.",
-                        labels=["device", "board_id", "fw_version", "hca_type", "node_guid", "role", "numa_node"])
-        port_info = g("fabric_infiniband_port_info", "Port link layer and netdev; always 1.",
-                      labels=["device", "port", "link_layer", "netdev"])
-        state = g("fabric_infiniband_port_state", "Port logical state code (ports/<n>/state).",
-                  labels=["device", "port", "state"])
-        phys = g("fabric_infiniband_port_phys_state", "Port physical state code (ports/<n>/phys_state).",
-                 labels=["device", "port", "phys_state"])
-        rate = g("fabric_infiniband_port_rate_bytes_per_second",
-                 "Port signalling rate in bytes per second (ports/<n>/rate, Gb/s converted).", labels=["device", "port"])
-        rx = c("fabric_infiniband_port_receive_bytes", "Bytes received (counters/port_rcv_data, 4-byte words x 4).",
-               labels=["device", "port"])
-        tx = c("fabric_infiniband_port_transmit_bytes", "Bytes transmitted (counters/port_xmit_data, 4-byte words x 4).",
-               labels=["device", "port"])
-        counter = c("fabric_infiniband_port_counter", "Port counters from ports/<n>/counters/<counter>.",
-                    labels=["device", "port", "counter"])
-        hw_counter = c("fabric_infiniband_port_hw_counter", "Driver counters from ports/<n>/hw_counters/<counter>.",
-                       labels=["device", "port", "counter"])
-        breached = g("fabric_infiniband_port_counter_breached",
-                     "1 while a counter threshold is breached (latched until reset or a full window recovers).",
-                     labels=["device", "port", "counter", "severity"])
-        fatal = g("fabric_infiniband_port_fatal", "1 when the port is DOWN, phys Disabled or has a fatal counter breach.",
-                  labels=["device", "port"])
-        anomaly = g("fabric_infiniband_port_anomaly", "1 for an uncabled port or a card with fewer active ports than its peers.",
-                    labels=["device", "port", "check"])
-        affinity = g("fabric_gpu_nic_affinity_info", "The NIC port nearest each GPU in the PCIe tree (path: "
-                     "same_switch, same_root_port, same_numa, cross_socket, unknown); gpu is the NVML index; "
-                     "always 1.", labels=["gpu", "device", "port", "path"])
-        for a in self._affinity(devices):
-            affinity.add_metric([str(a.gpu), a.device, str(a.port), a.path], 1)
-        errors = g("fabric_infiniband_device_read_errors", "Files of this device that could not be used on this scrape.",
-                   labels=["device", "reason"])
-
-        for device in devices:
-            d = device.name
-            device_info.add_metric([d, device.board_id or "", device.fw_ver or "", device.hca_type or "",
-                                    device.node_guid or "", roles.get(d, "unknown"),
-                                    "" if device.pci is None or device.pci.numa_node is None else str(device.pci.numa_node)], 1)
-            reasons: dict[str, int] = {}
-            for problem in device.problems:
-                reasons[problem.reason] = reasons.get(problem.reason, 0) + 1
-            for reason, count in sorted(reasons.items()):
-                errors.add_metric([d, reason], count)
-            for port in device.ports:
-                p = str(port.port)
-                port_info.add_metric([d, p, port.link_layer or "", port.netdev or ""], 1)
-                if port.state is not None:
-                    state.add_metric([d, p, port.state.name], port.state.code)
-                if port.phys_state is not None:
-                    phys.add_metric([d, p, port.phys_state.name], port.phys_state.code)
-                if port.rate_bytes_per_second is not None:
-                    rate.add_metric([d, p], port.rate_bytes_per_second)
-                for name, value in port.counters.items():
-                    if name == "port_rcv_data":
-                        rx.add_metric([d, p], value * 4)
-                    elif name == "port_xmit_data":
-                        tx.add_metric([d, p], value * 4)
-                    else:                        # most of the series: add_sample, not add_metric
-                        add_sample(counter, {"device": d, "port": p, "counter": name}, value)
-                for name, value in port.hw_counters.items():
-                    add_sample(hw_counter, {"device": d, "port": p, "counter": name}, value)
-                verdict = health.ports[(d, port.port)]
-                for (name, severity), flag in sorted(verdict.breached.items()):
-                    breached.add_metric([d, p, name, severity], flag)
-                fatal.add_metric([d, p], int(verdict.fatal))
-                anomaly.add_metric([d, p, "uncabled"], int(verdict.uncabled))
-                anomaly.add_metric([d, p, "homogeneity"], int(verdict.inhomogeneous))
-        families = [device_info, port_info, state, phys, rate, rx, tx, counter, hw_counter,
-                    breached, fatal, anomaly, errors, affinity]
-
-        missing = g("fabric_infiniband_device_missing", "1 when a device this node had is gone (fatal).", labels=["device"])
-        for name, flag in sorted(health.missing.items()):
-            missing.add_metric([name], flag)
-        events = c("fabric_infiniband_port_health_events", "Health events: fatal, non_fatal, recovery, baseline.",
-                   labels=["device", "port", "severity"])
-        for (d, p, severity), count in sorted(tracker.events.items()):
-            events.add_metric([d, p, severity], count)
-        resets = c("fabric_infiniband_port_counter_resets", "Counters seen going down between scrapes (admin clear with perfquery -x, driver reload).",
-                   labels=["device", "port", "counter"])
-        for (key, name), count in sorted(tracker.reset_counts.items()):
-            d, _, p = key.rpartition("/")
-            resets.add_metric([d, p, name], count)
-        downs = c("fabric_infiniband_port_down_transitions", "ACTIVE -> not ACTIVE transitions seen by the exporter (persisted).",
-                  labels=["device", "port"])
-        for key, count in sorted(tracker.down_transitions.items()):
-            d, _, p = key.rpartition("/")
-            downs.add_metric([d, p], count)
-        families += [missing, events, resets, downs]
-        families += state_metrics(self.name, tracker.load_problem, tracker.state_file.write_errors,
-                                  tracker.boot_id_changes)
-        return families
+        return [*expose(view, self.samples),
+                *state_metrics(self.name, tracker.load_problem, tracker.state_file.write_errors,
+                               tracker.boot_id_changes)]

@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Hashable, Iterable, Mapping
 
-from .thresholds import CounterThreshold
+from .thresholds import CounterThreshold, ThresholdKey
 
 
 @dataclass(slots=True)
 class _Track:
     runs: list[list[float]]                      # [first_seen, last_seen, value]
-    latched: set[str] = field(default_factory=set)   # CounterThreshold.key of latched breaches
+    latched: set[ThresholdKey] = field(default_factory=set)   # CounterThreshold.key of latched breaches
 
 
 @dataclass(slots=True)
@@ -53,8 +53,9 @@ class CounterMonitor:
             self.by_counter.setdefault(threshold.counter, []).append(threshold)
         self.by_key = {t.key: t for ts in self.by_counter.values() for t in ts}
         self._window = {c: max((t.unit_seconds for t in ts), default=0.0) for c, ts in self.by_counter.items()}
-        self._ports: dict[str, dict[str, _Track]] = {}
-        self.reset_counts: dict[tuple[str, str], int] = {}
+        # Port keys are whatever the caller identifies a port by (the tracker's PortKey).
+        self._ports: dict[Hashable, dict[str, _Track]] = {}
+        self.reset_counts: dict[tuple[Hashable, str], int] = {}
         self._persisted_changed = True
         self._values_moved = False          # only routine value changes since the last write
         self._last_taken: float | None = None
@@ -64,7 +65,7 @@ class CounterMonitor:
         self._ports.clear()
         self._persisted_changed = True
 
-    def observe(self, port_key: str, values: Mapping[str, int | None], now: float | None = None) -> CounterVerdict:
+    def observe(self, port_key: Hashable, values: Mapping[str, int | None], now: float | None = None) -> CounterVerdict:
         now = self.clock() if now is None else now
         verdict = CounterVerdict()
         tracks = self._ports.setdefault(port_key, {})
@@ -127,10 +128,11 @@ class CounterMonitor:
 
     # Persistence: the newest run's first sample and the latched flags per counter. This
     # changes only when a monitored counter moves or a breach flips, so a quiet port does
-    # not cause a state write on every scrape.
+    # not cause a state write on every scrape. Keys become text here and only here.
     def persisted(self) -> dict:
-        return {port: {counter: {"t": t.runs[-1][0], "v": t.runs[-1][2], "latched": sorted(t.latched)}
-                       for counter, t in tracks.items()}
+        return {str(port): {counter: {"t": t.runs[-1][0], "v": t.runs[-1][2],
+                                      "latched": sorted(str(k) for k in t.latched)}
+                            for counter, t in tracks.items()}
                 for port, tracks in self._ports.items()}
 
     def take_changed(self, now: float | None = None) -> bool:
@@ -144,15 +146,22 @@ class CounterMonitor:
         self._last_taken = now
         return True
 
-    def restore(self, data: dict) -> None:
+    def restore(self, data: dict, port_key: Callable[[str], Hashable] = str) -> None:
+        """The state persisted() wrote; `port_key` turns a stored port back into its key
+        (ValueError for one that is not a port's)."""
         self._ports.clear()
-        for port, counters in (data or {}).items():
+        keys = {str(k): k for k in self.by_key}
+        for text, counters in (data or {}).items():
             if not isinstance(counters, dict):
+                continue
+            try:
+                port = port_key(text)
+            except ValueError:
                 continue
             for counter, snap in counters.items():
                 try:
                     t, v = float(snap["t"]), int(snap["v"])
-                    latched = {k for k in snap.get("latched", []) if k in self.by_key}
+                    latched = {keys[k] for k in snap.get("latched", []) if k in keys}
                 except (TypeError, KeyError, ValueError):
                     continue   # one bad entry costs only that counter's history
                 if counter in self.by_counter:

@@ -28,12 +28,22 @@ removes it. A counter may carry one fatal and one non-fatal threshold.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 Severity = Literal["fatal", "non_fatal"]
 
 UNITS = {"second": 1.0, "1s": 1.0, "s": 1.0, "minute": 60.0, "1m": 60.0, "m": 60.0,
          "hour": 3600.0, "1h": 3600.0, "h": 3600.0}
+
+
+class ThresholdKey(NamedTuple):
+    """A threshold's identity: at most one per (counter, severity). It becomes the text
+    "counter:severity" only in the state file (str())."""
+    counter: str
+    severity: str
+
+    def __str__(self) -> str:
+        return f"{self.counter}:{self.severity}"
 
 
 @dataclass(frozen=True)
@@ -45,8 +55,8 @@ class CounterThreshold:
     unit_seconds: float = 0.0     # velocity window; 0 for delta
 
     @property
-    def key(self) -> str:
-        return f"{self.counter}:{self.severity}"
+    def key(self) -> ThresholdKey:
+        return ThresholdKey(self.counter, self.severity)
 
 
 def _delta(counter, limit, severity="non_fatal"):
@@ -83,10 +93,10 @@ def load_thresholds(section: dict[str, Any] | None) -> tuple[CounterThreshold, .
     schema (exporter/config.py: ThresholdEntry)."""
     section = section or {}
     replace = section.get("replace_default_thresholds", False)
-    merged: dict[str, CounterThreshold | None] = {} if replace else {t.key: t for t in DEFAULT_THRESHOLDS}
+    merged: dict[ThresholdKey, CounterThreshold | None] = {} if replace else {t.key: t for t in DEFAULT_THRESHOLDS}
     for entry in section.get("thresholds") or []:
-        severity = entry.get("severity", "non_fatal")
-        key = f"{entry['counter']}:{severity}"
+        key = ThresholdKey(entry["counter"], entry.get("severity", "non_fatal"))
+        severity = key.severity
         if not entry.get("enabled", True):
             merged[key] = None
             continue

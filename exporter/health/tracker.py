@@ -9,6 +9,10 @@ forgets a latched breach nor misses a link_downed that moved while it was down:
   down_transitions "dev/port" -> count of ACTIVE -> not ACTIVE
   counters       CounterMonitor snapshots and latched breach flags
 
+In memory a port is a PortKey and a threshold a ThresholdKey; they become the "dev/port"
+and "counter:severity" texts only in this file (_restore and _save, CounterMonitor's
+persisted and restore).
+
 A boot-ID change clears all of it (NICs may have been replaced during maintenance) and
 every port gets a baseline event again: `baseline` when healthy, fatal/non_fatal when not.
 Management NICs never produce fatal verdicts: their fatal conditions are downgraded to
@@ -22,25 +26,25 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from ..parsers.files import ReadProblem, read_small_text
-from ..parsers.infiniband import InfiniBandDevice, InfiniBandPort
+from ..parsers.infiniband import InfiniBandDevice, InfiniBandPort, PortKey
 from ..statefile import StateFile
 from .counter_monitor import CounterMonitor
 from .link_state import inhomogeneous_devices, is_active, is_link_healthy, is_state_fatal, uncabled_ports
-from .thresholds import CounterThreshold
+from .thresholds import CounterThreshold, ThresholdKey
 
 
 @dataclass(slots=True)
 class PortHealth:
     fatal: bool = False
     # (counter, effective severity) -> 0/1 for every threshold whose counter was seen.
-    breached: dict[tuple[str, str], int] = field(default_factory=dict)
+    breached: dict[ThresholdKey, int] = field(default_factory=dict)
     uncabled: bool = False
     inhomogeneous: bool = False
 
 
 @dataclass
 class NodeHealth:
-    ports: dict[tuple[str, int], PortHealth]
+    ports: dict[PortKey, PortHealth]
     missing: dict[str, int]                                   # known device -> 0/1
 
 
@@ -58,11 +62,11 @@ class HealthTracker:
         self.procfs = procfs
         self.clock = clock
         self.monitor = CounterMonitor(thresholds, clock)
-        self.events: dict[tuple[str, str, str], int] = {}      # (device, port, severity) -> count
+        self.events: dict[tuple[PortKey, str], int] = {}      # (port, severity) -> count
         # Resets of counters without a threshold, seen against the previous scrape only
         # (not persisted: they are informational and would make every scrape a state write).
-        self._last_counters: dict[str, dict[str, int]] = {}
-        self._other_resets: dict[tuple[str, str], int] = {}
+        self._last_counters: dict[PortKey, dict[str, int]] = {}
+        self._other_resets: dict[tuple[PortKey, str], int] = {}
         self.boot_id_changes = 0
         data = state_file.load()
         self.load_problem = state_file.load_problem
@@ -80,13 +84,16 @@ class HealthTracker:
         if self.boot_id is not None and not isinstance(self.boot_id, str):
             raise TypeError("boot_id")
         self.known_devices: dict[str, dict] = {str(k): dict(v) for k, v in data.get("known_devices", {}).items()}
-        self.port_states: dict[str, dict] = {str(k): dict(v) for k, v in data.get("ports", {}).items()}
-        self.down_transitions: dict[str, int] = {str(k): int(v) for k, v in data.get("down_transitions", {}).items()}
-        self.monitor.restore(data.get("counters", {}))
+        for info in self.known_devices.values():
+            info["ports"] = [_port_number(p) for p in info.get("ports", [])]
+        self.port_states: dict[PortKey, dict] = {PortKey.parse(k): dict(v) for k, v in data.get("ports", {}).items()}
+        self.down_transitions: dict[PortKey, int] = {PortKey.parse(k): int(v)
+                                                     for k, v in data.get("down_transitions", {}).items()}
+        self.monitor.restore(data.get("counters", {}), PortKey.parse)
 
-    def _count(self, device: str, port, severity: str) -> None:
-        key = (device, str(port), severity)
-        self.events[key] = self.events.get(key, 0) + 1
+    def _count(self, key: PortKey, severity: str) -> None:
+        event = (key, severity)
+        self.events[event] = self.events.get(event, 0) + 1
 
     def _check_boot(self) -> None:
         boot = read_small_text(os.path.join(self.procfs, "sys", "kernel", "random", "boot_id"))
@@ -106,7 +113,7 @@ class HealthTracker:
     def update(self, devices: list[InfiniBandDevice], roles: Mapping[str, str]) -> NodeHealth:
         now = self.clock()
         self._check_boot()
-        ports: dict[tuple[str, int], PortHealth] = {}
+        ports: dict[PortKey, PortHealth] = {}
         monitored = tuple(self.monitor.by_counter)
         present = set()
         for device in devices:
@@ -118,29 +125,30 @@ class HealthTracker:
                 self.known_devices[device.name] = known
                 self._dirty = True
             for port in device.ports:
-                ports[(device.name, port.port)] = self._update_port(device.name, port, management, monitored, now)
+                ports[port.key] = self._update_port(port, management, monitored, now)
         missing = {}
         for name, info in self.known_devices.items():
             gone = name not in present
             missing[name] = int(gone)
             if gone:
                 for number in info.get("ports", []):
-                    entry = self.port_states.setdefault(f"{name}/{number}", {})
+                    key = PortKey(name, number)
+                    entry = self.port_states.setdefault(key, {})
                     if not entry.get("fatal"):
                         entry["fatal"] = True
                         self._dirty = True
-                        self._count(name, number, "non_fatal" if info.get("role") == "management" else "fatal")
+                        self._count(key, "non_fatal" if info.get("role") == "management" else "fatal")
         for device, number in uncabled_ports(devices, roles):
-            ports[(device, number)].uncabled = True
+            ports[PortKey(device, number)].uncabled = True
         for name in inhomogeneous_devices(devices, roles):
-            for (device, _), health in ports.items():
-                if device == name:
+            for key, health in ports.items():
+                if key.device == name:
                     health.inhomogeneous = True
         self._save()
         return NodeHealth(ports, missing)
 
-    def _update_port(self, device: str, port: InfiniBandPort, management: bool, monitored, now) -> PortHealth:
-        key = f"{device}/{port.port}"
+    def _update_port(self, port: InfiniBandPort, management: bool, monitored, now) -> PortHealth:
+        key = port.key
         fatal_severity = "non_fatal" if management else "fatal"
         values = {c: counter_value(port, c) for c in monitored}
         verdict = self.monitor.observe(key, values, now)
@@ -151,12 +159,12 @@ class HealthTracker:
             if values[threshold.counter] is None and threshold not in verdict.latched:
                 continue
             severity = fatal_severity if threshold.severity == "fatal" else "non_fatal"
-            label = (threshold.counter, severity)
+            label = ThresholdKey(threshold.counter, severity)
             health.breached[label] = max(health.breached.get(label, 0), int(threshold in verdict.latched))
         for threshold in verdict.breaches:
-            self._count(device, port.port, fatal_severity if threshold.severity == "fatal" else "non_fatal")
+            self._count(key, fatal_severity if threshold.severity == "fatal" else "non_fatal")
         for _ in verdict.recoveries:
-            self._count(device, port.port, "recovery")
+            self._count(key, "recovery")
 
         self._count_other_resets(key, port, values)
 
@@ -165,14 +173,14 @@ class HealthTracker:
         unhealthy = state_fatal or not is_link_healthy(port)
         if previous is None:
             # First sight of this port (fresh state or after a reboot): a baseline verdict.
-            self._count(device, port.port, (fatal_severity if state_fatal else "non_fatal") if unhealthy else "baseline")
+            self._count(key, (fatal_severity if state_fatal else "non_fatal") if unhealthy else "baseline")
         else:
             if previous.get("state") in ("ACTIVE", "ACTIVE_DEFER") and state_name is not None and not is_active(port):
                 self.down_transitions[key] = self.down_transitions.get(key, 0) + 1
             if state_fatal and not previous.get("fatal"):
-                self._count(device, port.port, fatal_severity)
+                self._count(key, fatal_severity)
             elif previous.get("fatal") and is_link_healthy(port):
-                self._count(device, port.port, "recovery")
+                self._count(key, "recovery")
         current = {"state": state_name if state_name is not None else (previous or {}).get("state"),
                    "fatal": state_fatal if state_name is not None else bool((previous or {}).get("fatal"))}
         if current != previous:
@@ -180,7 +188,7 @@ class HealthTracker:
             self._dirty = True
         return health
 
-    def _count_other_resets(self, key: str, port: InfiniBandPort, monitored: Mapping[str, int | None]) -> None:
+    def _count_other_resets(self, key: PortKey, port: InfiniBandPort, monitored: Mapping[str, int | None]) -> None:
         current = dict(port.counters.items())
         current.update(port.hw_counters)
         before = self._last_counters.get(key)
@@ -192,8 +200,8 @@ class HealthTracker:
         self._last_counters[key] = current
 
     @property
-    def reset_counts(self) -> dict[tuple[str, str], int]:
-        """("dev/port", counter) -> resets seen, for every counter of every port."""
+    def reset_counts(self) -> dict[tuple[PortKey, str], int]:
+        """(port, counter) -> resets seen, for every counter of every port."""
         return {**self._other_resets, **self.monitor.reset_counts}
 
     def _save(self) -> None:
@@ -205,8 +213,15 @@ class HealthTracker:
         ok = self.state_file.save({
             "boot_id": self.boot_id,
             "known_devices": self.known_devices,
-            "ports": self.port_states,
-            "down_transitions": self.down_transitions,
+            "ports": {str(k): v for k, v in self.port_states.items()},
+            "down_transitions": {str(k): v for k, v in self.down_transitions.items()},
             "counters": self.monitor.persisted(),
         })
         self._dirty = not ok   # retry next scrape after a failed write
+
+
+def _port_number(stored) -> int:
+    """A port number as the state file holds it (an int; bool is not one)."""
+    if stored.__class__ is not int:
+        raise TypeError(f"port number {stored!r}")
+    return stored

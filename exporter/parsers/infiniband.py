@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import NamedTuple
 
 from .files import ReadProblem, parse_counter, parse_int, read_small_text, reason_for
 from .held import HeldDirectory
@@ -75,6 +76,23 @@ _COUNTER_FIELDS = tuple(f.name for f in fields(PortCounters) if f.name != "other
 _COUNTER_FIELD_SET = frozenset(_COUNTER_FIELDS)
 
 
+class PortKey(NamedTuple):
+    """One port's identity through parsing, health tracking and exposition. It becomes the
+    text "device/port" only in the state file (str() and parse())."""
+    device: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.device}/{self.port}"
+
+    @classmethod
+    def parse(cls, text: str) -> PortKey:
+        device, _, port = text.rpartition("/")
+        if not device or not port.isascii() or not port.isdigit():
+            raise ValueError(f"not a 'device/port' key: {text[:80]!r}")
+        return cls(device, int(port))
+
+
 @dataclass(slots=True)
 class InfiniBandPort:
     device: str
@@ -89,6 +107,10 @@ class InfiniBandPort:
     # them between releases), so a mapping rather than fixed fields.
     hw_counters: dict[str, int] = field(default_factory=dict)
     carrier_changes: int | None = None          # <sysfs>/class/net/<netdev>/carrier_changes (Ethernet link layer)
+
+    @property
+    def key(self) -> PortKey:
+        return PortKey(self.device, self.port)
 
 
 @dataclass(frozen=True, slots=True)
