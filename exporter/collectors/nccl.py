@@ -50,6 +50,7 @@ class NcclCollector(Collector):
         section = ctx.section("nccl")   # validated: exporter/config.py NcclSection
         self.source = ctx.sources.get("nccl")
         clock = getattr(self.source, "clock", time.time)
+        self.clock = clock
         self.tracker = NcclTracker.from_config(section, clock=clock)
         ingest = section.get("ingest", False)
         self.ingest = IngestRoutes(self.tracker, enabled=ingest)
@@ -89,6 +90,12 @@ class NcclCollector(Collector):
             self._nvml, self._nvml_owned = None, False
 
     def collect(self) -> Iterable[Metric]:
+        # First, before any work: the closer to the scrape's start, the tighter the rules'
+        # estimate of this node's clock offset (rules/mixin/nccl.libsonnet, "clocks").
+        scraped_at = GaugeMetricFamily("fabric_nccl_scrape_timestamp_seconds", "This node's clock when the "
+                                       "scrape began (UNIX seconds, the clock of the other NCCL timestamps): "
+                                       "against the scrape's own timestamp it gives the node's clock offset.",
+                                       value=self.clock())
         snap = self.tracker.snapshot()
         info = GaugeMetricFamily("fabric_nccl_comm_info", "Communicator membership of a local rank; always 1.",
                                  labels=["comm", "rank", "nranks"])
@@ -126,7 +133,7 @@ class NcclCollector(Collector):
         for op in snap.ops:
             current = active.get((op.comm, op.rank, op.op))
             hanging.add_metric([op.comm, str(op.rank), op.op], 1.0 if current and current.hanging else 0.0)
-        yield from (info, calls, nbytes, enqueue, duration, last, average, inflight, hanging)
+        yield from (scraped_at, info, calls, nbytes, enqueue, duration, last, average, inflight, hanging)
         yield self._rank_info()
         yield from self._arrival_families(snap)
         yield from self._housekeeping(snap)

@@ -51,7 +51,14 @@
       tcpRate: '1m',  // p99 RTT is computed over this rate window
       tcpBaseline: '5m',  // rolling average of the p99 over 5 minutes
       ncclLag: '1m',  // per-rank mean arrival lag and collective rate (straggler detection)
-      ncclNodeOffset: '5m',  // a node's offset against the comm's earliest rank (cross-node join)
+      ncclNodeOffset: '1m',  // a node's offset against the comm's earliest rank (cross-node join)
+      // A node's clock against Prometheus': the smallest (node clock - scrape timestamp)
+      // seen over this window (docs/nccl.md, "Clocks").
+      ncclClockOffset: '5m',
+      // A clock whose offset moved by more than ncclClockOffsetMaxStepSeconds between
+      // the last ncclClockOffsetRecent and the whole ncclClockOffset window was stepped
+      // or slewed: its offset estimate is stale.
+      ncclClockOffsetRecent: '1m',
       // What a late or hung rank's NIC port and NVLinks showed recently (errors, flaps,
       // down): the alerts' diagnosis. Recorded series keep their `10m` names.
       attributionCause: '10m',
@@ -100,9 +107,13 @@
       stragglerMinStepShare: 0.05,
       // Fewer ranks than this and a median is not a cohort.
       stragglerMinRanks: 3,
-      // A whole node late against the comm's earliest rank on another node. Includes the
-      // nodes' clock offset: NTP keeps a LAN within a few ms, PTP within microseconds.
-      stragglerNodeMinOffsetSeconds: 0.005,
+      // A whole node late against the comm's earliest rank on another node, after each
+      // node's clock offset against Prometheus' is taken out (docs/nccl.md, "Clocks":
+      // the estimate's error, measured, stays well under this).
+      stragglerNodeMinOffsetSeconds: 0.002,
+      // A node clock's offset estimate moved by more than this: the clock was stepped or
+      // is slewing, and the node's cross-node offset is not judged until it settles.
+      ncclClockOffsetMaxStepSeconds: 0.001,
       // IBTA 10^-12 BER boundary: 120 symbol errors per hour. The only home of this
       // number: the exporter's node-local thresholds no longer judge it (docs/rules.md).
       ibSymbolErrorsPerHour: 120,

@@ -5,8 +5,11 @@
 //   minus the earliest entry among the comm's ranks on the same node.
 // - fabric_nccl_sequence_boundary / _entry_timestamp_seconds{comm, rank}: the entry time of
 //   the rank's latest op whose sequence number is a multiple of boundary_ops. Ranks on
-//   several nodes are joined on the same op here, so a late *node* shows too (this needs
-//   the nodes' clocks in step: NTP to a few ms, PTP to microseconds).
+//   several nodes are joined on the same op here, so a late *node* shows too. Each node's
+//   timestamps are first put on Prometheus' clock: fabric_nccl_scrape_timestamp_seconds
+//   (the node's clock when the scrape began) minus the scrape's own timestamp is the
+//   node's clock offset plus the scrape's delay (never negative), so its minimum over a
+//   window is the offset, whatever NTP does (docs/nccl.md, "Clocks").
 // - fabric_nccl_operation_sequence{comm, rank}: collectives entered; during a hang the
 //   rank that is behind never entered the op its peers wait in.
 local util = import 'util.libsonnet';
@@ -97,32 +100,72 @@ local util = import 'util.libsonnet';
               (sum by (%(rank)s) (rate(fabric_nccl_arrival_lag_seconds_count[%(w)s])) > 0)
             ||| % { rank: rankBy, w: w.ncclLag },
           },
+          // ---- clocks ------------------------------------------------------------------
           {
-            // Cross-node join: each rank's entry into the same boundary op minus the
-            // comm's earliest, taken only when every reporting rank is at the same
-            // boundary (scrapes of different nodes land at different times).
+            // The node's clock minus Prometheus' at each scrape: its offset plus the
+            // time from the scrape's start to the exporter reading its clock (>= 0).
+            // The smallest over the window is the offset, up to the quickest scrape's
+            // delay (sub-millisecond on a LAN). A node without the sample (an exporter
+            // older than it) has no offset, and its ranks stay out of the join.
+            record: 'node:fabric_nccl_clock_offset_seconds:min%(window)s' % { window: w.ncclClockOffset },
+            expr: |||
+              min by (%(node)s) (
+                min_over_time((fabric_nccl_scrape_timestamp_seconds - timestamp(fabric_nccl_scrape_timestamp_seconds))[%(window)s:])
+              )
+            ||| % { node: by([node]), window: w.ncclClockOffset },
+          },
+          {
+            // How far the offset over the recent window sits above the whole window's:
+            // a clock stepped forward (or slewing) inside the window leaves the older,
+            // smaller minimum in the estimate. A step back is taken up at once.
+            record: 'node:fabric_nccl_clock_offset_seconds:unsettled',
+            expr: |||
+              min by (%(node)s) (
+                min_over_time((fabric_nccl_scrape_timestamp_seconds - timestamp(fabric_nccl_scrape_timestamp_seconds))[%(recent)s:])
+              )
+              - on (%(node)s)
+              node:fabric_nccl_clock_offset_seconds:min%(window)s
+            ||| % { node: by([node]), recent: w.ncclClockOffsetRecent, window: w.ncclClockOffset },
+          },
+          {
+            // Cross-node join: each rank's entry into the same boundary op, on
+            // Prometheus' clock (its node's offset taken out), minus the comm's
+            // earliest, taken only when every reporting rank is at the same boundary
+            // (scrapes of different nodes land at different times).
             record: 'comm_rank:fabric_nccl_sequence_boundary_lag_seconds',
             expr: |||
               (
                 max by (%(rank)s) (fabric_nccl_sequence_boundary_entry_timestamp_seconds)
-                - on (%(comm)s) group_left
-                min by (%(comm)s) (fabric_nccl_sequence_boundary_entry_timestamp_seconds)
+                - on (%(nodeOnly)s) group_left
+                node:fabric_nccl_clock_offset_seconds:min%(window)s
+              )
+              - on (%(comm)s) group_left
+              min by (%(comm)s) (
+                max by (%(rank)s) (fabric_nccl_sequence_boundary_entry_timestamp_seconds)
+                - on (%(nodeOnly)s) group_left
+                node:fabric_nccl_clock_offset_seconds:min%(window)s
               )
               and on (%(comm)s)
               (max by (%(comm)s) (fabric_nccl_sequence_boundary) == min by (%(comm)s) (fabric_nccl_sequence_boundary))
               and on (%(comm)s)
               (count by (%(comm)s) (fabric_nccl_sequence_boundary) > 1)
-            ||| % { rank: rankBy, comm: commBy },
+            ||| % { rank: rankBy, comm: commBy, nodeOnly: by([node]), window: w.ncclClockOffset },
           },
           {
             // How late a node's earliest rank enters, against the comm's earliest rank
-            // anywhere: 0 for the first node, a clock offset's worth of noise for others.
+            // anywhere: 0 for the first node; for others, what is left of their clocks'
+            // disagreement after the offsets are taken out (docs/nccl.md measures it).
+            // A node whose clock is unsettled is not judged.
             record: 'comm_node:fabric_nccl_arrival_offset_seconds',
-            expr: 'min by (%s) (comm_rank:fabric_nccl_sequence_boundary_lag_seconds)' % nodeBy,
+            expr: |||
+              min by (%(nodeBy)s) (comm_rank:fabric_nccl_sequence_boundary_lag_seconds)
+              unless on (%(nodeOnly)s)
+              (node:fabric_nccl_clock_offset_seconds:unsettled > %(step)s)
+            ||| % { nodeBy: nodeBy, nodeOnly: by([node]), step: num(th.ncclClockOffsetMaxStepSeconds) },
           },
           {
             // Averaged over the evaluations where the boundaries lined up.
-            record: 'comm_node:fabric_nccl_arrival_offset_seconds:avg5m',
+            record: 'comm_node:fabric_nccl_arrival_offset_seconds:avg1m',
             expr: 'avg_over_time(comm_node:fabric_nccl_arrival_offset_seconds[%s])' % w.ncclNodeOffset,
           },
           {
@@ -135,7 +178,7 @@ local util = import 'util.libsonnet';
               (
                 comm_rank:fabric_nccl_arrival_lag_seconds:local_mean1m
                 + on (%(node)s) group_left
-                comm_node:fabric_nccl_arrival_offset_seconds:avg5m
+                comm_node:fabric_nccl_arrival_offset_seconds:avg1m
               )
               or
               comm_rank:fabric_nccl_arrival_lag_seconds:local_mean1m
@@ -186,9 +229,9 @@ local util = import 'util.libsonnet';
             ||| % { rank: rankBy },
           },
           {
-            record: 'comm_node:fabric_nccl_arrival_offset:step_share5m',
+            record: 'comm_node:fabric_nccl_arrival_offset:step_share1m',
             expr: |||
-              comm_node:fabric_nccl_arrival_offset_seconds:avg5m
+              comm_node:fabric_nccl_arrival_offset_seconds:avg1m
               * on (%(node)s)
               max by (%(node)s) (comm_rank:fabric_nccl_collectives:rate1m)
             ||| % { node: nodeBy },
@@ -266,15 +309,15 @@ local util = import 'util.libsonnet';
             // Every rank of the node enters late against the comm's earliest rank
             // elsewhere. The floor is above what NTP keeps between nodes.
             |||
-              comm_node:fabric_nccl_arrival_offset_seconds:avg5m > %(abs)s
+              comm_node:fabric_nccl_arrival_offset_seconds:avg1m > %(abs)s
               and
-              comm_node:fabric_nccl_arrival_offset:step_share5m > %(share)s
+              comm_node:fabric_nccl_arrival_offset:step_share1m > %(share)s
             ||| % { abs: num(th.stragglerNodeMinOffsetSeconds), share: num(th.stragglerMinStepShare) },
             forOf.straggler,
             'Every NCCL rank on one node enters its collectives late: the whole job waits for this node.',
             'The ranks of comm {{ $labels.comm }} on {{ $labels.node }} enter each collective {{ $value | humanizeDuration }} '
             + 'after the earliest rank elsewhere (mean over ' + w.ncclNodeOffset + '); every step waits that long: '
-            + stepShare('comm_node:fabric_nccl_arrival_offset:step_share5m', [cfg.clusterLabel, 'comm', node])
+            + stepShare('comm_node:fabric_nccl_arrival_offset:step_share1m', [cfg.clusterLabel, 'comm', node])
             + ' of the job\'s time.',
           ),
           alert(
@@ -297,9 +340,9 @@ local util = import 'util.libsonnet';
               (comm:fabric_nccl_arrival_lag_seconds:ranks1m >= %(ranks)s)
               unless on (%(node)s)
               (
-                comm_node:fabric_nccl_arrival_offset_seconds:avg5m > %(nodeAbs)s
+                comm_node:fabric_nccl_arrival_offset_seconds:avg1m > %(nodeAbs)s
                 and
-                comm_node:fabric_nccl_arrival_offset:step_share5m > %(share)s
+                comm_node:fabric_nccl_arrival_offset:step_share1m > %(share)s
               )
             ||| % {
               comm: commBy,
