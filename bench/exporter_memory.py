@@ -61,7 +61,7 @@ stage("import fabricscope.exporter.main")
 
 ALL = ["ebpf", "infiniband", "kmsg", "nccl", "netdev", "nvlink", "tcp"]
 # Packages that cost megabytes; the serving exporter should hold only those it uses.
-HEAVY = ["pydantic", "pydantic_core", "yaml", "prometheus_client", "cheroot", "bcrypt", "http.server", "wsgiref",
+HEAVY = ["pydantic", "pydantic_core", "yaml", "prometheus_client", "h11", "bcrypt", "http.server", "wsgiref",
          "email", "urllib.request", "pynvml", "concurrent.futures", "ssl", "asyncio"]
 CONFIG = """\
 nvlink: {sample_interval_seconds: 10}

@@ -1,8 +1,8 @@
 """The exporter's HTTP server: landing page, /metrics, and routes collectors contribute.
 
-A WSGI application served by fabricscope.httpserver (cheroot): request framing, body and
-header limits, connection and thread caps and the TLS handshake off the accepting thread
-are the server's; this module decides what each request gets.
+A WSGI application served by fabricscope.httpserver: reading requests off the worker
+threads, request framing, body and header limits, deadlines and fair admission per client
+address are the server's; this module decides what each request gets.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import threading
 from typing import Any, Callable
 from urllib.parse import parse_qs
 
-from fabricscope.httpserver import BadBody, HttpServer, read_body, respond
+from fabricscope.httpserver import HttpServer, read_body, respond
 
 from .exposition import CONTENT_TYPE
 from .framework import RouteHandler
@@ -22,12 +22,12 @@ log = logging.getLogger("fabricscope.exporter.web")
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 # Prometheus scrapes one target at a time; a few more threads serve the ingest API and
-# people. Connections beyond the workers wait (up to MAX_WAITING), then get a 503.
+# people. One client address may keep at most half of them busy, so a scrape always
+# finds one.
 WORKER_THREADS = 8
-MAX_WAITING = 64
-# A client that stops sending mid-request frees its worker after this long, and an idle
-# keep-alive connection is closed after it. Short: a worker held by a client that sends
-# half a request is a worker a scrape cannot have.
+# A client that stops sending mid-request is answered 408 after this long, and an idle
+# keep-alive connection is closed after it; a request that finds no worker within it
+# gets a 503.
 CLIENT_TIMEOUT_SECONDS = 3
 
 LANDING_PAGE = """<!doctype html>
@@ -57,7 +57,7 @@ def make_app(render_metrics: Callable[[], bytes], web: WebConfig, routes: dict[t
             sent = respond(start_response, status, body, content_type, {**web.headers, **(extra or {})})
             return [] if method == "HEAD" else sent
 
-        verdict = web.authenticate(environ.get("HTTP_AUTHORIZATION"))
+        verdict = web.authenticate(environ.get("HTTP_AUTHORIZATION"), environ.get("REMOTE_ADDR", ""))
         if verdict is Auth.THROTTLED:
             return send(429, TEXT, b"Too many failed logins; retry later\n", {"Retry-After": "1"})
         if verdict is not Auth.OK:
@@ -70,10 +70,7 @@ def make_app(render_metrics: Callable[[], bytes], web: WebConfig, routes: dict[t
             return send(200, "text/html; charset=utf-8", landing)
         handler = routes.get(("GET" if method == "HEAD" else method, path))
         if handler is not None:
-            try:
-                body = read_body(environ, MAX_BODY_BYTES)
-            except BadBody as exc:
-                return send(400, TEXT, f"{exc}\n".encode(), {"Connection": "close"})
+            body = read_body(environ, MAX_BODY_BYTES)
             if body is None:
                 return send(413, TEXT, f"body larger than {MAX_BODY_BYTES} bytes\n".encode(), {"Connection": "close"})
             try:
@@ -95,5 +92,5 @@ def serve(address: str, render_metrics: Callable[[], bytes], web: WebConfig,
     host, _, port = address.rpartition(":")
     host = host.strip("[]") or "0.0.0.0"
     return HttpServer(make_app(render_metrics, web, routes, node), host, int(port), name=f"http-{address}",
-                      threads=WORKER_THREADS, max_queued_connections=MAX_WAITING, timeout=CLIENT_TIMEOUT_SECONDS,
+                      threads=WORKER_THREADS, timeout=CLIENT_TIMEOUT_SECONDS,
                       max_body_bytes=MAX_BODY_BYTES, ssl_context=web.ssl_context).start()

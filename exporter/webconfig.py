@@ -68,6 +68,8 @@ class Auth(Enum):
 class _FailureRate:
     """Token bucket for bcrypt checks of credentials not seen before: a flood of wrong
     passwords costs at most `per_second` hash computations, not a CPU per request."""
+    # One bucket per client address: a flood from one address must not throttle the
+    # scraper's correct credentials from another.
 
     def __init__(self, per_second: float, burst: int) -> None:
         self.per_second, self.burst = per_second, burst
@@ -98,16 +100,19 @@ class WebConfig:
     cache_size: int = 1024
     _verified: OrderedDict = field(default_factory=OrderedDict)
     _refused: OrderedDict = field(default_factory=OrderedDict)
-    _rate: _FailureRate = field(default_factory=lambda: _FailureRate(per_second=5.0, burst=10))
+    # Password checks per client address (most recently used last, at most cache_size
+    # addresses: the oldest is forgotten, and a forgotten address starts with a full burst).
+    _rates: OrderedDict = field(default_factory=OrderedDict)
     # Hash checked for unknown users, at the configured cost, so an unknown user costs
     # the same as a wrong password and usernames cannot be found by timing.
     _decoy: bytes = b""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def authorized(self, header: str | None) -> bool:
-        return self.authenticate(header) is Auth.OK
+    def authorized(self, header: str | None, source: str = "") -> bool:
+        return self.authenticate(header, source) is Auth.OK
 
-    def authenticate(self, header: str | None) -> Auth:
+    def authenticate(self, header: str | None, source: str = "") -> Auth:
+        """The verdict on a basic-auth header sent from address `source`."""
         if not self.users:
             return Auth.OK
         if not header or not header.startswith("Basic ") or len(header) > 1024:
@@ -126,7 +131,7 @@ class WebConfig:
                 return Auth.OK
             if key in self._refused:
                 return Auth.DENIED
-        if not self._rate.take():
+        if not self._rate_of(source).take():
             return Auth.THROTTLED
         hashed = self.users.get(user)
         import bcrypt   # users are configured (none: returned above)
@@ -140,6 +145,18 @@ class WebConfig:
             if len(table) > self.cache_size:
                 table.popitem(last=False)
         return Auth.OK if ok else Auth.DENIED
+
+
+    def _rate_of(self, source: str) -> _FailureRate:
+        with self._lock:
+            rate = self._rates.get(source)
+            if rate is None:
+                rate = self._rates[source] = _FailureRate(per_second=5.0, burst=10)
+                if len(self._rates) > self.cache_size:
+                    self._rates.popitem(last=False)
+            else:
+                self._rates.move_to_end(source)
+            return rate
 
 
 def load_web_config(path: str | Path | None) -> WebConfig:

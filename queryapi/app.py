@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from apiflask import APIFlask
 from flask import g, request
 
-from fabricscope.httpserver import BadBody, read_body
+from fabricscope.httpserver import read_body
 
 from . import errors
 from .audit import audit_record, make_audit_logger
@@ -133,14 +133,13 @@ def _install_pipeline(app: APIFlask, state: Sidecar) -> None:
 
 
 def _enforce_body_limit(limit: int) -> None:
-    """Read the request body whole, here, before any handler: 413 for a body over `limit`,
-    408 for one that arrives too slowly.
+    """Read the request body whole, here, before any handler: 413 for a body over `limit`.
 
     A declared Content-Length over the limit is refused before any byte is read. A chunked
     body (no Content-Length) is read up to one byte past the limit: werkzeug's own limit
     stops reading at the limit and passes the truncated body on, which a JSON parser would
-    report as a 400. The HTTP server times the body (fabricscope/httpserver.py: a grace
-    period plus a minimum rate); its timeout surfaces here, as a 408, and nowhere else."""
+    report as a 400. The HTTP server has read the body already, under its deadlines and
+    framing checks (fabricscope/httpconnection.py); this check serves any WSGI server."""
     length = request.content_length
     if length is not None and length > limit:
         raise ApiError(413, f"request body of {length} bytes exceeds the {limit}-byte limit",
@@ -148,13 +147,7 @@ def _enforce_body_limit(limit: int) -> None:
     chunked = request.environ.get("HTTP_TRANSFER_ENCODING", "").lower() == "chunked"
     if not length and not chunked:
         return
-    try:
-        buffer = read_body(request.environ, limit)
-    except TimeoutError:
-        raise ApiError(408, "the request body did not arrive in time; send it faster or in smaller requests",
-                       code="request_timeout") from None
-    except BadBody as exc:
-        raise ApiError(400, str(exc)) from None
+    buffer = read_body(request.environ, limit)
     if buffer is None:
         raise ApiError(413, f"chunked request body exceeds the {limit}-byte limit", code="payload_too_large")
     request.environ["wsgi.input"] = io.BytesIO(buffer)

@@ -8,6 +8,7 @@ subclass) from any handler; werkzeug's own HTTP errors map to the same shape.
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from apiflask import HTTPError
@@ -45,6 +46,13 @@ def error_body(error: HTTPError) -> dict[str, Any]:
     code = (error.extra_data or {}).get("code") or DEFAULT_CODES.get(error.status_code, "error")
     detail = error.detail
     return {"error": {"code": code, "message": error.message, "detail": detail or {}}}
+
+
+def server_error_body(status: int, message: str) -> tuple[str, bytes]:
+    """The HTTP server's own refusals (a body too large or too slow, malformed framing, no
+    worker free) in the same shape as the app's errors."""
+    body = {"error": {"code": DEFAULT_CODES.get(status, "error"), "message": message, "detail": {}}}
+    return "application/json", json.dumps(body).encode()
 
 
 def install(app) -> None:

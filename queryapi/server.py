@@ -1,6 +1,6 @@
 """`fabricscope sidecar`: validate the configuration, open storage, serve the app on the
-HTTP server every fabricscope process uses (fabricscope/httpserver.py, cheroot: a pool of
-worker threads, TLS unless --insecure-no-tls).
+HTTP server every fabricscope process uses (fabricscope/httpserver.py: requests read by
+an event loop, then run on a pool of worker threads; TLS unless --insecure-no-tls).
 
 One process per replica because the SQLite file is held under an exclusive lock and the
 rate limiter and background workers are in-process; threads give the concurrency. The
@@ -8,10 +8,10 @@ app is built before anything listens, so a bad setting, a locked database or a n
 schema stops the command with a one-line error. For several replicas use PostgreSQL and
 a load balancer.
 
-Slow and silent clients: a new connection waits in the server's selector, without a
-thread, until it sends something; the TLS handshake, request line and headers must then
-arrive within `client_timeout_seconds`, and each later read within the same time, else
-408 and the connection is closed. Silent connections are closed after that long idle.
+Slow and silent clients cost no thread: the server reads each request whole on its event
+loop before a worker sees it. The TLS handshake, request line and headers must arrive
+within `client_timeout_seconds`, the body at a minimum rate, else 408 and the connection
+is closed; silent connections are closed after that long idle.
 """
 from __future__ import annotations
 
@@ -87,16 +87,6 @@ def flags_from_args(args: argparse.Namespace) -> dict:
     return flags
 
 
-def server_body_limit(config: SidecarConfig) -> int:
-    """The HTTP server's own body limit, well above the app's: the app refuses an oversized
-    body itself (a declared Content-Length before reading it, a chunked one after limit + 1
-    bytes, a gzip one after decompressing limit + 1) with its JSON 413, and the server
-    then reads and discards the rest of a declared body to keep the connection; a body
-    declared larger than this is refused by the server (a plain 413) before any of it is
-    read, so a client cannot make a worker drain gigabytes."""
-    return 2 * config.max_body_bytes + 65536
-
-
 def tls_context(config: SidecarConfig) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -112,13 +102,15 @@ def serve(app, config: SidecarConfig) -> int:
     status (2 when the port cannot be bound)."""
     from fabricscope.httpserver import HttpServer
 
+    from .errors import server_error_body
+
     state = app.extensions["fabricscope"]
     try:
         context = tls_context(config) if config.uses_tls else None
         server = HttpServer(app, config.host, config.port, name="sidecar", threads=config.threads,
                             timeout=config.client_timeout_seconds,
-                            max_body_bytes=server_body_limit(config),
-                            ssl_context=context).start()
+                            max_body_bytes=config.max_body_bytes, ssl_context=context,
+                            error_body=server_error_body).start()
     except (ConfigError, OSError) as exc:
         state.close()
         print(f"fabricscope sidecar: {exc}" if isinstance(exc, ConfigError) else

@@ -141,9 +141,9 @@ def test_a_body_sent_slower_than_the_minimum_rate_gets_a_408_and_the_connection_
 
 
 @pytest.mark.parametrize("body, status, says", [
-    (b"zz\r\n{}\r\n0\r\n\r\n", b"400", b"bad chunk size"),                 # not hex digits
-    (b"1" * 200_000, b"400", b"over 4096 bytes"),                               # a size line with no end
-    (b"%x\r\n" % (1 << 25) + b"[", b"413", b"payload_too_large"),             # over the server's body limit
+    (b"zz\r\n{}\r\n0\r\n\r\n", b"400", b"malformed request body"),         # not hex digits
+    (b"1" * 200_000, b"400", b"malformed request body"),                        # a size line with no end
+    (b"%x\r\n" % (9 << 20) + b"[" * (9 << 20), b"413", b"payload_too_large"),  # over the 8 MiB body limit
     (b"%x\r\n" % 300_001 + b"[" * 150_000 + b"1" + b"]" * 150_000 + b"\r\n0\r\n\r\n", b"400", b"nested too deeply"),
 ])
 def test_hostile_chunked_and_json_bodies_get_a_4xx_not_a_500(sidecar, body, status, says):

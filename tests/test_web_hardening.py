@@ -133,7 +133,7 @@ def test_ambiguous_framing_is_refused(plain_exporter, headers):
 
 @pytest.mark.parametrize("body_headers, body", [
     (b"Content-Length: 38\r\n", b"GET /metrics HTTP/1.1\r\nHost: smuggled\r\n\r\n"),
-    (b"Transfer-Encoding: chunked\r\n", b"26\r\nGET /metrics HTTP/1.1\r\nHost: smuggled\r\n\r\n\r\n0\r\n\r\n"),
+    (b"Transfer-Encoding: chunked\r\n", b"29\r\nGET /metrics HTTP/1.1\r\nHost: smuggled\r\n\r\n\r\n0\r\n\r\n"),
 ])
 def test_the_unread_body_of_a_refused_request_is_never_a_request(tls_exporter, body_headers, body):
     exporter, url, cert = tls_exporter
@@ -309,7 +309,7 @@ def test_web_config_mistake_stops_the_exporter_without_a_traceback(tmp_path):
     (b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", 431),
     (b"POST /nccl/operations HTTP/1.1\r\nHost: x\r\nContent-Length: 5000000\r\n\r\n", 413),
     (b"POST /nccl/operations HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-     + b"500000\r\n" + b"a" * 1000, 413),           # a 5 MB chunk announced: refused before it is read
+     + b"500000\r\n" + b"a" * 0x500000, 413),     # a 5 MB chunk: refused once 4 MiB are in
 ])
 def test_oversized_requests_get_their_status_and_the_server_goes_on(plain_exporter, request_bytes, status):
     _, port = plain_exporter

@@ -34,7 +34,7 @@ def names(requirements):
     return [r.name for r in wanted if r.marker is None or r.marker.evaluate({"extra": ""})]
 
 
-# The core dependencies and theirs, transitively (cheroot needs jaraco.functools, say).
+# The core dependencies and theirs, transitively (pydantic needs pydantic-core, say).
 pending, seen = names(metadata.requires("fabricscope")), set()
 while pending:
     name = pending.pop()

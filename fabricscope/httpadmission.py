@@ -1,0 +1,191 @@
+"""Fair admission for the HTTP server: what one client address may hold at once.
+
+Everything here runs on the server's event loop thread, so plain counters need no locks.
+
+- `SourceConnections` caps open connections in total and per source address: beyond its
+  share a new connection from that address is closed at once, so one client holding a
+  thousand silent sockets cannot take the slots everyone else needs (nginx `limit_conn`).
+- `FairPool` is a bounded set of worker threads. A complete request waits for a worker
+  here, on the loop, costing no thread. Free workers go round-robin to the waiting
+  sources, each source and each key (the credential the request carries) may have only
+  its share running, and a request that waits longer than `max_wait` is answered 503: a
+  source flooding the pool, or a key whose requests all wait on a slow backend, delays
+  only itself.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections import Counter, OrderedDict, deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+
+class SourceConnections:
+    """Open connections, in total and per source address."""
+
+    def __init__(self, total: int, per_source: int) -> None:
+        self.total, self.per_source = total, per_source
+        self.open: Counter[str] = Counter()
+        self.count = 0
+
+    def admit(self, source: str) -> bool:
+        if self.count >= self.total or self.open[source] >= self.per_source:
+            return False
+        self.open[source] += 1
+        self.count += 1
+        return True
+
+    def release(self, source: str) -> None:
+        self.count -= 1
+        self.open[source] -= 1
+        if not self.open[source]:
+            del self.open[source]
+
+
+class Busy(Exception):
+    """No worker came free for this request within the pool's max_wait: answer 503."""
+
+
+class _Waiter:
+    __slots__ = ("source", "key", "future")
+
+    def __init__(self, source: str, key: str | None, future: asyncio.Future) -> None:
+        self.source, self.key, self.future = source, key, future
+
+
+class FairPool:
+    """`workers` threads; at most `per_source` running for one address and `per_key` for
+    one key (None: no per-key limit)."""
+
+    def __init__(self, name: str, workers: int, *, per_source: int, per_key: int | None = None,
+                 max_wait: float = 10.0) -> None:
+        self.name, self.workers = name, workers
+        self.per_source, self.per_key, self.max_wait = max(1, per_source), per_key, max_wait
+        self.executor = ThreadPoolExecutor(workers, thread_name_prefix=f"http-{name}")
+        self.running = 0
+        self._by_source: Counter[str] = Counter()
+        self._by_key: Counter[str] = Counter()
+        # Waiting requests per source; the order of the sources is the round-robin order.
+        self._waiting: OrderedDict[str, deque[_Waiter]] = OrderedDict()
+
+    async def run(self, source: str, key: str | None, work: Callable[..., Any], *args: Any) -> Any:
+        """Run `work(*args)` on a worker once this source's and key's turn comes."""
+        await self._acquire(source, key)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, work, *args)
+        finally:
+            self._release(source, key)
+
+    def _may_run(self, source: str, key: str | None) -> bool:
+        return (self.running < self.workers and self._by_source[source] < self.per_source
+                and (key is None or self.per_key is None or self._by_key[key] < self.per_key))
+
+    def _start(self, source: str, key: str | None) -> None:
+        self.running += 1
+        self._by_source[source] += 1
+        if key is not None:
+            self._by_key[key] += 1
+
+    async def _acquire(self, source: str, key: str | None) -> None:
+        if source not in self._waiting and self._may_run(source, key):
+            self._start(source, key)
+            return
+        waiter = _Waiter(source, key, asyncio.get_running_loop().create_future())
+        self._waiting.setdefault(source, deque()).append(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter.future), self.max_wait)
+        except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
+            if waiter.future.done() and not waiter.future.cancelled():
+                self._release(source, key)          # granted just as the wait ended
+            else:
+                waiter.future.cancel()
+                self._forget(waiter)
+            if isinstance(exc, asyncio.TimeoutError):
+                raise Busy(f"no {self.name} worker free within {self.max_wait:g} s") from None
+            raise
+
+    def _forget(self, waiter: _Waiter) -> None:
+        queue = self._waiting.get(waiter.source)
+        if queue is not None and waiter in queue:
+            queue.remove(waiter)
+            if not queue:
+                del self._waiting[waiter.source]
+
+    def _release(self, source: str, key: str | None) -> None:
+        self.running -= 1
+        self._by_source[source] -= 1
+        if not self._by_source[source]:
+            del self._by_source[source]
+        if key is not None:
+            self._by_key[key] -= 1
+            if not self._by_key[key]:
+                del self._by_key[key]
+        self._grant()
+
+    def _grant(self) -> None:
+        """Hand free workers to waiting requests, one source at a time in turn."""
+        progress = True
+        while progress and self.running < self.workers and self._waiting:
+            progress = False
+            for source in list(self._waiting):
+                queue = self._waiting[source]
+                waiter = next((w for w in queue if self._may_run(w.source, w.key)), None)
+                if waiter is None:
+                    continue
+                queue.remove(waiter)
+                if not queue:
+                    del self._waiting[source]
+                else:
+                    self._waiting.move_to_end(source)     # its next request waits its turn
+                self._start(waiter.source, waiter.key)
+                waiter.future.set_result(None)
+                progress = True
+                break
+
+    def shutdown(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class SourceRequests:
+    """Requests in progress per source address, from their complete head until their
+    answer: a request beyond its source's share waits, unread, before its body is taken
+    in, so one address can fill neither the memory that bodies are read into nor the
+    queue for workers."""
+
+    def __init__(self, per_source: int, max_wait: float) -> None:
+        self.per_source, self.max_wait = max(1, per_source), max_wait
+        self.active: Counter[str] = Counter()
+        self._waiting: dict[str, deque[asyncio.Future]] = {}
+
+    async def acquire(self, source: str) -> None:
+        if self.active[source] < self.per_source and source not in self._waiting:
+            self.active[source] += 1
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(source, deque()).append(future)
+        try:
+            await asyncio.wait_for(asyncio.shield(future), self.max_wait)
+        except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
+            if future.done() and not future.cancelled():
+                self.release(source)                    # granted just as the wait ended
+            else:
+                future.cancel()
+                queue = self._waiting.get(source)
+                if queue is not None and future in queue:
+                    queue.remove(future)
+                    if not queue:
+                        del self._waiting[source]
+            if isinstance(exc, asyncio.TimeoutError):
+                raise Busy(f"more than {self.per_source} requests in progress from one address") from None
+            raise
+
+    def release(self, source: str) -> None:
+        queue = self._waiting.get(source)
+        if queue:
+            queue.popleft().set_result(None)            # the slot passes on, count unchanged
+            if not queue:
+                del self._waiting[source]
+            return
+        self.active[source] -= 1
+        if not self.active[source]:
+            del self.active[source]
