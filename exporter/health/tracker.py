@@ -192,7 +192,7 @@ class HealthTracker:
         current = dict(port.counters.items())
         current.update(port.hw_counters)
         before = self._last_counters.get(key)
-        if before:
+        if before and current != before:     # (most scrapes: nothing moved, compared in C)
             for name, value in current.items():
                 old = before.get(name)
                 if old is not None and value < old and name not in monitored:

@@ -5,11 +5,12 @@ four system calls and ~10 µs of Python per file per scrape, and an 8-HCA node h
 such files. sysfs regenerates an attribute's text on every read from offset 0, so one
 pread on a descriptor opened once reads the current value.
 
-Revalidation: each read lists the directory once (one getdents; the inode numbers come
-with the names, no stat per file) and compares each entry's inode number with the one the
-held descriptor was opened for. A file replaced under an open descriptor (a device removed
-and re-added, a tree whose files are replaced by rename) has another inode and is opened
-again; a file gone is closed and absent. The regular-file check of files.open_regular is
+Revalidation: a directory is listed (one getdents; the inode numbers come with the names,
+no stat per file) whenever its mtime moved, and each entry's inode number is compared with
+the one the held descriptor was opened for. A file replaced under an open descriptor (a
+device removed and re-added, a tree whose files are replaced by rename) has another inode
+and is opened again; a file gone is closed and absent. Otherwise a read costs one stat of
+the directory and one pread per file. The regular-file check of files.open_regular is
 made on every descriptor when it is opened, so a FIFO or device node put in a file's place
 is never read, held or not.
 
@@ -22,13 +23,17 @@ import errno
 import os
 import resource
 import threading
+import time
 from pathlib import Path
+from typing import Callable
 
 from .files import SMALL_FILE_BYTES, ReadProblem, as_text, open_regular, read_small_text, reason_for
 
 # Held descriptors never use more than this share of the soft open-file limit: sockets,
 # eBPF maps and the state file need the rest.
 _LIMIT_SHARE = 0.5
+# A directory changed less than this long ago is listed on every read (see _list).
+_RACY_NS = 2_000_000_000
 
 
 class _Budget:
@@ -69,28 +74,30 @@ class HeldDirectory:
     one ("", ReadProblem) entry for the directory itself. Not thread-safe: each owner reads
     under its own lock (collectors do)."""
 
-    __slots__ = ("path", "names", "_held")
+    __slots__ = ("path", "names", "_held", "_listing", "_stamp", "_parsed")
 
     def __init__(self, path: str, names: tuple[str, ...] | None = None) -> None:
         self.path = path
         self.names = names
         self._held: dict[str, tuple[int, int]] = {}     # name -> (descriptor, inode it was opened for)
+        self._listing: dict[str, int] = {}              # name -> inode, as last listed
+        self._stamp: tuple[int, int] | None = None      # (inode, mtime) of the directory then
+        self._parsed: dict[str, tuple[bytes, object]] = {}   # name -> (bytes read, what they parsed to)
 
-    def read(self) -> list[tuple[str, str | ReadProblem]]:
+    def read(self, parse: Callable[[str, str, str], object] | None = None) -> list[tuple[str, object]]:
+        """With `parse`, each file's text is answered as parse(text, directory, name) (a value
+        or a ReadProblem). Most counters do not move between scrapes: a file that reads the
+        same bytes as last time gets last time's answer without being decoded or parsed."""
         try:
-            with os.scandir(self.path) as entries:
-                listing = {entry.name: entry.inode() for entry in entries}
+            listing = self._list()
         except OSError as exc:
             self.close()
             if exc.errno != errno.ENOENT:
                 return [("", ReadProblem(Path(self.path), reason_for(exc)))]
             listing = {}
-        held = self._held
-        for name in [name for name, (_, inode) in held.items() if listing.get(name) != inode]:
-            os.close(held.pop(name)[0])       # gone or replaced: never read the stale file
-            BUDGET.give_back()
-        results: list[tuple[str, str | ReadProblem]] = []
-        for name in self.names if self.names is not None else sorted(listing):
+        held, parsed = self._held, self._parsed
+        results: list[tuple[str, object]] = []
+        for name in self.names if self.names is not None else listing:
             entry = held.get(name)
             if entry is None:
                 inode = listing.get(name)
@@ -103,14 +110,43 @@ class HeldDirectory:
                     continue
             try:
                 raw = os.pread(entry[0], SMALL_FILE_BYTES + 1, 0)
-                if len(raw) > SMALL_FILE_BYTES:
-                    raw = "too_large"
             except OSError as exc:
-                raw = reason_for(exc)
                 os.close(held.pop(name)[0])    # opened again on the next read
                 BUDGET.give_back()
-            results.append((name, as_text(raw, name, self.path)))
+                results.append((name, ReadProblem(Path(self.path, name), reason_for(exc))))
+                continue
+            memo = parsed.get(name)
+            if memo is not None and memo[0] == raw:
+                results.append((name, memo[1]))
+                continue
+            text = as_text(raw if len(raw) <= SMALL_FILE_BYTES else "too_large", name, self.path)
+            answer = text if parse is None or text.__class__ is ReadProblem else parse(text, self.path, name)
+            parsed[name] = (raw, answer)
+            results.append((name, answer))
         return results
+
+    def _list(self) -> dict[str, int]:
+        """name -> inode of the directory's entries, listed again only when they may have
+        changed: adding, removing or replacing an entry changes the directory's mtime. An
+        mtime close to now is listed again on every read (as git treats a "racily clean"
+        index entry): the filesystem clock is coarse, so a change in the same tick as the
+        last listing would keep the mtime it had. sysfs directories keep the mtime of their
+        creation, so there each read costs one stat."""
+        stat = os.stat(self.path)
+        stamp = (stat.st_ino, stat.st_mtime_ns)
+        if stamp == self._stamp:
+            return self._listing
+        with os.scandir(self.path) as entries:
+            listing = {entry.name: entry.inode() for entry in entries}
+        held = self._held
+        for name in [name for name, (_, inode) in held.items() if listing.get(name) != inode]:
+            os.close(held.pop(name)[0])       # gone or replaced: never read the stale file
+            BUDGET.give_back()
+        self._listing = dict(sorted(listing.items()))
+        for name in [name for name in self._parsed if name not in listing]:
+            del self._parsed[name]
+        self._stamp = stamp if time.time_ns() - stat.st_mtime_ns > _RACY_NS else None
+        return self._listing
 
     def _open(self, name: str, inode: int) -> tuple[int, int] | str | ReadProblem:
         path = os.path.join(self.path, name)
@@ -129,6 +165,8 @@ class HeldDirectory:
             os.close(fd)
         BUDGET.give_back(len(self._held))
         self._held.clear()
+        self._listing, self._stamp = {}, None
+        self._parsed.clear()
 
     @property
     def held(self) -> int:

@@ -333,34 +333,30 @@ def _netdev(device_dir: str, port_dir: str) -> str | None:
 
 def _read_counter_dir(held: HeldDirectory, problems: list[ReadProblem]) -> dict[str, int]:
     values: dict[str, int] = {}
-    directory = held.path
-    for name, text in held.read():
-        if text.__class__ is str:
-            value = parse_counter(text, directory, name)
-            if value.__class__ is ReadProblem:
-                problems.append(value)
-            else:
-                values[name] = value
-        elif text.reason != "absent":
-            problems.append(text)
+    for name, value in held.read(parse_counter):
+        if value.__class__ is not ReadProblem:
+            values[name] = value
+        elif value.reason != "absent":
+            problems.append(value)
     return values
 
 
 _PORT_ATTRIBUTES = ("state", "phys_state", "rate")
 
 
+def _parse_attribute(text: str, directory: str, name: str) -> CodedState | float | ReadProblem:
+    try:
+        return (parse_rate if name == "rate" else parse_coded_state)(text)
+    except ParseError:
+        return ReadProblem(Path(directory, name), "malformed")
+
+
 def _read_port(device: str, sport: _StaticPort, problems: list[ReadProblem]) -> InfiniBandPort:
-    port_dir = sport.path
     port = InfiniBandPort(device, sport.port, link_layer=sport.link_layer, netdev=sport.netdev)
-    for attr, text in sport.attributes.read():
-        if isinstance(text, ReadProblem):
-            if text.reason != "absent":
-                problems.append(text)
-            continue
-        try:
-            value = (parse_rate if attr == "rate" else parse_coded_state)(text)
-        except ParseError:
-            problems.append(ReadProblem(Path(port_dir, attr), "malformed"))
+    for attr, value in sport.attributes.read(_parse_attribute):
+        if value.__class__ is ReadProblem:
+            if value.reason != "absent":
+                problems.append(value)
             continue
         setattr(port, "rate_bytes_per_second" if attr == "rate" else attr, value)
     counters = _read_counter_dir(sport.counters, problems)
