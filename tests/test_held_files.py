@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -140,4 +141,31 @@ def test_closing_the_collector_releases_every_held_descriptor(node):
     node.scrape(col)
     assert open_descriptors() > before + 20
     col.close()
+    assert open_descriptors() == before
+
+
+def test_an_interface_deleted_and_created_again_is_read_from_its_new_files(tmp_path):
+    from fabricscope.exporter.collectors.netdev import NetdevCollector
+    from fabricscope.exporter.context import Context
+
+    net = tmp_path / "sys" / "class" / "net"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "node" / "sys" / "class" / "net" / "eth2", net / "eth2",
+                    symlinks=True)
+    collector = NetdevCollector(Context(sysfs=tmp_path / "sys", procfs=tmp_path / "proc", node=""))
+
+    def rx_bytes() -> float | None:
+        return next((s.value for f in collector.collect() for s in f.samples if s.name == "fabric_netdev_rx_bytes_total"),
+                    None)
+
+    before = open_descriptors()
+    rx_bytes()
+    assert open_descriptors() > before + 10
+    fresh = tmp_path / "eth2.new"
+    shutil.copytree(net / "eth2", fresh, symlinks=True)
+    (fresh / "statistics" / "rx_bytes").write_text("424242\n")
+    shutil.rmtree(net / "eth2")
+    assert rx_bytes() is None and open_descriptors() == before     # gone: nothing held for it
+    fresh.rename(net / "eth2")
+    assert rx_bytes() == 424242
+    collector.close()
     assert open_descriptors() == before

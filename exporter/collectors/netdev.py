@@ -7,6 +7,7 @@ interfaces and the other files of the same interface are still exported.
 from __future__ import annotations
 
 import re
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Iterable
@@ -15,8 +16,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from ..framework import Collector, register
 from ..parsers.files import ReadProblem, read_text
-from ..parsers.netdev import (NetDevice, list_interfaces, parse_default_route_interfaces, read_ethtool_statistics,
-                              read_net_device)
+from ..parsers.netdev import (NetDevice, NetDeviceFiles, list_interfaces, parse_default_route_interfaces,
+                              read_ethtool_statistics, read_net_device)
 
 # Container hosts create one veth per pod; their counters are the CNI's business and
 # would multiply the series count by the pod count. Everything else is kept.
@@ -75,6 +76,8 @@ class NetdevCollector(Collector):
         # mount in a container): ioctls on this namespace's interfaces would not match it.
         real_sysfs = Path(ctx.sysfs).resolve() == Path("/sys")
         self.ethtool_include = _pattern(ctx, "ethtool-include", DEFAULT_ETHTOOL_INCLUDE) if real_sysfs else None
+        self._files: dict[str, NetDeviceFiles] = {}   # interface -> its files, held open
+        self._lock = threading.Lock()
 
     def wanted(self, interface: str) -> bool:
         if self.include is not None and not self.include.search(interface):
@@ -86,11 +89,27 @@ class NetdevCollector(Collector):
         if isinstance(names, ReadProblem):
             # No /sys/class/net at all is not "zero interfaces": fail the scrape visibly.
             raise OSError(str(names))
-        devices = [device for device in (read_net_device(self.ctx.sysfs, name) for name in names if self.wanted(name))
-                   if device is not None]
+        with self._lock:
+            devices = [device for device in (read_net_device(self.ctx.sysfs, name, self._files_of(name))
+                                             for name in names if self.wanted(name))
+                       if device is not None]
+            for gone in set(self._files) - {device.name for device in devices}:
+                self._files.pop(gone).close()
         yield from expose(devices, self._default_route_interfaces())
         if self.ethtool_include is not None:
             yield from self._ethtool(devices)
+
+    def _files_of(self, name: str) -> NetDeviceFiles:
+        files = self._files.get(name)
+        if files is None:
+            files = self._files[name] = NetDeviceFiles(self.ctx.sysfs, name)
+        return files
+
+    def close(self) -> None:
+        with self._lock:
+            for files in self._files.values():
+                files.close()
+            self._files.clear()
 
     def _ethtool(self, devices: list[NetDevice]) -> list[Metric]:
         family = CounterMetricFamily("fabric_netdev_ethtool_counter",

@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .files import ReadProblem, parse_counter, parse_int, read_small_texts, reason_for
+from .files import ReadProblem, parse_counter, parse_int, reason_for
+from .held import HeldDirectory
 
 # ARPHRD_* codes from include/uapi/linux/if_arp.h that appear on GPU nodes; anything
 # else is exported as "other" so the label stays bounded.
@@ -67,75 +68,89 @@ def list_interfaces(sysfs: Path) -> list[str] | ReadProblem:
         return ReadProblem(directory, reason_for(exc))
 
 
-def _parse(text: str | ReadProblem, path: Path) -> int | ReadProblem:
-    return text if isinstance(text, ReadProblem) else parse_int(text, path)
-
-
 def _value(value: int | ReadProblem, device: NetDevice) -> int | None:
     """The value, or None after noting a problem that is more than "no such value"."""
-    if isinstance(value, ReadProblem):
+    if value.__class__ is ReadProblem:
         if value.reason not in _NO_VALUE:
             device.problems.append(value)
         return None
     return value
 
 
-def _driver(base: Path) -> str | None:
-    link = base / "device" / "driver"
+def _driver(base: str) -> str | None:
     try:
-        return os.path.basename(os.readlink(link))
+        return os.path.basename(os.readlink(os.path.join(base, "device", "driver")))
     except OSError:  # virtual interfaces have no device/driver
         return None
 
 
-def read_net_device(sysfs: Path, name: str) -> NetDevice | None:
+class NetDeviceFiles:
+    """One interface's attribute files and statistics/, held open between scrapes
+    (parsers/held.py). An interface deleted and created again under the same name has a
+    new directory, so its files are opened afresh."""
+
+    def __init__(self, sysfs: Path | str, name: str) -> None:
+        self.base = os.path.join(sysfs, "class", "net", name)
+        self.attributes = HeldDirectory(self.base, _ATTRIBUTES)
+        self.statistics = HeldDirectory(os.path.join(self.base, "statistics"))
+
+    def close(self) -> None:
+        self.attributes.close()
+        self.statistics.close()
+
+
+def _parse_attribute(text: str, directory: str, name: str) -> str | int | ReadProblem:
+    if name == "operstate":
+        return text.lower()
+    if name == "carrier_changes":
+        return parse_counter(text, directory, name)
+    return parse_int(text, Path(directory, name))
+
+
+def read_net_device(sysfs: Path, name: str, files: NetDeviceFiles | None = None) -> NetDevice | None:
     """The interface's attributes, or None when it vanished since the directory was listed
-    (a pod's veth deleted mid-scrape is not an interface with every file unreadable)."""
-    base = Path(sysfs) / "class" / "net" / name
-    if not base.is_dir():
+    (a pod's veth deleted mid-scrape is not an interface with every file unreadable).
+    Without `files`, a one-off read: nothing stays open."""
+    if files is None:
+        files = NetDeviceFiles(sysfs, name)
+        try:
+            return read_net_device(sysfs, name, files)
+        finally:
+            files.close()
+    if not os.path.isdir(files.base):
         return None
     device = NetDevice(name=name)
-    # One directory open for the attribute files too, as for statistics/ below.
-    attributes = dict(read_small_texts(str(base), _ATTRIBUTES))
-
-    operstate = attributes["operstate"]
-    if isinstance(operstate, ReadProblem):
-        if operstate.reason != "absent":
-            device.problems.append(operstate)
-    else:
-        device.operstate = operstate.lower()
-
-    carrier_changes = attributes["carrier_changes"]
-    device.carrier_changes = _value(carrier_changes if isinstance(carrier_changes, ReadProblem)
-                                    else parse_counter(carrier_changes, base / "carrier_changes"), device)
-    device.mtu = _value(_parse(attributes["mtu"], base / "mtu"), device)
-    device.arp_type = _value(_parse(attributes["type"], base / "type"), device)
-    speed = _value(_parse(attributes["speed"], base / "speed"), device)
+    attributes = dict(files.attributes.read(_parse_attribute))
+    if "" in attributes:                  # the directory itself could not be listed
+        device.problems.append(attributes[""])
+    operstate = attributes.get("operstate")
+    if operstate.__class__ is str:
+        device.operstate = operstate
+    elif operstate is not None and operstate.reason != "absent":
+        device.problems.append(operstate)
+    device.carrier_changes = _value(attributes.get("carrier_changes", _ABSENT), device)
+    device.mtu = _value(attributes.get("mtu", _ABSENT), device)
+    device.arp_type = _value(attributes.get("type", _ABSENT), device)
+    speed = _value(attributes.get("speed", _ABSENT), device)
     # -1 (SPEED_UNKNOWN) is what virtual interfaces and unlinked ports report.
     device.speed_mbps = speed if speed is not None and speed > 0 else None
-    device.driver = _driver(base)
-    device.statistics = _read_statistics(base / "statistics", device)
+    device.driver = _driver(files.base)
+    device.statistics = _read_statistics(files.statistics, device)
     return device
 
 
-def _read_statistics(directory: Path, device: NetDevice) -> dict[str, int]:
-    try:
-        names = sorted(os.listdir(directory))
-    except FileNotFoundError:
-        return {}
-    except OSError as exc:
-        device.problems.append(ReadProblem(directory, reason_for(exc)))
-        return {}
+# What a directory that could not be listed leaves for each attribute (its own problem is
+# the "" entry, reported with the rest).
+_ABSENT = ReadProblem(Path("."), "absent")
+
+
+def _read_statistics(held: HeldDirectory, device: NetDevice) -> dict[str, int]:
     stats: dict[str, int] = {}
-    wanted = []
-    for stat in names:
-        if _STAT_NAME.match(stat):
-            wanted.append(stat)
-        else:
-            device.problems.append(ReadProblem(directory / stat, "bad_name"))
-    # One directory open, files opened relative to it: ~25 files per interface per scrape.
-    for stat, text in read_small_texts(str(directory), wanted):
-        value = _value(text if isinstance(text, ReadProblem) else parse_counter(text, directory, stat), device)
+    for stat, value in held.read(parse_counter):
+        if stat and not _STAT_NAME.match(stat):
+            device.problems.append(ReadProblem(Path(held.path, stat), "bad_name"))
+            continue
+        value = _value(value, device)
         if value is not None:
             stats[stat] = value
     return stats
