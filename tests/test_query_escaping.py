@@ -110,4 +110,4 @@ def _benign(type_name: str):
             "comm": "0123456789abcdef", "duration": "5m", "quantile": 0.99, "severity": "critical",
             "event_severity": "fatal", "port_state": "down", "failure_type": "device_failure",
             "device_field": "role", "name": "chat-api", "text": "compute", "ip": "10.0.0.1",
-            "threshold": 3.0}[type_name]
+            "threshold": 3.0, "xid": 79, "nccl_op": "allreduce", "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"}[type_name]

@@ -1,9 +1,11 @@
 """Deterministic parameter extraction from an operator's question (phase one of NL).
 
-Compiled patterns find durations, quantiles, IPs, communicator ids, GPU/rank/port numbers,
-severities and service names; host and device names are recognised against the names
-Prometheus (and the topology) actually know, with short forms ("node-3") and small typos
-resolved to a known name. Nothing here decides which query runs: `matcher` does, and the
+Compiled patterns find durations, quantiles, IPs, trace and communicator ids, GPU/rank/
+port/Xid numbers, NCCL collectives, severities and service names. Entities are recognised
+against what the live cluster knows (Vocabulary: Prometheus label values, the chaos
+topology, the span store): hosts, devices, racks, PDUs, services, clusters and jobs (a job
+names its communicator), whole names only, never cut short; short forms ("node-3", "job
+48213") and small typos resolve to a known name. Nothing here decides which query runs: `matcher` does, and the
 registry validates whatever comes out of here like any other input.
 """
 from __future__ import annotations
@@ -32,11 +34,17 @@ DURATION = re.compile(
     rf"|\b(?P<compact>(?:[0-9]{{1,4}}(?:ms|s|m|h|d|w))+)\b"
     rf"|\b(?P<count2>[0-9]{{1,4}})\s*(?P<unit2>{_UNIT_RE})\b(?:\s+(?:ago|window|back))?"
     r"|\b(?P<today>today|yesterday|this hour|this week)\b", re.I)
-QUANTILE = re.compile(r"\bp(?P<dotted>99\.99|99\.9)\b|\bp(?P<digits>50|75|90|95|99|999|9999)\b"
+QUANTILE = re.compile(r"\b(?P<median>median)\b|\bp(?P<dotted>99\.99|99\.9)\b|\bp(?P<digits>50|75|90|95|99|999|9999)\b"
                       r"|\b(?P<pct>50|75|90|95|99|99\.9|99\.99)(?:th|st|nd|rd)?\s*(?:percentile|pct|%)", re.I)
 IPV4 = re.compile(r"\b(?:[0-9]{1,3}\.){3}[0-9]{1,3}\b")
 IPV6 = re.compile(r"(?<![\w:])(?:[0-9a-f]{0,4}:){2,7}[0-9a-f]{0,4}(?![\w:])", re.I)
 COMM = re.compile(r"\b[0-9a-f]{16}\b", re.I)
+TRACE = re.compile(r"\btraces?(?:[ _-]?id)?\s*[:#=]?\s*(?P<t>[0-9a-f]{16}(?:[0-9a-f]{16})?)\b", re.I)
+THRESHOLD = re.compile(r"\bthreshold\s*(?:of|=|at)?\s*(?P<n>[0-9]{1,2}(?:\.[0-9]+)?)\b", re.I)
+XID = re.compile(r"\bxids?\s*(?:#|code|no\.?)?\s*(?P<n>[0-9]{1,3})\b", re.I)
+NCCL_OP = re.compile(r"\b(?P<op>all[-_ ]?reduce|all[-_ ]?gather|reduce[-_ ]?scatter|broadcast|all[-_ ]?to[-_ ]?all)\b",
+                     re.I)
+JOB = re.compile(r"\bjobs?\s*(?:id\s*)?[:#=]?\s*(?P<j>[A-Za-z0-9][\w.:/-]*[A-Za-z0-9]|[0-9])", re.I)
 GPU = re.compile(r"\bgpus?\s*(?:#|no\.?|number|index)?\s*(?P<n>[0-9]{1,3})\b", re.I)
 RANK = re.compile(r"\brank\s*(?:#|no\.?|number)?\s*(?P<n>[0-9]{1,7})\b", re.I)
 PORT = re.compile(r"\bport\s*(?:#|no\.?|number)?\s*(?P<n>[0-9]{1,3})\b", re.I)
@@ -54,10 +62,13 @@ FAILURE = re.compile(r"(?<![\w-])(?:(?P<power>power|pdu)|(?P<rack>rack)|(?P<swit
 FIELD_VALUE = re.compile(r"\b(?P<f>role|hca_type|board_id|numa_node)\s*(?:=|==|is|of)?\s*[\"']?(?P<v>[A-Za-z0-9][\w.-]*)"
                          r"|\b(?P<fw>firmware|fw_version|fw)\s*(?:version\s*)?(?:=|==|is|of)?\s*[\"']?(?P<fwv>[0-9][\w.-]*)",
                          re.I)
-# Anything shaped like a host or switch name: letters, then -/_ groups ending in a digit.
-NAME_LIKE = re.compile(r"\b[a-z][a-z0-9]*(?:[-_.][a-z0-9]+)*[-_.]?[0-9]+\b", re.I)
+# Anything shaped like a host or switch name: letters, then -/_ groups with a digit, and
+# whatever groups follow it ("leaf-su1-r0-b" is one name, not "leaf-su1-r0").
+NAME_LIKE = re.compile(r"\b[a-z][a-z0-9]*(?:[-_.][a-z0-9]+)*?[-_.]?[0-9]+(?:[-_.][a-z0-9]+)*\b", re.I)
 SHORT_HOST = re.compile(r"(?<![\w.-])(?P<kind>node|host|server|machine)[-_ ]?(?P<n>[0-9]{1,4})\b", re.I)
-_NOT_NAMES = re.compile(r"^(?:p[0-9]+|[0-9].*|gpus?[0-9]+|rank[0-9]+|port[0-9]+|top[0-9]+|mlx5|x[0-9]+)$", re.I)
+# Kernel modules and metric-ish words are not hosts ("mlx5_core errors in dmesg").
+_NOT_NAMES = re.compile(r"^(?:p[0-9]+|[0-9].*|gpus?[0-9]+|rank[0-9]+|port[0-9]+|top[0-9]+|mlx5|x[0-9]+|"
+                        r"[a-z0-9]+_core|nv[a-z]*[0-9]*|xid[0-9]*)$", re.I)
 _SERVICE_STOP = {"the", "a", "an", "my", "our", "each", "every", "all", "by", "of", "is", "are", "which", "what",
                  "slo", "slos", "their", "its", "any", "per", "level", "for", "with", "in", "on", "from",
                  "violated", "violating", "breached", "missed", "breach", "violate", "violations", "violation", "has", "have", "had", "did", "do", "does"}
@@ -83,19 +94,53 @@ class Extraction:
 
 
 class Vocabulary:
-    """Names Prometheus and the topology know, for recognising hosts and devices."""
+    """What the live cluster knows, for recognising entities: hosts (node label values),
+    devices (device label values and the chaos topology's devices), racks and PDUs (the
+    topology), services (the span store), clusters (cluster label values) and jobs (job_id
+    label values, each with the communicator its ranks share)."""
 
-    def __init__(self, hosts: Iterable[str] = (), devices: Iterable[str] = ()) -> None:
+    def __init__(self, hosts: Iterable[str] = (), devices: Iterable[str] = (), *, racks: Iterable[str] = (),
+                 pdus: Iterable[str] = (), services: Iterable[str] = (), clusters: Iterable[str] = (),
+                 jobs: dict[str, str] | None = None) -> None:
         self.hosts = sorted({h for h in hosts if h})
-        self.devices = sorted({d for d in devices if d})
+        self.racks = sorted({r for r in racks if r})
+        self.pdus = sorted({p for p in pdus if p})
+        self.devices = sorted({d for d in devices if d} | set(self.racks) | set(self.pdus))
+        self.services = sorted({s for s in services if s})
+        self.clusters = sorted({c for c in clusters if c})
+        self.jobs = {job: comm for job, comm in (jobs or {}).items() if job}
         self._hosts_lower = {h.lower(): h for h in self.hosts}
         self._devices_lower = {d.lower(): d for d in self.devices}
+        self._named = {}      # lower-case name -> (slot, name), for the kinds besides hosts and devices
+        for slot, names in (("service", self.services), ("cluster", self.clusters), ("job", self.jobs)):
+            for name in names:
+                self._named.setdefault(name.lower(), (slot, name))
+        # A job is also known by what follows its scheduler prefix: slurm:48213 -> 48213.
+        self._job_short = {}
+        for job in self.jobs:
+            short = job.split(":", 1)[-1].lower()
+            self._job_short[short] = job if short not in self._job_short else None
 
     def host(self, text: str) -> str | None:
         return self._hosts_lower.get(text.lower())
 
     def device(self, text: str) -> str | None:
         return self._devices_lower.get(text.lower())
+
+    def named(self, text: str) -> tuple[str, str] | None:
+        """(slot, name) of a service, cluster or job known by this exact name."""
+        return self._named.get(text.lower())
+
+    def job(self, text: str) -> str | None:
+        """A job by its id (slurm:48213) or the part after the scheduler (48213)."""
+        lowered = text.lower()
+        found = self._named.get(lowered)
+        if found and found[0] == "job":
+            return found[1]
+        return self._job_short.get(lowered)
+
+    def kind_of_device(self, name: str) -> str:
+        return "rack" if name in self.racks else "pdu" if name in self.pdus else "device"
 
     def host_by_suffix(self, suffix: str) -> str | None:
         """'node-3' -> the one known host ending in node-3 (None when none or ambiguous)."""
@@ -149,10 +194,14 @@ def extract(message: str, vocabulary: Vocabulary | None = None) -> Extraction:
             found.put("ip", str(ipaddress.ip_address(match.group(0))), match)
         except ValueError:
             pass
-    for match in COMM.finditer(text):
+    for match in TRACE.finditer(text):
+        found.put("trace", match.group("t").lower(), match)
+    for match in COMM.finditer(_mask(text, found.spans)):
         found.put("comm", match.group(0).lower(), match)
     for match in QUANTILE.finditer(text):
-        if match.group("digits"):
+        if match.group("median"):
+            found.put("quantile", "0.5", match)
+        elif match.group("digits"):
             found.put("quantile", "0." + match.group("digits"), match)
         elif match.group("dotted"):
             found.put("quantile", "0." + match.group("dotted").replace(".", ""), match)
@@ -165,9 +214,12 @@ def extract(message: str, vocabulary: Vocabulary | None = None) -> Extraction:
         value = _duration(match)
         if value:
             found.put("window", value, match)
-    for slot, pattern in (("gpu", GPU), ("rank", RANK), ("port", PORT)):
+    for slot, pattern in (("gpu", GPU), ("rank", RANK), ("port", PORT), ("xid", XID)):
         for match in pattern.finditer(masked):
             found.put(slot, int(match.group("n")), match)
+    for match in THRESHOLD.finditer(masked):
+        found.put("threshold", match.group("n"), match)
+    masked = _mask(text, found.spans)
     for match in LIMIT.finditer(masked):
         found.put("limit", _count(match.group("n") or match.group("m")), match)
     for match in SEVERITY.finditer(masked):
@@ -176,6 +228,8 @@ def extract(message: str, vocabulary: Vocabulary | None = None) -> Extraction:
     for match in STATE.finditer(masked):
         state = match.group("s").lower()
         found.put("state", "down" if ("active" in state and state != "active") else state, match)
+    for match in NCCL_OP.finditer(masked):
+        found.put("op", re.sub(r"[-_ ]", "", match.group("op")).lower(), match)
     for match in FAILURE.finditer(masked):
         found.put("failure_type", f"{match.lastgroup}_failure", match)
     for match in FIELD_VALUE.finditer(masked):
@@ -183,6 +237,12 @@ def extract(message: str, vocabulary: Vocabulary | None = None) -> Extraction:
         found.put("field", _FIELD_NAMES.get(name, name), match)
         found.put("value", match.group("v") or match.group("fwv"), match)
     _names(masked, vocabulary, found)
+    _jobs(_mask(text, found.spans), vocabulary, found)
+    if "device" in found.slots and "failure_type" not in found.slots:
+        # A rack fails as a rack, a PDU takes its power with it.
+        kind = vocabulary.kind_of_device(found.slots["device"])
+        if kind != "device":
+            found.put("failure_type", f"{'rack' if kind == 'rack' else 'power'}_failure")
     rest = _mask(text, found.spans)
     candidates = [m for pattern in (SERVICE_AFTER, SERVICE_BEFORE) for m in pattern.finditer(rest)
                   if m.group("n").lower() not in _SERVICE_STOP]
@@ -199,16 +259,35 @@ def _mask(text: str, spans: list[tuple[str, int, int]]) -> str:
     return "".join(chars)
 
 
-def _names(text: str, vocabulary: Vocabulary, found: Extraction) -> None:
-    # Known names first (exact, case-insensitive), so "mlx5_3" is a device and "gpu-node-1" a host.
+def _jobs(text: str, vocabulary: Vocabulary, found: Extraction) -> None:
+    """"job 48213", "job slurm:48213", "the llama70b-pretrain-0 job": the job, and the
+    communicator its ranks share (the NCCL queries filter by comm)."""
+    for match in JOB.finditer(text):
+        job = vocabulary.job(match.group("j"))
+        if job:
+            found.put("job", job, match)
     for match in re.finditer(r"[A-Za-z0-9][A-Za-z0-9._:/-]*[A-Za-z0-9]", text):
-        token = match.group(0)
+        job = vocabulary.job(match.group(0))
+        if job and "job" not in found.slots:
+            found.put("job", job, match)
+    if "job" in found.slots and vocabulary.jobs.get(found.slots["job"]):
+        found.put("comm", vocabulary.jobs[found.slots["job"]])
+
+
+def _names(text: str, vocabulary: Vocabulary, found: Extraction) -> None:
+    # Known names first (exact, case-insensitive, whole tokens: "leaf-su1-r0-b" is not cut
+    # to "leaf-su1-r0"), so "mlx5_3" is a device, "gpu-node-1" a host, "chat-api" a service.
+    for match in re.finditer(r"[A-Za-z0-9][A-Za-z0-9._:/-]*[A-Za-z0-9]", text):
+        token = match.group(0).rstrip(".:")
         host = vocabulary.host(token)
         device = vocabulary.device(token)
+        named = vocabulary.named(token)
         if host:
             found.put("host", host, match)
         if device:
             found.put("device", device, match)
+        if named and named[0] != "job":
+            found.put(named[0], named[1], match)
     for match in SHORT_HOST.finditer(text):
         host = vocabulary.host_by_suffix(f"{match.group('kind').lower()}-{match.group('n')}")
         if host:
@@ -217,7 +296,8 @@ def _names(text: str, vocabulary: Vocabulary, found: Extraction) -> None:
             found.notes.append(f"no known host matches {match.group(0)!r}")
     for match in NAME_LIKE.finditer(text):
         token = match.group(0).rstrip(".")
-        if _NOT_NAMES.match(token) or vocabulary.host(token) or vocabulary.device(token):
+        if _NOT_NAMES.match(token) or vocabulary.host(token) or vocabulary.device(token) or vocabulary.named(token) \
+                or vocabulary.job(token):
             continue
         close = vocabulary.close_name(token)
         if close:

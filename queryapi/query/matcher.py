@@ -5,10 +5,20 @@ the sum of the terms it contains (words typo-corrected against the catalog's voc
 plus a little for each extracted parameter the query can use and minus a little for a
 required parameter nobody supplied. The best score wins above a floor; below it, a
 conversation's previous query is reused (a follow-up such as "and for node-3?").
+
+Abstention. Each answer carries a confidence, a logistic function of the winning score,
+the question's words that neither the catalog nor plain English explains ("temperature",
+"bandwidth": something no registered query measures) and action verbs ("restart",
+"drain": the layer only reads). Below CONFIDENCE_FLOOR nothing runs: the answer says so
+and lists the nearest queries with their descriptions. The weights were fitted on the
+development part of bench/query_eval_operators.yaml only; bench/query_accuracy.py prints
+how well the confidence is calibrated (the share right in each confidence band), on the
+held-out part too. A question with such words is never taken for a follow-up.
 """
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -21,8 +31,36 @@ from .registry import QuerySpec, Registry
 MIN_SCORE = 1.5          # below this, nothing in the question names a query
 PARAM_BONUS = 0.75       # per extracted parameter the query accepts
 MISSING_PENALTY = 1.0    # per required parameter with no value
+# Confidence = logistic(SLOPE x (score - MIN_SCORE) - UNKNOWN_WEIGHT x unknown words
+# - ACTION_WEIGHT x action verbs); answered when >= CONFIDENCE_FLOOR (fitted on dev).
+SLOPE = 1.5
+UNKNOWN_WEIGHT = 1.5
+ACTION_WEIGHT = 4.0
+CONFIDENCE_FLOOR = 0.5
 # Slots that say something about the question (a window or limit fits almost any query).
-_SPECIFIC = {"host", "device", "gpu", "comm", "ip", "service", "quantile", "severity", "rank", "field"}
+_SPECIFIC = {"host", "device", "gpu", "comm", "ip", "service", "quantile", "severity", "rank", "field", "xid", "op",
+             "cluster", "trace", "threshold", "state"}
+# Words of the fabric's world that name no query by themselves: never "unknown".
+_DOMAIN = frozenset("""
+network networks nccl comm comms communicator communicators threshold request requests collective collectives
+job jobs gpu gpus rank ranks port ports link links device devices switch switches error errors rate rates count
+counts event events cluster clusters fleet value values metric metrics calls threads thread node nodes
+training train pod pods service services host hosts box boxes server servers card cards adapter adapters
+""".split())
+# Generic English that carries no topic.
+_FILLER = frozenset("""
+see seen saw moment everyone everybody one went going gone making make made wide high higher highest low lower
+lowest noisiest overnight unusual weird odd strange bad good looks look looking seem seems seeing happening
+anything something nothing thing things currently right tell please much lot lots really just still ever
+whole across per since morning evening night yet already again okay ok hey folks guys team quick quickly
+statistically abnormal anywhere somewhere line lines up bunch whats wanna need want know let lets kind sort
+getting got meeting meet blowing burning holding keep keeps kept giving give shows showing mean means
+""".split())
+# The layer only reads: a question asking for an action has no registered answer.
+_ACTIONS = frozenset("""
+restart reboot drain cordon uncordon kill delete remove create open close file fix repair reset shutdown
+disable enable replace reseat submit cancel deploy upgrade install write compose reimage power-cycle
+""".split())
 _FOLLOW_UP = re.compile(r"^\s*(?:and|also|what about|how about|same for|now|then|ok(?:ay)?|and what about)\b"
                         r"|^\s*(?:for|on|in)\s", re.I)
 _WORD = re.compile(r"[a-z0-9]+")
@@ -47,11 +85,20 @@ class Match:
     invalid: dict[str, str] = field(default_factory=dict)
     follow_up: bool = False
     alternatives: list[dict[str, Any]] = field(default_factory=list)
+    confidence: float = 0.0
+    abstained: bool = False
+    unexplained: list[str] = field(default_factory=list)   # words no query explains
 
     def to_dict(self) -> dict[str, Any]:
         return {"query_name": self.query_name, "params": self.params, "score": round(self.score, 2),
+                "confidence": round(self.confidence, 2), "abstained": self.abstained,
                 "missing": self.missing, "invalid": self.invalid, "follow_up": self.follow_up,
-                "alternatives": self.alternatives}
+                "alternatives": self.alternatives, **({"unexplained": self.unexplained} if self.unexplained else {})}
+
+
+def confidence(score: float, unknown: int, actions: int) -> float:
+    z = SLOPE * (score - MIN_SCORE) - UNKNOWN_WEIGHT * unknown - ACTION_WEIGHT * actions
+    return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
 
 
 class Matcher:
@@ -105,27 +152,61 @@ class Matcher:
         ranked.sort(key=lambda item: (-item[0], item[2].name))
         return ranked
 
+    def unexplained(self, message: str, extraction: Extraction) -> tuple[list[str], list[str]]:
+        """(unknown words, action words) of the question, outside what extraction took
+        (names, numbers, windows): the words no registered query explains."""
+        chars = list(message[:2000])
+        for _, start, end in extraction.spans:
+            chars[start:end] = " " * (end - start)
+        _, words = self.normalise("".join(chars))
+        actions = sorted(w for w in words if w in _ACTIONS)
+        unknown = sorted(w for w in words if len(w) >= 3 and w.isalpha() and w not in self._vocab_set
+                         and w not in _PLAIN and w not in _DOMAIN and w not in _FILLER and w not in _ACTIONS
+                         and not (w.endswith("s") and (w[:-1] in self._vocab_set or w[:-1] in _DOMAIN)))
+        return unknown, actions
+
+    def nearest(self, ranked: list, message: str) -> list[dict[str, Any]]:
+        """Two or three queries closest to a question none answers: by score, then by the
+        words the question shares with their descriptions."""
+        near = [(spec, round(score, 2)) for score, _, spec in ranked[:3]]
+        if len(near) < 2:
+            _, words = self.normalise(message)
+            words -= _PLAIN
+            overlap = sorted(((len(words & set(_words(spec.description))), spec.name) for spec in
+                              self.registry.queries.values() if spec.name not in {s.name for s, _ in near}),
+                             reverse=True)
+            near += [(self.registry.get(name), 0.0) for shared, name in overlap[:3 - len(near)] if shared]
+        return [{"query_name": spec.name, "score": score, "description": spec.description} for spec, score in near]
+
     def match(self, message: str, extraction: Extraction, previous: dict[str, Any] | None = None) -> Match:
         ranked = self.rank(message, extraction)
         alternatives = [{"query_name": spec.name, "score": round(score, 2)} for score, _, spec in ranked[1:4]]
-        looks_like_follow_up = bool(_FOLLOW_UP.match(message))
+        unknown, actions = self.unexplained(message, extraction)
+        looks_like_follow_up = bool(_FOLLOW_UP.match(message)) and not actions
         best_terms = ranked[0][1] if ranked else 0.0
+        best = ranked[0][0] if ranked else 0.0
         same_query = bool(ranked) and previous is not None and ranked[0][2].name == previous.get("query_name")
-        if previous and previous.get("query_name") in self.registry and (
-                not ranked or ranked[0][0] < MIN_SCORE
+        if previous and previous.get("query_name") in self.registry and (looks_like_follow_up or not (
+                unknown or actions)) and (
+                not ranked or best < MIN_SCORE
                 or (looks_like_follow_up and (best_terms < 2.0 or same_query))):
             spec = self.registry.get(previous["query_name"])
             params, _ = self.fill(spec, extraction.slots)
             merged = {**previous.get("params", {}), **params}
-            result = self._validated(spec, merged, ranked[0][0] if ranked else 0.0, alternatives)
+            result = self._validated(spec, merged, best, alternatives)
             result.follow_up = True
+            # A follow-up is as sure as its reading as one: what it adds is only parameters.
+            result.confidence = confidence(MIN_SCORE + 1.0, len(unknown), 0)
             return result
-        if not ranked or ranked[0][0] < MIN_SCORE:
-            return Match(None, alternatives=[{"query_name": s.name, "score": round(sc, 2)}
-                                             for sc, _, s in ranked[:3]])
+        sure = confidence(best, len(unknown), len(actions))
+        if not ranked or best < MIN_SCORE or sure < CONFIDENCE_FLOOR:
+            return Match(None, confidence=sure, abstained=True, unexplained=[*actions, *unknown],
+                         alternatives=self.nearest(ranked, message))
         score, _, spec = ranked[0]
         params, _ = self.fill(spec, extraction.slots)
-        return self._validated(spec, params, score, alternatives)
+        result = self._validated(spec, params, score, alternatives)
+        result.confidence = sure
+        return result
 
     def _validated(self, spec: QuerySpec, params: dict[str, Any], score: float,
                    alternatives: list[dict[str, Any]]) -> Match:
@@ -145,6 +226,10 @@ class Matcher:
         else:
             final = good
         return Match(spec.name, final, score, missing, invalid, alternatives=alternatives)
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
 
 
 def _required_stubs(spec: QuerySpec, except_name: str) -> dict[str, Any]:

@@ -170,6 +170,14 @@ EVENT_SEVERITIES = {"fatal": "fatal", "critical": "fatal", "page": "fatal", "non
                     "non-fatal": "non_fatal", "nonfatal": "non_fatal", "warning": "non_fatal", "warn": "non_fatal"}
 PORT_STATES = {"down": "DOWN", "init": "INIT", "armed": "ARMED", "active": "ACTIVE", "up": "ACTIVE"}
 FAILURE_TYPES = {t: t for t in ("device_failure", "power_failure", "rack_failure", "switch_failure")}
+# NCCL collective names as the exporter labels them (exporter/nccl/events.py OPS), by the
+# spellings operators use.
+NCCL_OPS = {name.lower(): name for name in ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce",
+                                             "AllToAll", "Send", "Recv")}
+NCCL_OPS.update({"all-reduce": "AllReduce", "all_reduce": "AllReduce", "all-gather": "AllGather",
+                 "all_gather": "AllGather", "reduce-scatter": "ReduceScatter", "reduce_scatter": "ReduceScatter",
+                 "all-to-all": "AllToAll", "all_to_all": "AllToAll"})
+_TRACE_ID = re.compile(r"[0-9a-f]{16,32}")
 DEVICE_FIELDS = {f: f for f in ("node", "device", "role", "hca_type", "fw_version", "board_id", "numa_node")}
 
 TYPES: dict[str, ParamType] = {t.name: t for t in (
@@ -211,6 +219,14 @@ TYPES: dict[str, ParamType] = {t.name: t for t in (
     ParamType("text", f"any text up to {_MAX_TEXT} characters (matched exactly)",
               lambda v: _text(v, None, "text"), {"type": "string", "maxLength": _MAX_TEXT}),
     ParamType("ip", "an IPv4 or IPv6 address", _ip, {"type": "string"}),
+    ParamType("xid", "an NVIDIA Xid code (1..999), e.g. 79 (GPU fallen off the bus)",
+              lambda v: _integer(v, 1, 999, "Xid code"), {"type": "integer", "minimum": 1, "maximum": 999}),
+    ParamType("nccl_op", "an NCCL collective (AllReduce, AllGather, ReduceScatter, Broadcast, Reduce, AllToAll, "
+              "Send, Recv)", _choice(NCCL_OPS, "an NCCL collective"),
+              {"type": "string", "enum": sorted(set(NCCL_OPS.values()))}, choices=tuple(sorted(set(NCCL_OPS.values())))),
+    ParamType("trace_id", "a trace id (16 or 32 hex digits)",
+              lambda v: _text(v, _TRACE_ID, "a trace id (16-32 hex digits)", lower=True),
+              {"type": "string", "pattern": f"^{_TRACE_ID.pattern}$"}),
     ParamType("threshold", "a robust z-score threshold (1..50): |lag - median| / (1.4826 x MAD)", _threshold,
               {"type": "number", "minimum": 1, "maximum": 50}, render="bare"),
 )}

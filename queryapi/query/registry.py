@@ -45,6 +45,10 @@ class ParamSpec(BaseModel):
     label: str | None = None          # label name for {{ match }}; default: parameter name
     label_from: str | None = None     # label name comes from this (device_field) parameter
     nl_from: list[str] = []           # extracted slots (besides its own name) that can fill it
+    # An absent optional {{ match }}: "present" keeps series that have the label (label!=""),
+    # "any" keeps every series, also those without it (a Prometheus whose targets carry no
+    # cluster label still answers).
+    absent: Literal["present", "any"] = "present"
 
     @model_validator(mode="after")
     def _known_type(self) -> "ParamSpec":
@@ -170,7 +174,7 @@ class Registry:
             if pspec.label_from:
                 label = values.get(pspec.label_from) or label
             if value is None:
-                return f'{label}!=""'
+                return f'{label}=~".*"' if pspec.absent == "any" else f'{label}!=""'
             # Label values are strings in PromQL whatever the parameter's type (gpu="3").
             return f"{label}={promql_string(str(value))}"
 

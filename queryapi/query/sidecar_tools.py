@@ -34,7 +34,8 @@ def slo_violations(state, params: dict[str, Any], caller) -> list[dict[str, Any]
 @tool_handler("correlations")
 def correlations(state, params: dict[str, Any], caller) -> list[dict[str, Any]]:
     """Network anomalies matched to slow spans (the sidecar's correlator), per device."""
-    found = state.storage.correlations(since_ms=_since_ms("1d"), limit=5000)
+    trace = params.get("trace")
+    found = state.storage.correlations(trace_id=trace, since_ms=None if trace else _since_ms("1d"), limit=5000)
     service = params.get("service")
     per_device: dict[str, dict[str, Any]] = defaultdict(lambda: {"value": 0, "kinds": set(), "traces": set()})
     for row in found:
