@@ -53,6 +53,7 @@ def score(items: list[dict], vocabulary: Vocabulary, interpreter: Interpreter, s
     answerable = [item for item in items if not item.get("abstain")]
     right_query = right_params = abstained_right = abstained_wrong = 0
     latencies = []
+    bands: dict[float, list[bool]] = {}      # confidence band -> was the decision right
     previous = None
     for turn, item in enumerate(items):
         if not session or turn % SESSION_TURNS == 0:
@@ -63,7 +64,9 @@ def score(items: list[dict], vocabulary: Vocabulary, interpreter: Interpreter, s
         if session and match.query_name:
             previous = {"query_name": match.query_name, "params": match.params}
         got = (match.query_name, match.params)
+        band = bands.setdefault(min(0.9, int(match.confidence * 5) / 5), [])
         if item.get("abstain"):
+            band.append(match.query_name is None)
             if match.query_name is None:
                 abstained_right += 1
             elif misses is not None:
@@ -74,6 +77,8 @@ def score(items: list[dict], vocabulary: Vocabulary, interpreter: Interpreter, s
         expected = (item["query"], registry.validate(item["query"], item.get("params") or {}))
         right_query += got[0] == expected[0]
         right_params += got == expected
+        # An abstention on an answerable question is wrong; an answer is right when exact.
+        band.append(got == expected)
         if got != expected and misses is not None:
             misses.append((item["q"], expected, got))
     no_answer = len(items) - len(answerable)
@@ -83,7 +88,11 @@ def score(items: list[dict], vocabulary: Vocabulary, interpreter: Interpreter, s
             "right query and parameters": right_params / len(answerable),
             "abstained": abstained_right / no_answer if no_answer else 1.0,
             "abstention precision": abstained_right / abstentions if abstentions else 1.0,
-            "p50_ms": statistics.median(latencies), "p99_ms": _p99(latencies)}
+            "p50_ms": statistics.median(latencies), "p99_ms": _p99(latencies),
+            # Calibration: per confidence band (0-0.2, ..., 0.8-1), questions and the share the
+            # layer got right (answered exactly above the floor, abstained rightly below it).
+            "calibration": {f"{low:.1f}-{low + 0.2:.1f}": (len(hits), sum(hits) / len(hits))
+                            for low, hits in sorted(bands.items())}}
 
 
 def evaluate(part: str, path: Path = OPERATORS, verbose: bool = False) -> dict[str, dict]:
@@ -133,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{result['right query and parameters']:.1%}, abstained {result['abstained']:.1%} "
                   f"(precision {result['abstention precision']:.1%}), p50 {result['p50_ms']:.2f} ms, "
                   f"p99 {result['p99_ms']:.2f} ms")
+            print("         confidence bands (questions, share decided right): " + ", ".join(
+                f"{band} {n} {share:.0%}" for band, (n, share) in result["calibration"].items()))
             if part == "heldout":
                 ok &= all(result[key] >= target for key, target in TARGETS.items() if key != "p99_ms")
                 ok &= result["p99_ms"] <= TARGETS["p99_ms"]

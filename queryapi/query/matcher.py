@@ -34,12 +34,12 @@ MISSING_PENALTY = 1.0    # per required parameter with no value
 # Confidence = logistic(SLOPE x (score - MIN_SCORE) - UNKNOWN_WEIGHT x unknown words
 # - ACTION_WEIGHT x action verbs); answered when >= CONFIDENCE_FLOOR (fitted on dev).
 SLOPE = 1.5
-UNKNOWN_WEIGHT = 1.5
+UNKNOWN_WEIGHT = 3.0
 ACTION_WEIGHT = 4.0
 CONFIDENCE_FLOOR = 0.5
 # Slots that say something about the question (a window or limit fits almost any query).
 _SPECIFIC = {"host", "device", "gpu", "comm", "ip", "service", "quantile", "severity", "rank", "field", "xid", "op",
-             "cluster", "trace", "threshold", "state"}
+             "cluster", "trace", "threshold", "state", "failure_type"}
 # Words of the fabric's world that name no query by themselves: never "unknown".
 _DOMAIN = frozenset("""
 network networks nccl comm comms communicator communicators threshold request requests collective collectives
@@ -53,12 +53,12 @@ see seen saw moment everyone everybody one went going gone making make made wide
 lowest noisiest overnight unusual weird odd strange bad good looks look looking seem seems seeing happening
 anything something nothing thing things currently right tell please much lot lots really just still ever
 whole across per since morning evening night yet already again okay ok hey folks guys team quick quickly
-statistically abnormal anywhere somewhere line lines up bunch whats wanna need want know let lets kind sort
+anywhere somewhere line lines up bunch whats wanna need want know let lets kind sort
 getting got meeting meet blowing burning holding keep keeps kept giving give shows showing mean means
 """.split())
 # The layer only reads: a question asking for an action has no registered answer.
 _ACTIONS = frozenset("""
-restart reboot drain cordon uncordon kill delete remove create open close file fix repair reset shutdown
+restart reboot drain cordon uncordon kill delete remove create close file fix repair reset shutdown
 disable enable replace reseat submit cancel deploy upgrade install write compose reimage power-cycle
 """.split())
 _FOLLOW_UP = re.compile(r"^\s*(?:and|also|what about|how about|same for|now|then|ok(?:ay)?|and what about)\b"
@@ -107,16 +107,40 @@ class Matcher:
         self.vocabulary = sorted({word for q in registry.queries.values() for term in q.terms
                                   for word in term.split()})
         self._vocab_set = set(self.vocabulary)
+        self._stems: dict[str, list[str]] = {}
+        for word in self.vocabulary:
+            if len(word) >= 4 and word.isalpha():
+                self._stems.setdefault(word[:4], []).append(word)
         self._correct = lru_cache(maxsize=4096)(self._correct_word)
 
     def _correct_word(self, word: str) -> str:
+        """A typo of a catalog word ("slowets"), or a form of one ("laggards" of "lagging",
+        "retransmitting" of "retransmit"), as that word; any other word as it is."""
         if word in self._vocab_set or word in _PLAIN or len(word) < 5 or not word.isalpha():
             return word
-        close = difflib.get_close_matches(word, self.vocabulary, n=1, cutoff=0.8)
-        return close[0] if close else word
+        # A typo keeps its first letter and about its length ("hnags"), so "using" is not
+        # read as "causing" nor "burning" as "bouncing".
+        close = [c for c in difflib.get_close_matches(word, self.vocabulary, n=3, cutoff=0.8)
+                 if c[0] == word[0] and abs(len(c) - len(word)) <= 1]
+        if close:
+            return close[0]
+        return self._form_of(word) or word
+
+    def _form_of(self, word: str) -> str | None:
+        """The catalog word sharing the longest stem with `word`: at least 4 letters and
+        3/4 of the shorter word ("laggards" -> "lagging", "retransmissions" -> "retransmits")."""
+        best, best_len = None, 0
+        for term in self._stems.get(word[:4], ()):
+            shared = len(_common_prefix(word, term))
+            if shared >= len(word.rstrip("s")) and len(term) >= shared + 3:
+                continue     # a whole word inside a longer one ("times" in "timeline") is another word
+            if shared >= 4 and shared >= 0.75 * min(len(word), len(term)) and shared > best_len:
+                best, best_len = term, shared
+        return best
 
     def normalise(self, message: str) -> tuple[str, set[str]]:
-        words = [self._correct(w) for w in _WORD.findall(message.lower())]
+        lowered = _CONTRACTION.sub(lambda m: _CONTRACTIONS[m.group(1)], message.lower())
+        words = [self._correct(w) for w in _WORD.findall(lowered)]
         return " " + " ".join(words) + " ", set(words)
 
     def term_score(self, spec: QuerySpec, text: str, words: set[str]) -> float:
@@ -226,6 +250,17 @@ class Matcher:
         else:
             final = good
         return Match(spec.name, final, score, missing, invalid, alternatives=alternatives)
+
+
+_CONTRACTIONS = {"n't": " not", "'s": " is", "'re": " are", "'ve": " have", "'ll": " will", "'d": " would"}
+_CONTRACTION = re.compile(r"(n't|'s|'re|'ve|'ll|'d)\b")
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
 
 
 def _words(text: str) -> list[str]:
