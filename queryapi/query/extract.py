@@ -42,8 +42,9 @@ COMM = re.compile(r"\b[0-9a-f]{16}\b", re.I)
 TRACE = re.compile(r"\btraces?(?:[ _-]?id)?\s*[:#=]?\s*(?P<t>[0-9a-f]{16}(?:[0-9a-f]{16})?)\b", re.I)
 THRESHOLD = re.compile(r"\bthreshold\s*(?:of|=|at)?\s*(?P<n>[0-9]{1,2}(?:\.[0-9]+)?)\b", re.I)
 XID = re.compile(r"\bxids?\s*(?:#|code|no\.?)?\s*(?P<n>[0-9]{1,3})\b", re.I)
-NCCL_OP = re.compile(r"\b(?P<op>all[-_ ]?reduce|all[-_ ]?gather|reduce[-_ ]?scatter|broadcast|all[-_ ]?to[-_ ]?all)\b",
-                     re.I)
+# Send/Recv only after "in" ("stuck in send"): "send me the list" names no collective.
+NCCL_OP = re.compile(r"\b(?P<op>all[-_ ]?reduce|all[-_ ]?gather|reduce[-_ ]?scatter|broadcast|all[-_ ]?to[-_ ]?all)\b"
+                     r"|\bin\s+(?P<p2p>send|recv)\b", re.I)
 JOB = re.compile(r"\bjobs?\s*(?:id\s*)?[:#=]?\s*(?P<j>[A-Za-z0-9][\w.:/-]*[A-Za-z0-9]|[0-9])", re.I)
 GPU = re.compile(r"\bgpus?\s*(?:#|no\.?|number|index)?\s*(?P<n>[0-9]{1,3})\b", re.I)
 RANK = re.compile(r"\brank\s*(?:#|no\.?|number)?\s*(?P<n>[0-9]{1,7})\b", re.I)
@@ -55,7 +56,7 @@ LIMIT = re.compile(rf"\b(?:{_LIMIT_WORDS})\s+(?P<n>{_LIMIT_COUNT})\b"
 SEVERITY = re.compile(r"\b(?P<s>critical|warning|warnings|info|fatal|non[-_ ]?fatal|paging|page)\b", re.I)
 SERVICE_AFTER = re.compile(r"\bservices?\s+(?:named\s+|called\s+)?[\"']?(?P<n>[A-Za-z0-9][\w.:/-]*)", re.I)
 SERVICE_BEFORE = re.compile(r"(?P<n>[A-Za-z0-9][\w.:/-]*)\s+service\b", re.I)
-STATE = re.compile(r"\b(?P<s>down|init|armed|active|(?:not|isn't|aren't|non)[- ]active|inactive)\b", re.I)
+STATE = re.compile(r"\b(?P<s>down|init|armed|active|(?:not|isn't|aren't|non)[- ]active|inactive|offline)\b", re.I)
 # Whole words only: "pdu-a1" and "rack-su0-0" are device names, not failure types.
 FAILURE = re.compile(r"(?<![\w-])(?:(?P<power>power|pdu)|(?P<rack>rack)|(?P<switch>switch))(?![\w-])", re.I)
 # "role compute", "firmware is 28.39.1002": a firmware value has digits ("firmware versions" has none).
@@ -227,9 +228,10 @@ def extract(message: str, vocabulary: Vocabulary | None = None) -> Extraction:
         found.put("severity", {"warnings": "warning", "paging": "page", "nonfatal": "non_fatal"}.get(word, word), match)
     for match in STATE.finditer(masked):
         state = match.group("s").lower()
-        found.put("state", "down" if ("active" in state and state != "active") else state, match)
+        found.put("state", "down" if (("active" in state and state != "active") or state == "offline") else state,
+                  match)
     for match in NCCL_OP.finditer(masked):
-        found.put("op", re.sub(r"[-_ ]", "", match.group("op")).lower(), match)
+        found.put("op", re.sub(r"[-_ ]", "", match.group("op") or match.group("p2p")).lower(), match)
     for match in FAILURE.finditer(masked):
         found.put("failure_type", f"{match.lastgroup}_failure", match)
     for match in FIELD_VALUE.finditer(masked):

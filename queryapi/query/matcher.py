@@ -46,6 +46,7 @@ network networks nccl comm comms communicator communicators threshold request re
 job jobs gpu gpus rank ranks port ports link links device devices switch switches error errors rate rates count
 counts event events cluster clusters fleet value values metric metrics calls threads thread node nodes
 training train pod pods service services host hosts box boxes server servers card cards adapter adapters
+pretraining finetuning inference step steps time level regressed regression spans span latency
 """.split())
 # Generic English that carries no topic.
 _FILLER = frozenset("""
