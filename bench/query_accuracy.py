@@ -14,7 +14,9 @@ precision: of all abstentions, how many were right to), and the per-question lat
 The older set bench/query_eval.yaml (tuned on, follow-ups) is reported as a regression
 figure only.
 
-    python bench/query_accuracy.py [--verbose] [--part dev|heldout]
+    python bench/query_accuracy.py [--verbose] [--part dev|heldout] [--write-docs docs/query.md]
+
+--write-docs puts the table of this run between the markers of docs/query.md.
 """
 from __future__ import annotations
 
@@ -127,16 +129,40 @@ def evaluate_tuned(path: Path = TUNED) -> dict:
     return {"questions": total, "correct": correct, "accuracy": correct / total}
 
 
+BEGIN, END = "<!-- query-accuracy:begin -->", "<!-- query-accuracy:end -->"
+
+
+def docs_table(results: dict[str, dict[str, dict]], frozen: dict[str, str]) -> str:
+    rows = ["| part | endpoint | answerable / no answer | right query | right query and parameters | abstained "
+            "(precision) | p50 / p99 (interpretation) |", "|---|---|---|---|---|---|---|"]
+    for part, by_endpoint in results.items():
+        for endpoint, r in by_endpoint.items():
+            rows.append(f"| {part} (frozen {frozen[part]}) | {endpoint} | {r['answerable']} / {r['no_answer']} | "
+                        f"{r['right query']:.1%} | {r['right query and parameters']:.1%} | {r['abstained']:.1%} "
+                        f"({r['abstention precision']:.1%}) | {r['p50_ms']:.2f} / {r['p99_ms']:.2f} ms |")
+    return "\n".join(rows)
+
+
+def write_docs(doc: Path, table: str) -> None:
+    text = doc.read_text()
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    doc.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--verbose", action="store_true", help="print every miss")
     parser.add_argument("--part", choices=("dev", "heldout"), action="append", help="default: both")
+    parser.add_argument("--write-docs", type=Path, help="write the table into this document's markers")
     args = parser.parse_args(argv)
     evaluate("dev")     # warm-up: compiled patterns and typo caches are per process, as in the sidecar
     frozen = yaml.safe_load(OPERATORS.read_text())["frozen"]
     ok = True
+    results: dict[str, dict[str, dict]] = {}
     for part in args.part or ("dev", "heldout"):
-        for endpoint, result in evaluate(part, verbose=args.verbose).items():
+        results[part] = evaluate(part, verbose=args.verbose)
+        for endpoint, result in results[part].items():
             print(f"{part:8s} {endpoint:12s} ({result['answerable']} answerable, {result['no_answer']} with no answer; "
                   f"frozen {frozen[part]}): right query {result['right query']:.1%}, right query and parameters "
                   f"{result['right query and parameters']:.1%}, abstained {result['abstained']:.1%} "
@@ -147,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             if part == "heldout":
                 ok &= all(result[key] >= target for key, target in TARGETS.items() if key != "p99_ms")
                 ok &= result["p99_ms"] <= TARGETS["p99_ms"]
+    if args.write_docs:
+        write_docs(args.write_docs, docs_table(results, frozen))
     tuned = evaluate_tuned()
     print(f"regression (bench/query_eval.yaml, tuned on): {tuned['correct']}/{tuned['questions']} "
           f"= {tuned['accuracy']:.1%}")

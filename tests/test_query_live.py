@@ -55,7 +55,12 @@ def _series(expr: str, **labels: str) -> str:
     return expr
 
 
-def synthetic_rules() -> dict:
+# The demo job under the id a scheduler gives it (the demo exports no job_id): the NL layer
+# must resolve "job 777" to the demo's communicator from Prometheus alone.
+JOB_ID = "slurm:777"
+
+
+def synthetic_rules(demo_comm: str) -> dict:
     common = {"cluster": "synthetic", "comm": SYNTHETIC_COMM}
     lags = " or ".join(_series(f"vector({lag})", rank=str(rank), node=f"syn-{rank // 2}", **common)
                        for rank, lag in SYNTHETIC_LAGS.items())
@@ -63,7 +68,9 @@ def synthetic_rules() -> dict:
                         for rank in SYNTHETIC_LAGS)
     return {"groups": [{"name": "query-test-synthetic", "interval": "1s", "rules": [
         {"record": "comm_rank:fabric_nccl_arrival_lag_seconds:mean5m", "expr": lags},
-        {"record": "comm_rank:fabric_nccl_collectives:rate1m", "expr": rates}]}]}
+        {"record": "comm_rank:fabric_nccl_collectives:rate1m", "expr": rates},
+        {"record": "fabric_nccl_rank_info", "expr": _series("vector(1)", comm=demo_comm, rank="0", job_id=JOB_ID,
+                                                             cluster="synthetic")}]}]}
 
 
 class Live:
@@ -94,7 +101,7 @@ def live(tmp_path_factory):
     scenario = scenario_mod.load_scenario(SCENARIO)
     with cluster_mod.DemoCluster(scenario, work / "cluster") as cluster:
         targets = write_targets_file(work / "targets.json", cluster.targets, CLUSTER)
-        synthetic = stack.write_yaml(work / "synthetic-rules.yml", synthetic_rules())
+        synthetic = stack.write_yaml(work / "synthetic-rules.yml", synthetic_rules(job_comm(cluster.engine.cluster)))
         config = stack.prometheus_config(CLUSTER, targets, "127.0.0.1:1", [*stack.rule_files(), synthetic],
                                          scrape_interval="1s", evaluation_interval="1s")
         with procs.prometheus(config, work / "prom") as prom:
@@ -432,3 +439,31 @@ def test_cli_against_the_sidecar_and_directly_against_prometheus(live):
     assert "(no results)" in follow_up.stdout
     no_key = _cli("which links are down?", env={**env, "FABRICSCOPE_API_KEY": ""})
     assert no_key.returncode == 2 and "API key" in no_key.stderr
+
+
+def test_nl_resolves_entities_from_the_live_cluster_and_abstains_when_nothing_fits(live):
+    """Names come from what the cluster knows: a job id from Prometheus (to its
+    communicator), a service from the span store, a rack from the topology; a question no
+    registered query answers runs nothing and names the nearest queries."""
+    def ask(message):
+        return live.call("GET", "/ai/query/parameters", params={"message": message}).json()
+
+    # The vocabulary is cached for a minute: wait for one that has seen the job's series.
+    job = procs.wait_for(lambda: (lambda a: a if a["params"].get("comm") else None)(
+        ask("which ranks are hanging in job 777")), 75, "the job id in the NL vocabulary")
+    assert (job["query_name"], job["params"]) == ("nccl_hanging_ranks", {"comm": live.comm})
+    racks = sorted({d["rack"] for d in live.call("GET", "/graph/chaos-devices").json()["devices"] if d["rack"]})
+    assert racks
+    blast = ask(f"what if {racks[0]} fails")
+    assert (blast["query_name"], blast["params"]) == ("blast_radius_device",
+                                                      {"device": racks[0], "failure_type": "rack_failure"})
+    # "search" is a service only because spans of it were stored (test_slo_and_correlation_...).
+    service = procs.wait_for(lambda: (lambda a: a if a["params"].get("service") else None)(
+        ask("is search meeting its latency objective")), 75, "the span store's services in the NL vocabulary")
+    assert (service["query_name"], service["params"]["service"]) == ("slo_violations", "search")
+    abstained = live.call("POST", "/ai/query/conversation", json={"message": "GPU temperature on gpu-node-0"}).json()
+    assert abstained["query_name"] is None and abstained["abstained"] and "results" not in abstained
+    assert "can't answer" in abstained["answer"] and "temperature" in abstained["unexplained"]
+    unknown = live.call("POST", "/ai/query/conversation", json={"message": "what is connected to leaf-su0-r99"})
+    assert unknown.status_code == 422, unknown.text
+    assert unknown.json()["error"]["detail"]["choices"]

@@ -18,6 +18,10 @@ from .tools import ToolError, classify
 
 log = logging.getLogger("fabricscope.queryapi.query")
 VOCABULARY_TTL = 60.0
+SERVICES_WINDOW = 6 * 3600
+# One communicator per job id (a job's ranks share their world communicator; the first
+# seen stands for the job when it has sub-communicators).
+JOBS_PROMQL = 'max by (job_id, comm) (fabric_nccl_rank_info{job_id!=""})'
 MAX_MESSAGE = 2000
 
 
@@ -47,21 +51,37 @@ class QueryService:
 
     # -- names Prometheus knows --------------------------------------------------------
     def vocabulary(self, state, caller: executor.Caller | None = None) -> Vocabulary:
-        """Host and device names Prometheus knows (`node`, `device` label values), plus the
-        chaos topology's device names (switches, PDUs, racks) when the sidecar has one."""
+        """What the live cluster knows, refreshed every VOCABULARY_TTL seconds: hosts,
+        devices, clusters and jobs (with their communicator) from Prometheus label values;
+        devices, racks and PDUs from the chaos topology when the sidecar has one; services
+        from the spans received in the last SERVICES_WINDOW. A source that fails leaves its
+        kind empty; the others still resolve."""
         with self._lock:
             if self._vocabulary and time.monotonic() - self._vocabulary[0] < VOCABULARY_TTL:
                 return self._vocabulary[1]
+        names: dict[str, Any] = {"hosts": [], "devices": [], "clusters": [], "jobs": {}, "racks": [], "pdus": [],
+                                 "services": []}
         try:
-            hosts = state.prom.label_values("node")
-            devices = state.prom.label_values("device")
-        except Exception as exc:  # Prometheus down: patterns still work, names are not recognised
-            log.warning("cannot read host/device names from Prometheus: %s", exc)
-            return Vocabulary()
+            names["hosts"] = state.prom.label_values("node")
+            names["devices"] = state.prom.label_values("device")
+            names["clusters"] = state.prom.label_values("cluster")
+            for sample in state.prom.query(JOBS_PROMQL, timeout=state.config.prometheus_timeout_seconds):
+                if sample.labels.get("job_id") and sample.labels.get("comm"):
+                    names["jobs"].setdefault(sample.labels["job_id"], sample.labels["comm"])
+        except Exception as exc:  # Prometheus down: patterns still work, its names are not recognised
+            log.warning("cannot read names from Prometheus: %s", exc)
         chaos = caller.app.extensions.get(CHAOS_EXTENSION) if caller is not None and caller.app is not None else None
         if chaos is not None:
-            devices = [*devices, *chaos.topology.engine().topology.graph.nodes]
-        vocabulary = Vocabulary(hosts, devices)
+            topology = chaos.topology.engine().topology
+            names["devices"] = [*names["devices"], *topology.graph.nodes]
+            names["racks"] = list(topology.racks)
+            names["pdus"] = [n for n, kind in topology.graph.nodes(data="kind") if kind == "pdu"]
+        try:
+            names["services"] = state.storage.recent_services(int((time.time() - SERVICES_WINDOW) * 1000))
+        except Exception as exc:
+            log.warning("cannot read service names from the span store: %s", exc)
+        vocabulary = Vocabulary(names["hosts"], names["devices"], racks=names["racks"], pdus=names["pdus"],
+                                services=names["services"], clusters=names["clusters"], jobs=names["jobs"])
         with self._lock:
             self._vocabulary = (time.monotonic(), vocabulary)
         return vocabulary
@@ -95,8 +115,12 @@ class QueryService:
         body = interpretation.to_dict()
         match = interpretation.match
         if match.query_name is None:
-            body["answer"] = ("No registered query matches that question. GET /ai/query/catalog lists what "
-                              "can be asked.")
+            nearest = "; ".join(f"{a['query_name']} ({a['description']})" for a in match.alternatives
+                                if a.get("description"))
+            unexplained = f" (nothing registered measures: {', '.join(match.unexplained)})" if match.unexplained else ""
+            body["answer"] = (f"I can't answer that with a registered query{unexplained}, so nothing was run. "
+                              + (f"Nearest: {nearest}. " if nearest else "")
+                              + "GET /ai/query/catalog lists what can be asked.")
         elif match.missing:
             body["answer"] = f"Query {match.query_name} needs: {', '.join(match.missing)}."
         return body

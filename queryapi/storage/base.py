@@ -76,6 +76,9 @@ class Storage:
         """Violating spans newest first (end_ms, then pk, descending); `before` = (end_ms, pk)
         of the last span of the previous page."""
         raise NotImplementedError
+    def recent_services(self, since_ms: int, limit: int = 1000) -> list[str]:
+        """Service names of the spans received since `since_ms` (the NL layer's vocabulary)."""
+        raise NotImplementedError
     def claim_pending_violations(self, limit: int, lease_ms: int = 60_000) -> list[dict]: raise NotImplementedError
     def save_correlations(self, done_span_pks: list[int], correlations: list[Correlation]) -> None:
         raise NotImplementedError

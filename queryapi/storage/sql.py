@@ -129,6 +129,12 @@ class SqlStorage(Storage):
                                "ORDER BY end_ms DESC, pk DESC LIMIT ?", (*params, limit))
             return self._span_dicts(self._rows(cur, SPAN_COLUMNS))
 
+    def recent_services(self, since_ms, limit=1000):
+        # Through the received_ms index: a window of spans, not the whole table.
+        with self._transaction(write=False) as cur:
+            self._execute(cur, "SELECT DISTINCT service FROM spans WHERE received_ms >= ? LIMIT ?", (since_ms, limit))
+            return sorted(row[0] for row in cur.fetchall())
+
     def claim_pending_violations(self, limit, lease_ms=60_000):
         now = now_ms()
         # A claim is a lease: a replica that dies mid-correlation leaves work that another
