@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from fabricscope import yamlsafe
 from fabricscope.exporter.parsers.files import read_file_bytes
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -125,7 +126,7 @@ def read_inventory_file(path: str | Path) -> Inventory:
     except UnicodeDecodeError as exc:
         raise InventoryError(str(path), "", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
-        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        raw = json.loads(text) if path.suffix == ".json" else yamlsafe.load(text)
     except json.JSONDecodeError as exc:
         raise InventoryError(str(path), f"line {exc.lineno} column {exc.colno}", f"invalid JSON: {exc.msg}") from None
     except yaml.YAMLError as exc:

@@ -94,8 +94,10 @@ def load_yaml(path: str | Path) -> Any:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    from fabricscope import yamlsafe
+
     try:
-        return yaml.safe_load(text)
+        return yamlsafe.load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""

@@ -49,6 +49,11 @@ MAX_MESSAGE = 1024
 ErrorBody = Callable[[int, str], tuple[str, bytes]]
 
 
+def capped(message: str) -> str:
+    """An error message cut to MAX_MESSAGE characters."""
+    return message if len(message) <= MAX_MESSAGE else message[:MAX_MESSAGE] + "..."
+
+
 def plain_error_body(status: int, message: str) -> tuple[str, bytes]:
     return "text/plain; charset=utf-8", f"{message}\n".encode()
 
@@ -243,9 +248,7 @@ class Connection:
 
     async def _refuse(self, status: int, message: str) -> None:
         """Answer with an error and close, reading what the client still sends for a moment."""
-        if len(message) > MAX_MESSAGE:
-            message = message[:MAX_MESSAGE] + "..."
-        content_type, body = self.server.error_body(status, message)
+        content_type, body = self.server.error_body(status, capped(message))
         head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: {content_type}\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n")
         if status == 503:

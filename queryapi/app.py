@@ -107,7 +107,7 @@ def _install_pipeline(app: APIFlask, state: Sidecar) -> None:
             limit = key.rate_limit or state.config.rate_limit
             allowed, retry_after = state.limiter.allow(key.id, limit.per_second, limit.burst)
             if not allowed:
-                state.metrics.rate_limited.labels(key.id).inc()
+                state.metrics.rate_limited.inc()
                 raise ApiError(429, f"rate limit of {limit.per_second:g}/s (burst {limit.burst}) exceeded "
                                     f"for key {key.id!r}", code="rate_limited",
                                headers={"Retry-After": str(max(1, round(retry_after)))})
@@ -178,7 +178,7 @@ def _install_error_mappings(app: APIFlask) -> None:
     @app.errorhandler(PrometheusError)
     def _prometheus(exc: PrometheusError):
         status = 504 if exc.reason == "timeout" else 502 if exc.reason in ("bad_response", "query_error") else 503
-        error = ApiError(status, str(exc), code=f"prometheus_{exc.reason}")
+        error = ApiError(status, exc.public_message, code=f"prometheus_{exc.reason}")
         return errors.error_body(error), status
 
     @app.errorhandler(StorageError)

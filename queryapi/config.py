@@ -60,6 +60,10 @@ class SidecarConfig(BaseModel):
     correlation_interval_seconds: float = Field(1.0, gt=0)
     # Spans may end at most this far past the sidecar's clock (clock skew between hosts).
     span_max_future_skew_seconds: float = Field(300.0, ge=0)
+    # Spans one key may ingest (both formats together): a sustained rate and a burst,
+    # at least one full batch (10,000 spans).
+    spans_per_second: float = Field(20_000.0, gt=0)
+    span_burst: int = Field(50_000, ge=10_000)
     # Chaos simulations (chaos_api.py): the inventory file (YAML/JSON, docs/chaos.md); how
     # often the live metrics are merged over it (0: inventory only); the per-key budget.
     chaos_topology: Path | None = None

@@ -13,6 +13,8 @@ from typing import Any
 
 from apiflask import HTTPError
 
+from fabricscope.httpconnection import capped
+
 # Default code per status when the raiser gives none.
 DEFAULT_CODES = {
     400: "bad_request",
@@ -45,7 +47,8 @@ class ApiError(HTTPError):
 def error_body(error: HTTPError) -> dict[str, Any]:
     code = (error.extra_data or {}).get("code") or DEFAULT_CODES.get(error.status_code, "error")
     detail = error.detail
-    return {"error": {"code": code, "message": error.message, "detail": detail or {}}}
+    # Capped: a message that quotes a client's value never sends a whole one back.
+    return {"error": {"code": code, "message": capped(str(error.message)), "detail": detail or {}}}
 
 
 def server_error_body(status: int, message: str) -> tuple[str, bytes]:

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fabricscope.atomicfile import write_atomically
 from fabricscope.exporter.schema import ConfigError, load_yaml
+from fabricscope.httpconnection import capped
 
 from .config import RateLimit, format_validation_error
 
@@ -140,7 +141,7 @@ class KeyStore:
                 keys = parse_key_file(self.path)
             except KeyFileError as exc:
                 self.reload_failures += 1
-                log.error("keeping the previous API keys: %s", exc)
+                log.error("keeping the previous API keys: %s", capped(str(exc)))
                 self._snapshot = _Snapshot(signature, self._snapshot.keys)
                 return
             log.info("API key file reloaded: %d key(s)", len(keys))

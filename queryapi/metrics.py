@@ -19,8 +19,9 @@ class SidecarMetrics:
         self.request_seconds = Histogram("fabric_sidecar_request_duration_seconds",
                                          "Time to answer a request, by endpoint.", ["endpoint"], registry=r,
                                          buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10))
-        self.rate_limited = Counter("fabric_sidecar_rate_limited_total", "Requests refused with 429, by key.",
-                                    ["key_id"], registry=r)
+        # No key id label: /metrics is open, and key ids are for the audit log.
+        self.rate_limited = Counter("fabric_sidecar_rate_limited_total", "Requests refused with 429 for a key's "
+                                    "request rate.", registry=r)
         self.spans_received = Counter("fabric_sidecar_spans_received_total",
                                       "Spans accepted and stored, by ingest format.", ["format"], registry=r)
         self.spans_rejected = Counter("fabric_sidecar_spans_rejected_total",

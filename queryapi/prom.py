@@ -16,9 +16,13 @@ import requests
 
 
 class PrometheusError(Exception):
-    def __init__(self, reason: str, message: str) -> None:
+    """`str()` names the Prometheus URL, for logs and the command line; `public_message`
+    does not, for answers to API clients (the URL is an internal address)."""
+
+    def __init__(self, reason: str, message: str, public_message: str | None = None) -> None:
         super().__init__(message)
         self.reason = reason
+        self.public_message = public_message or message
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,7 @@ class PrometheusClient:
     def _fail(self, reason: str, message: str) -> PrometheusError:
         if self._metrics is not None:
             self._metrics.prometheus_errors.labels(reason).inc()
-        return PrometheusError(reason, message)
+        return PrometheusError(reason, message, message.replace(f" at {self.base_url}", ""))
 
     def _call(self, path: str, params: dict[str, Any] | list[tuple[str, Any]], method: str = "POST") -> Any:
         url = self.base_url + path

@@ -20,8 +20,8 @@ class RateLimiter:
         self._lock = threading.Lock()
         self._clock = clock
 
-    def allow(self, key: str, per_second: float, burst: int) -> tuple[bool, float]:
-        """(allowed, seconds until one token is available)."""
+    def allow(self, key: str, per_second: float, burst: int, cost: float = 1.0) -> tuple[bool, float]:
+        """(allowed, seconds until `cost` tokens are available); a refused call spends nothing."""
         now = self._clock()
         with self._lock:
             bucket = self._buckets.get(key)
@@ -29,7 +29,7 @@ class RateLimiter:
                 bucket = self._buckets[key] = _Bucket(float(burst), now)
             bucket.tokens = min(float(burst), bucket.tokens + (now - bucket.updated) * per_second)
             bucket.updated = now
-            if bucket.tokens >= 1.0:
-                bucket.tokens -= 1.0
+            if bucket.tokens >= cost:
+                bucket.tokens -= cost
                 return True, 0.0
-            return False, (1.0 - bucket.tokens) / per_second
+            return False, (cost - bucket.tokens) / per_second

@@ -102,6 +102,7 @@ def serve(app, config: SidecarConfig) -> int:
     status (2 when the port cannot be bound)."""
     from fabricscope.httpserver import HttpServer
 
+    from .bulkheads import make_route, pool_sizes
     from .errors import server_error_body
 
     state = app.extensions["fabricscope"]
@@ -110,6 +111,7 @@ def serve(app, config: SidecarConfig) -> int:
         server = HttpServer(app, config.host, config.port, name="sidecar", threads=config.threads,
                             timeout=config.client_timeout_seconds,
                             max_body_bytes=config.max_body_bytes, ssl_context=context,
+                            pools=pool_sizes(config.threads), route=make_route(app),
                             error_body=server_error_body).start()
     except (ConfigError, OSError) as exc:
         state.close()

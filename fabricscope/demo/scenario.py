@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from fabricscope import yamlsafe
+
 from .plugin import Fault
 
 # Faults the filesystem simulation applies itself (sysfs, procfs, kmsg).
@@ -234,7 +236,7 @@ def load_scenario(source: str | Path | dict) -> Scenario:
         except OSError as exc:
             raise ScenarioError(f"{origin}: cannot read scenario: {exc.strerror or exc}") from None
         try:
-            data = yaml.safe_load(text)
+            data = yamlsafe.load(text)
         except yaml.YAMLError as exc:
             raise ScenarioError(f"{origin}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):

@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
+from fabricscope import yamlsafe
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..promql import quote as promql_string
@@ -198,7 +198,7 @@ def _literal(type_name: str, value: Any) -> str:
 
 def load_registry(path: str | Path = REGISTRY_PATH) -> Registry:
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = yamlsafe.load(Path(path).read_text())
         return Registry([QuerySpec.model_validate(q) for q in data["queries"]])
     except ValidationError as exc:
         raise RegistryError(f"{path}: {exc}") from None

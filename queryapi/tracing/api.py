@@ -10,7 +10,7 @@ from flask import Response, request
 from pydantic import BaseModel, Field
 
 from .. import jsonbody
-from ..auth import require_scope
+from ..auth import current_key, require_scope
 from ..context import sidecar
 from ..docs import documented_body
 from ..errors import ApiError
@@ -56,6 +56,22 @@ def _store(rows: list[SpanRow], ingest_format: str) -> tuple[int, int]:
     return stored, violations
 
 
+def _spend_spans(count: int) -> None:
+    """429 when the key's span budget (spans_per_second, span_burst) has no room for
+    `count` more spans."""
+    state = sidecar()
+    key = current_key()
+    if key is None or not count:
+        return
+    config = state.config
+    allowed, retry_after = state.limiter.allow(f"spans:{key.id}", config.spans_per_second, config.span_burst, count)
+    if not allowed:
+        state.metrics.rate_limited.inc()
+        raise ApiError(429, f"span rate of {config.spans_per_second:g}/s (burst {config.span_burst}) exceeded for "
+                            f"this key; {count} spans did not fit", code="rate_limited",
+                       headers={"Retry-After": str(max(1, round(retry_after)))})
+
+
 def _body() -> bytes:
     """The request body, gunzipped when Content-Encoding says so (bounded: a small gzip
     must not inflate past the body limit)."""
@@ -93,6 +109,7 @@ def ingest_spans():
     if len(body["spans"]) > MAX_BATCH_SPANS:
         raise ApiError(422, f"a batch holds at most {MAX_BATCH_SPANS} spans, got {len(body['spans'])}",
                        code="batch_too_large")
+    _spend_spans(len(body["spans"]))
     state = sidecar()
     rows, rejected = validate_batch(body["spans"], state.config.slo_for, "seed",
                                     state.config.span_max_future_skew_seconds)
@@ -121,6 +138,12 @@ def otlp_traces():
         message = otlp.parse_json(body) if as_json else otlp.parse_protobuf(body)
     except otlp.OtlpError as exc:
         raise ApiError(400, str(exc), code="bad_otlp") from None
+    count = otlp.span_count(message)
+    # The seed format's cap, counted before a span is converted: 150,000 spans fit in
+    # 0.8 MB of gzip, and their conversion took gigabytes.
+    if count > MAX_BATCH_SPANS:
+        raise ApiError(422, f"a batch holds at most {MAX_BATCH_SPANS} spans, got {count}", code="batch_too_large")
+    _spend_spans(count)
     spans = list(otlp.seed_spans(message))
     state = sidecar()
     rows, rejected = validate_batch(spans, state.config.slo_for, "otlp",

@@ -84,6 +84,11 @@ def any_value(value: AnyValue) -> Any:
     return getattr(value, kind)
 
 
+def span_count(request: ExportTraceServiceRequest) -> int:
+    return sum(len(scope_spans.spans) for resource_spans in request.resource_spans
+               for scope_spans in resource_spans.scope_spans)
+
+
 def seed_spans(request: ExportTraceServiceRequest) -> Iterator[dict[str, Any]]:
     """Each span of the request as a seed-format dict, in request order."""
     for resource_spans in request.resource_spans:
