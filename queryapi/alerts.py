@@ -3,17 +3,31 @@
 Every alert of a notification is recorded, deduplicated by fingerprint and episode
 (startsAt): Alertmanager repeats an unresolved alert every repeat_interval, and those
 repeats update the row (status, endsAt, receive count) instead of adding rows. Chaos
-enrichment and dashboards read the records (GET /alerts)."""
+enrichment and dashboards read the records (GET /alerts).
+
+Notifications alone cannot keep the records true: an alert that resolves while it is
+inhibited or silenced sends no resolution, and one inhibited from its start is never
+sent. With `alertmanager_url` set, the records are reconciled with Alertmanager's own
+list (GET /api/v2/alerts) every `alertmanager_reconcile_seconds` and on
+POST /alerts/reconcile, so the firing records are exactly the alerts Alertmanager holds."""
 from __future__ import annotations
 
+import datetime as dt
+import logging
 import time
 from typing import Any
+
+import requests
 
 from apiflask import APIBlueprint
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .auth import require_scope
 from .context import sidecar
+from .errors import ApiError
+from .workers import PeriodicWorker
+
+log = logging.getLogger("fabricscope.sidecar.alerts")
 
 bp = APIBlueprint("alerts", __name__, tag="Alerts")
 
@@ -57,6 +71,70 @@ class WebhookOut(BaseModel):
 
 def setup(app, state) -> None:
     state.capabilities.add("alertmanager_webhook")
+    if state.config.alertmanager_url:
+        state.capabilities.add("alertmanager_reconcile")
+        state.workers.append(PeriodicWorker("alert-reconcile", state.config.alertmanager_reconcile_seconds,
+                                            lambda: reconcile(state)))
+
+
+class AlertmanagerUnavailable(Exception):
+    pass
+
+
+def alertmanager_alerts(url: str, timeout: float) -> list[dict]:
+    """Every alert Alertmanager holds: active, inhibited, silenced and not yet processed
+    (its API leaves resolved alerts out)."""
+    try:
+        response = requests.get(url + "/api/v2/alerts", timeout=timeout,
+                                params={"active": "true", "silenced": "true", "inhibited": "true",
+                                        "unprocessed": "true"})
+        response.raise_for_status()
+        alerts = response.json()
+    except (requests.RequestException, ValueError) as exc:
+        raise AlertmanagerUnavailable(f"GET {url}/api/v2/alerts: {exc}") from None
+    if not isinstance(alerts, list) or not all(
+            isinstance(a, dict) and isinstance(a.get("fingerprint"), str) and isinstance(a.get("startsAt"), str)
+            for a in alerts):
+        raise AlertmanagerUnavailable(f"GET {url}/api/v2/alerts: not a list of alerts")
+    return alerts
+
+
+def reconcile(state) -> dict[str, int]:
+    """One reconciliation; an unreachable Alertmanager changes nothing (an empty answer
+    from a healthy one resolves every record, as it should)."""
+    config = state.config
+    current = alertmanager_alerts(config.alertmanager_url, min(10.0, config.alertmanager_reconcile_seconds))
+    now = dt.datetime.now(dt.timezone.utc)
+    counts = state.storage.reconcile_alerts(current, now.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                                            int(now.timestamp() * 1000))
+    for action in ("resolved", "added"):
+        state.metrics.alerts_reconciled.labels(action).inc(counts[action])
+    if counts["resolved"] or counts["added"]:
+        log.info("alerts reconciled with Alertmanager: %(resolved)d resolved, %(added)d added, %(firing)d firing",
+                 counts)
+    return counts
+
+
+class ReconcileOut(BaseModel):
+    resolved: int = Field(description="firing records Alertmanager no longer holds, now resolved")
+    added: int = Field(description="alerts Alertmanager holds that no notification carried (inhibited or "
+                                   "silenced since they started), now recorded with receive_count 0")
+    firing: int = Field(description="firing records after the reconciliation")
+
+
+@bp.post("/alerts/reconcile")
+@require_scope("write")
+@bp.output(ReconcileOut)
+@bp.doc(summary="Reconcile the recorded alerts with Alertmanager's API now")
+def reconcile_now():
+    state = sidecar()
+    if not state.config.alertmanager_url:
+        raise ApiError(404, "no Alertmanager is configured: start the sidecar with --alertmanager-url",
+                       code="alertmanager_not_configured")
+    try:
+        return reconcile(state)
+    except AlertmanagerUnavailable as exc:
+        raise ApiError(502, str(exc), code="alertmanager_unavailable") from None
 
 
 @bp.post(WEBHOOK_PATH)

@@ -71,12 +71,20 @@ class SidecarConfig(BaseModel):
     chaos_simulations_per_minute: int = Field(5, ge=1)
     # Blast radii of critical alerts (a budget of their own, not any key's).
     chaos_alert_simulations_per_minute: int = Field(60, ge=1)
+    # Alertmanager's API (alerts.py): the recorded alerts are reconciled with its own
+    # every this many seconds, so an alert resolved while inhibited or silenced (no
+    # notification carries that resolution) is shown resolved. None: webhook only.
+    alertmanager_url: str | None = None
+    alertmanager_reconcile_seconds: float = Field(30.0, gt=0, le=3600)
 
-    @field_validator("prometheus_url")
+    @field_validator("prometheus_url", "alertmanager_url")
     @classmethod
-    def _http_url(cls, value: str) -> str:
+    def _http_url(cls, value: str | None, info) -> str | None:
+        if value is None:
+            return None
         if not re.match(r"^https?://[^/\s]+", value):
-            raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:19090")
+            example = "http://127.0.0.1:19093" if info.field_name == "alertmanager_url" else "http://127.0.0.1:19090"
+            raise ValueError(f"must be an http:// or https:// URL, e.g. {example}")
         return value.rstrip("/")
 
     @field_validator("gpu_hour_rates")

@@ -47,6 +47,9 @@ class SidecarMetrics:
                                           "SLO violations waiting to be correlated.", registry=r)
         self.alerts_received = Counter("fabric_sidecar_alerts_received_total",
                                        "Alertmanager webhook alerts recorded, by status.", ["status"], registry=r)
+        self.alerts_reconciled = Counter("fabric_sidecar_alerts_reconciled_total",
+                                         "Alert records changed to match Alertmanager's API (resolved: ended "
+                                         "unnotified; added: never notified).", ["action"], registry=r)
         self.prometheus_errors = Counter("fabric_sidecar_prometheus_errors_total",
                                          "Prometheus HTTP API calls that failed, by reason.", ["reason"], registry=r)
         self.key_reload_failures = Gauge("fabric_sidecar_key_file_reload_failures",

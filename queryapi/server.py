@@ -69,6 +69,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chaos-refresh-seconds", type=float, default=None,
                         help=f"merge live metrics over the inventory this often; 0: inventory only (default 60) "
                              f"{env('chaos_refresh_seconds')}")
+    parser.add_argument("--alertmanager-url", default=None,
+                        help="Alertmanager base URL: the recorded alerts are reconciled with its API, so one "
+                             f"resolved while inhibited is shown resolved (default: none) {env('alertmanager_url')}")
+    parser.add_argument("--alertmanager-reconcile-seconds", type=float, default=None,
+                        help=f"how often (default 30) {env('alertmanager_reconcile_seconds')}")
     parser.add_argument("--add-key", metavar="ID", default=None,
                         help="mint a new API key with --scopes into --keys-file, print it once, and exit")
     parser.add_argument("--scopes", default="read", help="scopes for --add-key: read, write, admin (comma-separated)")
@@ -80,7 +85,8 @@ def flags_from_args(args: argparse.Namespace) -> dict:
     flags = {name: getattr(args, name) for name in (
         "host", "port", "tls_cert", "tls_key", "insecure_no_tls", "keys_file", "prometheus_url",
         "prometheus_timeout_seconds", "database", "max_body_bytes", "retention_hours", "audit_log", "threads",
-        "client_timeout_seconds", "gpu_hour_rates", "chaos_topology", "chaos_refresh_seconds")}
+        "client_timeout_seconds", "gpu_hour_rates", "chaos_topology", "chaos_refresh_seconds",
+        "alertmanager_url", "alertmanager_reconcile_seconds")}
     rate = {k: v for k, v in (("per_second", args.rate_limit), ("burst", args.rate_burst)) if v is not None}
     if rate:
         flags["rate_limit"] = rate

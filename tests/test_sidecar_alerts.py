@@ -4,11 +4,13 @@ once per episode however often Alertmanager repeats it."""
 from __future__ import annotations
 
 import datetime as dt
+import time
 
 import pytest
 import requests
 
 from fabricscope import stack
+from fabricscope.devcerts import ensure_dev_certs
 from fabricscope.stack.sidecar import start_sidecar
 from tests import procs
 from tests.sidecar_helpers import bearer, make_keys
@@ -18,20 +20,27 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
+    """Alertmanager first (its webhook points at the sidecar's port, with the sidecar's
+    CA), then the sidecar, told Alertmanager's URL for reconciliation. The periodic
+    reconciliation is set to an hour so that only the test's own POST /alerts/reconcile
+    runs one."""
     work = tmp_path_factory.mktemp("alerts")
     keys = make_keys(work / "keys.yaml", {"alertmanager": "write"})
-    sidecar = start_sidecar(work, "127.0.0.1", stack.free_port(), f"http://127.0.0.1:{stack.free_port()}",
-                            work / "keys.yaml")
-    try:
-        config = stack.alertmanager_config(
-            sidecar.url + "/alerts/webhook",
-            timing={"group_wait": "1s", "group_interval": "1s", "repeat_interval": "2s"},
-            webhook_http_config={"authorization": {"type": "Bearer", "credentials": keys["alertmanager"]},
-                                 "tls_config": {"ca_file": str(sidecar.certs.ca)}})
-        with procs.alertmanager(config, work / "am") as am:
+    port = stack.free_port()
+    certs = ensure_dev_certs(work / "tls")          # the same files start_sidecar uses
+    config = stack.alertmanager_config(
+        f"https://127.0.0.1:{port}/alerts/webhook",
+        timing={"group_wait": "1s", "group_interval": "1s", "repeat_interval": "2s"},
+        webhook_http_config={"authorization": {"type": "Bearer", "credentials": keys["alertmanager"]},
+                             "tls_config": {"ca_file": str(certs.ca)}})
+    with procs.alertmanager(config, work / "am") as am:
+        sidecar = start_sidecar(work, "127.0.0.1", port, f"http://127.0.0.1:{stack.free_port()}",
+                                work / "keys.yaml", extra_args=["--alertmanager-url", am.url,
+                                                                "--alertmanager-reconcile-seconds", "3600"])
+        try:
             yield sidecar, am, keys
-    finally:
-        sidecar.stop()
+        finally:
+            sidecar.stop()
 
 
 def recorded(sidecar, keys, **params) -> list[dict]:
@@ -90,3 +99,46 @@ def test_a_nul_character_is_refused_on_both_backends_alike(setup):
         response = requests.get(sidecar.url + path, params=params, headers=bearer(keys["reader"]), verify=ca,
                                 timeout=10)
         assert response.status_code == 422, (path, response.text)
+
+
+def test_an_alert_resolved_while_inhibited_is_shown_resolved(setup):
+    """Alertmanager sends no resolution for an alert that ends while inhibited, and never
+    sends one inhibited from its start. After a reconciliation the sidecar's firing
+    alerts are exactly Alertmanager's."""
+    sidecar, am, keys = setup
+    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    node = {"cluster": "demo", "node": "gpu-node-9"}
+    link_down = {"labels": {"alertname": "FabricNvlinkLinkDown", "severity": "critical", "gpu": "3", "link": "7", **node},
+                 "startsAt": now.isoformat()}
+    am.post("/api/v2/alerts", [link_down])
+    procs.wait_for(lambda: recorded(sidecar, keys, alertname="FabricNvlinkLinkDown"), 60, "the link-down notification")
+    # The driver's NVLink Xid silences the node's link-down alert (alertmanager.yml); a
+    # second link goes down under it and is never notified.
+    xid = {"labels": {"alertname": "FabricGpuXidFatal", "severity": "critical", "xid": "74", **node},
+           "startsAt": now.isoformat()}
+    second = {"labels": {**link_down["labels"], "link": "8"}, "startsAt": now.isoformat()}
+    am.post("/api/v2/alerts", [xid, second])
+    procs.wait_for(lambda: [a for a in am.get("/api/v2/alerts") if a["status"]["inhibitedBy"]
+                            and a["labels"].get("link") == "7"], 30, "the link-down alert inhibited")
+    am.post("/api/v2/alerts", [{**link_down, "endsAt": (now + dt.timedelta(seconds=1)).isoformat()}])
+    procs.wait_for(lambda: not [a for a in am.get("/api/v2/alerts") if a["labels"].get("link") == "7"], 30,
+                   "Alertmanager to drop the resolved link-down alert")
+    # Several group intervals later no notification has said so: the record still fires.
+    time.sleep(3)
+    (before,) = [r for r in recorded(sidecar, keys, alertname="FabricNvlinkLinkDown") if r["labels"]["link"] == "7"]
+    assert before["status"] == "firing"
+    url, ca = sidecar.url + "/alerts/reconcile", str(sidecar.certs.ca)
+    assert requests.post(url, headers=bearer(keys["reader"]), verify=ca, timeout=10).status_code == 403
+    response = requests.post(url, headers=bearer(keys["writer"]), verify=ca, timeout=30)
+    assert response.status_code == 200, response.text
+    assert response.json()["resolved"] >= 1 and response.json()["added"] >= 1
+    rows = {(r["alertname"], r["labels"].get("link")): r for r in recorded(sidecar, keys)
+            if r["labels"].get("node") == "gpu-node-9"}
+    assert rows[("FabricNvlinkLinkDown", "7")]["status"] == "resolved"
+    assert rows[("FabricNvlinkLinkDown", "8")]["status"] == "firing"
+    assert rows[("FabricNvlinkLinkDown", "8")]["receive_count"] == 0
+    assert rows[("FabricGpuXidFatal", None)]["status"] == "firing"
+    firing = {r["fingerprint"] for r in recorded(sidecar, keys, status="firing")}
+    assert firing == {a["fingerprint"] for a in am.get("/api/v2/alerts")}
+    metrics = requests.get(sidecar.url + "/metrics", verify=ca, timeout=10).text
+    assert 'fabric_sidecar_alerts_reconciled_total{action="resolved"}' in metrics

@@ -102,6 +102,35 @@ def test_alerts_are_deduplicated_by_fingerprint_and_episode(database):
         store.close()
 
 
+def test_alerts_reconcile_with_alertmanagers_list(database):
+    """The firing records become exactly Alertmanager's alerts: one it no longer holds is
+    resolved (it ended while inhibited: no notification said so), one it holds that no
+    notification carried is added, and the API's millisecond start time matches the
+    webhook's trimmed one."""
+    store = open_storage(database)
+
+    def alert(fingerprint, starts, name="FabricNvlinkLinkDown"):
+        return {"fingerprint": fingerprint, "startsAt": starts, "status": "firing",
+                "labels": {"alertname": name, "node": "n1"}, "annotations": {}}
+    try:
+        store.record_alerts([alert("a1", "2026-01-01T00:00:00Z"), alert("b2", "2026-01-01T00:00:01.5Z"),
+                             alert("c3", "2026-01-01T00:00:02Z")], 1)
+        store.record_alerts([{**alert("c3", "2026-01-01T00:00:02Z"), "status": "resolved"}], 2)
+        held = [alert("b2", "2026-01-01T00:00:01.500Z"), alert("d4", "2026-01-01T00:00:03.000Z", "FabricGpuXidFatal")]
+        assert store.reconcile_alerts(held, "2026-01-01T00:10:00.000Z", 3) == {"resolved": 1, "added": 1, "firing": 2}
+        rows = {row["fingerprint"]: row for row in store.alerts()}
+        assert rows["a1"]["status"] == "resolved" and rows["a1"]["ends_at"] == "2026-01-01T00:10:00.000Z"
+        assert rows["b2"]["status"] == "firing" and rows["b2"]["receive_count"] == 1
+        assert rows["c3"]["status"] == "resolved"
+        assert rows["d4"]["status"] == "firing" and rows["d4"]["receive_count"] == 0 and rows["d4"]["receiver"] == ""
+        assert len(rows) == 4
+        # Nothing changes when the records already agree; an empty list resolves them all.
+        assert store.reconcile_alerts(held, "2026-01-01T00:11:00.000Z", 4) == {"resolved": 0, "added": 0, "firing": 2}
+        assert store.reconcile_alerts([], "2026-01-01T00:12:00.000Z", 5) == {"resolved": 2, "added": 0, "firing": 0}
+    finally:
+        store.close()
+
+
 def test_sessions_and_simulations(database):
     store = open_storage(database)
     try:

@@ -189,8 +189,13 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
     # the demo's live metrics (link and NVLink faults, the NCCL job) every 15 s.
     from fabricscope.demo.topology import write_demo_inventory
     topology_file = write_demo_inventory(scenario, sidecar_dir / "topology.yaml")
+    # The sidecar reconciles its alert records with Alertmanager's API (an alert resolved
+    # while inhibited sends no resolution); Alertmanager starts after it, on this port.
+    alertmanager_port = args.alertmanager_port or free_port(host)
     stack.sidecar = start_sidecar(sidecar_dir, host, args.sidecar_port or free_port(host), prometheus_url, keys_file,
-                                  extra_args=["--chaos-topology", str(topology_file), "--chaos-refresh-seconds", "15"])
+                                  extra_args=["--chaos-topology", str(topology_file), "--chaos-refresh-seconds", "15",
+                                              "--alertmanager-url", f"http://{host}:{alertmanager_port}",
+                                              "--alertmanager-reconcile-seconds", "15"])
 
     webhook_url, webhook_http_config = args.webhook_url, None
     if not webhook_url:
@@ -209,7 +214,6 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
 
     am_config = write_yaml(workdir / "alertmanager.yml", alertmanager_config(
         webhook_url, webhook_http_config=webhook_http_config))
-    alertmanager_port = args.alertmanager_port or free_port(host)
     stack.alertmanager = start_alertmanager(am_config, workdir / "alertmanager-data", host, alertmanager_port,
                                             workdir / "alertmanager.log")
     prom_config = write_yaml(workdir / "prometheus.yml", prometheus_config(

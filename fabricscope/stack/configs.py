@@ -18,21 +18,16 @@ SCRAPE_JOB = "fabricscope"
 
 # Fast alerts, the default of `fabricscope stack` (`--production-alerts` turns them off):
 # production `for:` durations (up to 15 minutes) outlast most demo faults, so a newcomer
-# would see few alerts. These keep every threshold and range window and only shorten how
-# long a condition must hold, how often each rule group runs, and how long one kernel-log
-# line keeps its alert raised (so the next pass of a repeating timeline pages again).
-# NVLink error-rate and throughput-collapse alerts keep their production `for:` (10m):
-# the few seconds of CRC errors before a link drops are a symptom of the link-down
-# fault, which pages, and would otherwise ticket again after the link is back.
+# would see few alerts. These keep every threshold and range window (and so every
+# alert's resolve bound, docs/alertmanager.md) and only shorten how long a condition
+# must hold and how often each rule group runs.
 FAST_ALERT_OVERRIDES: dict[str, Any] = {
     "intervals": {group: "15s" for group in ("tcp", "nccl", "infiniband", "nvlink", "kernel", "pipeline")},
     "for": {"ncclHang": "30s", "ncclRankStalled": "30s", "straggler": "1m", "ibPortDown": "30s",
             "ibDeviceMissing": "30s", "ibPortFatal": "30s", "ibFatalCounter": "30s", "ibDegraded": "1m",
             "ibBer": "1m", "ibAnomaly": "2m", "ibCounterSaturated": "1m", "nvlinkDown": "30s",
             "exporterDown": "1m", "collectorFailing": "1m", "ebpfUnavailable": "1m"},
-    "windows": {"kernelLogFatal": "5m", "kernelLogNonFatal": "5m"},
 }
-
 
 def render_rules(overrides: dict[str, Any], out_dir: Path) -> list[Path]:
     """The mixin rendered with `overrides` (fabricscope.rules.render), into `out_dir`."""

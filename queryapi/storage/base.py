@@ -97,6 +97,8 @@ class Storage:
         raise NotImplementedError
     def alerts(self, since_ms: int | None = None, status: str | None = None, alertname: str | None = None,
                limit: int = 500) -> list[dict]: raise NotImplementedError
+    def reconcile_alerts(self, current: list[dict], now_iso: str, received_ms: int) -> dict[str, int]:
+        raise NotImplementedError
     # documents (query sessions, simulation results) ---------------------------------
     def save_session(self, session_id: str, data: dict) -> None: raise NotImplementedError
     def load_session(self, session_id: str) -> dict | None: raise NotImplementedError

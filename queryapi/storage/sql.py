@@ -6,7 +6,9 @@ claiming work) are attributes of the backend class."""
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
+import re
 import time
 from typing import Any, Iterator
 
@@ -23,6 +25,24 @@ ALERT_COLUMNS = ("fingerprint", "starts_at", "alertname", "status", "labels", "a
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+_RFC3339 = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|z|[+-]\d\d:\d\d)$")
+
+
+def instant_ms(stamp: str) -> int | None:
+    """An RFC 3339 time as Unix milliseconds, whatever its fraction's length (Alertmanager's
+    webhook writes nanoseconds with trailing zeros trimmed, its API milliseconds); None for
+    text that is not one, which then matches only itself."""
+    match = _RFC3339.match(stamp or "")
+    if not match:
+        return None
+    whole, fraction, zone = match.groups()
+    try:
+        moment = dt.datetime.fromisoformat(whole + ("+00:00" if zone in ("Z", "z") else zone))
+    except ValueError:
+        return None
+    return int(moment.timestamp()) * 1000 + int((fraction or "0")[:3].ljust(3, "0"))
 
 
 # One encoder for every row: json.dumps with non-default arguments builds a new encoder per
@@ -222,6 +242,50 @@ class SqlStorage(Storage):
                               "receiver = excluded.receiver, "
                               "receive_count = alerts.receive_count + 1", params)
         return new, repeats
+
+    def reconcile_alerts(self, current, now_iso, received_ms):
+        """Make the firing rows exactly Alertmanager's alerts (`current`: its
+        GET /api/v2/alerts, every state). A firing row Alertmanager no longer holds is
+        resolved (ends_at `now_iso`): it ended while inhibited or silenced, when no
+        notification carries a resolution. An alert Alertmanager holds with no firing row
+        (inhibited or silenced since it started, so never notified) is added with
+        receive_count 0 and no receiver. Episodes match on fingerprint and start time
+        (the API and the webhook write the same instant in different precisions).
+        Returns counts: resolved, added, firing."""
+        wanted = {(a["fingerprint"], instant_ms(a["startsAt"])): a for a in current}
+        resolved = added = 0
+        with self._transaction(write=True) as cur:
+            fingerprints = sorted({fingerprint for fingerprint, _ in wanted})
+            placeholders = ", ".join("?" * len(fingerprints)) or "NULL"
+            self._execute(cur, "SELECT fingerprint, starts_at, status FROM alerts WHERE status = 'firing' "
+                               f"OR fingerprint IN ({placeholders})", fingerprints)
+            stored = {}
+            for fingerprint, starts_at, status in cur.fetchall():
+                stored.setdefault((fingerprint, instant_ms(starts_at)), []).append((starts_at, status))
+            for key, rows in stored.items():
+                for starts_at, status in rows:
+                    if status == "firing" and key not in wanted:
+                        self._execute(cur, "UPDATE alerts SET status = 'resolved', ends_at = ? "
+                                           "WHERE fingerprint = ? AND starts_at = ?", (now_iso, key[0], starts_at))
+                        resolved += 1
+                    elif status != "firing" and key in wanted:
+                        # Resolved here, still held there (a resolution raced a re-fire).
+                        self._execute(cur, "UPDATE alerts SET status = 'firing', ends_at = NULL "
+                                           "WHERE fingerprint = ? AND starts_at = ?", (key[0], starts_at))
+            for key, alert in wanted.items():
+                if key in stored:
+                    continue
+                labels = alert.get("labels") or {}
+                self._execute(cur, f"INSERT INTO alerts ({', '.join(ALERT_COLUMNS)}) VALUES "
+                                   f"({', '.join('?' * len(ALERT_COLUMNS))}) ON CONFLICT (fingerprint, starts_at) "
+                                   "DO UPDATE SET status = 'firing'",
+                              (alert["fingerprint"], alert["startsAt"], str(labels.get("alertname", "")), "firing",
+                               _dumps(labels), _dumps(alert.get("annotations") or {}), None,
+                               alert.get("generatorURL"), received_ms, received_ms, 0, ""))
+                added += 1
+            self._execute(cur, "SELECT COUNT(*) FROM alerts WHERE status = 'firing'")
+            firing = cur.fetchone()[0]
+        return {"resolved": resolved, "added": added, "firing": firing}
 
     def alerts(self, since_ms=None, status=None, alertname=None, limit=500):
         where, params = ["1 = 1"], []

@@ -84,21 +84,71 @@ local util = import 'util.libsonnet';
     ), '\n'), '\n', '\n  '),
   },
 
-  // increase() of a port counter over `range`, also counting the wider source of the same
-  // count where the port has one (a RoCE port's 64-bit ethtool PHY counter on its netdev),
-  // so a saturated sysfs counter does not hide new errors. Each source is its own series
-  // (no jump when one of them is briefly unreadable); the caller takes the larger
-  // increase per port. Returns `or`-joined terms.
-  local ibCounterIncreases(counter, range) =
-    local wider = std.get(cfg.ibWiderCounters, counter, null);
-    'increase(fabric_infiniband_port_counter_total{counter="%s"}[%s])' % [counter, range]
-    + (if wider == null then '' else |||
+  // How much a counter rose over `range`, counted from the samples in the window and
+  // never extrapolated: increase() scales the rise between the first and last sample
+  // up to the whole window, so exactly 120 errors an hour with scrapes offset from the
+  // errors read as 120.5 and crossed a "> 120" boundary. A counter only goes down when
+  // it is cleared; across such a reset the difference means nothing and increase()
+  // (which handles resets) is used instead.
+  local counted(series, range) = |||
+    (
+      max_over_time(%(s)s[%(r)s]) - min_over_time(%(s)s[%(r)s])
+      unless
+      resets(%(s)s[%(r)s]) > 0
+    )
+    or
+    increase(%(s)s[%(r)s])
+  ||| % { s: series, r: range },
 
+  // What a port counter counted over `range`, also from the wider source of the same
+  // count where the port has one (a RoCE port's 64-bit ethtool PHY counter on its
+  // netdev), so a saturated sysfs counter does not hide new errors. Each source is its
+  // own series (no jump when one of them is briefly unreadable); the caller takes the
+  // larger count per port. Returns `or`-joined terms.
+  local ibCounterCounts(counter, range) =
+    local wider = std.get(cfg.ibWiderCounters, counter, null);
+    counted('fabric_infiniband_port_counter_total{counter="%s"}' % counter, range)
+    + (if wider == null then '' else |||
       or
-      increase(fabric_netdev_ethtool_counter_total{counter="%(wider)s"}[%(range)s])
+      (
+        %(counted)s
+      )
       * on (%(iface)s) group_left (device, port)
       label_replace(fabric_infiniband_port_info, "interface", "$1", "netdev", "(.+)")
-    ||| % { range: range, wider: wider, iface: by([cfg.nodeLabel, 'interface']) }),
+    ||| % {
+      counted: indent(counted('fabric_netdev_ethtool_counter_total{counter="%s"}' % wider, range)),
+      iface: by([cfg.nodeLabel, 'interface']),
+    }),
+
+  // The times a port went from ACTIVE to not ACTIVE within `range`, from every source
+  // that sees it, largest per port: the exporter's own count of the transitions it
+  // scraped, the link_downed counter (and its 64-bit PHY twin), and the port state
+  // series itself (a drop from ACTIVE, counted by resets() over the state clamped to
+  // 3..4, so DOWN <-> INIT bouncing while down is not counted again). link_downed is 8
+  // bits wide and stops at 255; from then on the other sources still count the flaps.
+  local ibPortDowns(range) = |||
+    max by (%(port)s) (
+      %(transitions)s
+      or
+      %(downed)s
+      or
+      label_replace(
+        resets(clamp(max without (state) (fabric_infiniband_port_state), 3, 4)[%(r)s:]),
+        "source", "state", "", ""
+      )
+    )
+  ||| % {
+    port: port,
+    r: range,
+    transitions: indent(counted('fabric_infiniband_port_down_transitions_total', range)),
+    downed: indent(ibCounterCounts('link_downed', range)),
+  },
+
+  // Port error counters stopped at the largest value their PortCounters field holds.
+  local saturatedCounters = std.join('\nor\n', [
+    'fabric_infiniband_port_counter_total{counter="%s"} >= %s' % [counter, num(th.ibCounterMax[counter])]
+    for counter in std.objectFields(th.ibCounterMax)
+  ]) + '\n',
 
   local indent(text) = std.strReplace(std.rstripChars(text, '\n'), '\n', '\n  '),
 
@@ -160,7 +210,17 @@ local util = import 'util.libsonnet';
           alert(
             'FabricInfinibandFatalCounterBreach',
             sev.ibFatalCounter,
-            'fabric_infiniband_port_counter_breached{severity="fatal"} == 1',
+            // A counter stopped at its maximum keeps its last breach latched for ever and
+            // counts nothing new: FabricInfinibandCounterSaturated tickets it, and leaving
+            // it out here lets a later link flap on that port page on its own (a raised
+            // link_downed breach keeps the flap alert down: FabricInfinibandLinkFlap).
+            |||
+              fabric_infiniband_port_counter_breached{severity="fatal"} == 1
+              unless on (%(port)s, counter)
+              (
+                %(saturated)s
+              )
+            ||| % { port: port, saturated: indent(saturatedCounters) },
             forOf.ibFatalCounter,
             'An InfiniBand/RoCE port counter crossed a fatal threshold.',
             'Counter {{ $labels.counter }} on {{ $labels.device }}:{{ $labels.port }} ({{ $labels.node }}) breached its fatal threshold.',
@@ -176,11 +236,24 @@ local util = import 'util.libsonnet';
           alert(
             'FabricInfinibandPreFailureBER',
             sev.ibBer,
+            // The hour starts the alert; the recent window keeps it: once the errors are
+            // back to background the alert resolves within signalRecent, not an hour later.
             |||
               max by (%(port)s) (
-                %(increases)s
+                %(hour)s
               ) > %(n)s
-            ||| % { port: port, increases: indent(ibCounterIncreases('symbol_error', w.ibBer)), n: num(th.ibSymbolErrorsPerHour) },
+              and on (%(port)s)
+              max by (%(port)s) (
+                %(recent)s
+              ) > %(keep)s
+            ||| % {
+              port: port,
+              hour: indent(ibCounterCounts('symbol_error', w.ibBer)),
+              recent: indent(ibCounterCounts('symbol_error', w.signalRecent)),
+              n: num(th.ibSymbolErrorsPerHour),
+              keep: num(th.ibSymbolErrorsPerHour * th.ibBerKeepFraction
+                        * util.seconds(w.signalRecent) / util.seconds(w.ibBer)),
+            },
             forOf.ibBer,
             'Symbol errors on an InfiniBand port exceed the IBTA 10^-12 bit-error-rate boundary.',
             '{{ $labels.device }}:{{ $labels.port }} on {{ $labels.node }} counted {{ $value | printf "%.0f" }} symbol errors in the last '
@@ -189,17 +262,24 @@ local util = import 'util.libsonnet';
           alert(
             'FabricInfinibandLinkFlap',
             sev.ibFlap,
+            // Three downs in the flap window start it; a down in the recent window keeps
+            // it: it resolves signalRecent after the last down, not a whole window later.
+            // The port's first down already paged as its link_downed breach (the same
+            // incident): while that breach is raised, and for signalRecent after, the
+            // flap is not a page of its own. A breach on a counter stopped at 255 is not
+            // raised (see FabricInfinibandFatalCounterBreach), so later flaps still page.
             |||
-              max by (%(port)s) (
-                increase(fabric_infiniband_port_down_transitions_total[%(w)s])
-                or
-                %(downed)s
-              ) >= %(n)s
+              %(flaps)s >= %(n)s
+              and on (%(port)s)
+              %(recent)s > 0
+              unless on (%(port)s)
+              max_over_time(ALERTS{alertname="FabricInfinibandFatalCounterBreach", counter="link_downed"}[%(keep)s])
             ||| % {
+              keep: w.signalRecent,
               port: port,
-              w: w.ibFlap,
               n: num(th.ibFlapDownTransitions),
-              downed: indent(ibCounterIncreases('link_downed', w.ibFlap)),
+              flaps: std.rstripChars(ibPortDowns(w.ibFlap), '\n'),
+              recent: std.rstripChars(ibPortDowns(w.signalRecent), '\n'),
             },
             forOf.ibFlap,
             'An InfiniBand/RoCE link keeps going down and coming back.',
@@ -209,8 +289,21 @@ local util = import 'util.libsonnet';
           alert(
             'FabricInfinibandRepeatedDegradation',
             sev.ibRepeatedDegradation,
-            'increase(fabric_infiniband_port_health_events_total{severity="non_fatal"}[%s]) >= %s'
-            % [w.ibRepeatedDegradation, num(th.ibRepeatedNonFatalEvents)],
+            // The hour of events starts it; a non-fatal breach still flagged on the port
+            // keeps it (the exporter clears a velocity breach once a full window is back
+            // under its limit), so it resolves with the degradation, not an hour later.
+            |||
+              max by (%(port)s) (
+                %(events)s
+              ) >= %(n)s
+              and on (%(port)s)
+              max by (%(port)s) (fabric_infiniband_port_counter_breached{severity="non_fatal"}) == 1
+            ||| % {
+              port: port,
+              events: indent(counted('fabric_infiniband_port_health_events_total{severity="non_fatal"}',
+                                     w.ibRepeatedDegradation)),
+              n: num(th.ibRepeatedNonFatalEvents),
+            },
             forOf.ibRepeatedDegradation,
             'An InfiniBand/RoCE port keeps reporting non-fatal degradation.',
             '{{ $labels.device }}:{{ $labels.port }} on {{ $labels.node }} raised {{ $value | printf "%.0f" }} non-fatal health events in the last '
@@ -227,10 +320,7 @@ local util = import 'util.libsonnet';
           alert(
             'FabricInfinibandCounterSaturated',
             sev.ibCounterSaturated,
-            std.join('\nor\n', [
-              'fabric_infiniband_port_counter_total{counter="%s"} >= %s' % [counter, num(th.ibCounterMax[counter])]
-              for counter in std.objectFields(th.ibCounterMax)
-            ]) + '\n',
+            saturatedCounters,
             forOf.ibCounterSaturated,
             'An InfiniBand port error counter stopped at its maximum and counts nothing new.',
             'Counter {{ $labels.counter }} on {{ $labels.device }}:{{ $labels.port }} ({{ $labels.node }}) is at '
@@ -267,11 +357,15 @@ local util = import 'util.libsonnet';
           alert(
             'FabricNvlinkErrors',
             sev.nvlinkErrors,
-            std.join('\nor\n', [
+            // Errors counted in a window in which the link also went down are that
+            // link-down incident's (the precursor errors of a failing link): they ticket
+            // neither while it is down nor after it is back.
+            '(\n  ' + std.join('\n  or\n  ', [
               'rate(fabric_nvlink_errors_total{type="%s"}[%s]) > %s'
               % [type, w.nvlinkErrorRate, num(th.nvlinkErrorRates[type])]
               for type in std.objectFields(th.nvlinkErrorRates)
-            ]) + '\n',
+            ]) + '\n)\nunless on (%s)\nmin_over_time(fabric_nvlink_state[%s]) == 0\n'
+            % [by([cfg.nodeLabel, 'gpu', 'link']), w.nvlinkErrorRate],
             forOf.nvlinkErrors,
             'An NVLink link is counting errors faster than its threshold.',
             'NVLink {{ $labels.link }} of GPU {{ $labels.gpu }} on {{ $labels.node }} counts {{ $value | printf "%.3g" }} {{ $labels.type }} errors per second.',
@@ -310,7 +404,8 @@ local util = import 'util.libsonnet';
               increase(%(m)s{severity="%(s)s"}[%(w)s]) > 0
               or
               (%(m)s{severity="%(s)s"} > 0 unless %(m)s{severity="%(s)s"} offset %(w)s)
-            ||| % { m: rule.metric, s: rule.seriesSeverity, w: rule.window },
+            ||| % { m: rule.metric, s: rule.seriesSeverity, w: rule.window }
+            + std.get(rule, 'holdWhile', ''),
             forOf.kernelLog,
             rule.summary,
             rule.description,
@@ -340,6 +435,19 @@ local util = import 'util.libsonnet';
               metric: 'fabric_kernel_log_xid_events_total',
               seriesSeverity: 'fatal',
               window: w.kernelLogFatal,
+              // The NVLink Xid is the page of a failed link: it stays raised while a link
+              // of its node is alerted down (and silences that alert), so the link-down
+              // alert neither pages beside it nor lets it page again when it resolves.
+              holdWhile: |||
+                or
+                (
+                  fabric_kernel_log_xid_events_total{severity="fatal", xid="%(xid)s"}
+                  and on (%(node)s, xid)
+                  ALERTS{alertname="FabricGpuXidFatal", alertstate="firing"}
+                  and on (%(node)s)
+                  ALERTS{alertname="FabricNvlinkLinkDown"}
+                )
+              ||| % { xid: cfg.nvlinkXid, node: host },
               summary: 'The NVIDIA driver reported a critical Xid error.',
               description: 'Xid {{ $labels.xid }} on {{ $labels.node }} in the last ' + w.kernelLogFatal + ': the GPU needs attention before it takes work again.',
             },

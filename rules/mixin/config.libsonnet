@@ -32,6 +32,12 @@
       link_downed: 'link_down_events_phy',
     },
 
+    // The driver's Xid for an NVLink failure. Logged the moment a link fails, before the
+    // link-state alert's for: runs out: its alert is the incident's page, stays raised
+    // while a link of the node is alerted down, and silences that link-down alert
+    // (alertmanager.yml), so one failed link pages once.
+    nvlinkXid: '74',
+
     runbookUrlBase: 'https://github.com/fabricscope/fabricscope/blob/main/docs/runbooks/',
 
     // Rule-group evaluation intervals. Short where the signal is short-lived
@@ -66,11 +72,19 @@
       ibFlap: '10m',  // "link_downed 3+ times in 10 minutes"
       ibRepeatedDegradation: '1h',
       ibWasActive: '6h',  // a port/link counts as "was up" if seen up within this
+      // An alert started by a long evidence window (BER over an hour, 3 non-fatal events
+      // in an hour, 3 flaps in 10 minutes) stays raised only while its signal shows in
+      // this recent window: it resolves at most this long after the signal is back to
+      // normal, not when the long window has emptied (docs/alertmanager.md, Lifecycles).
+      signalRecent: '5m',
       nvlinkErrorRate: '5m',
       nvlinkRate: '5m',
       nvlinkBaseline: '30m',
-      kernelLogFatal: '30m',  // how long a fatal log line keeps its alert raised
-      kernelLogNonFatal: '30m',
+      // How long a log line keeps its alert raised. A line is an event with no end to
+      // wait for: the alert announces it (long enough for Alertmanager's group_wait and
+      // a retry) and resolves this long after the last such line.
+      kernelLogFatal: '5m',
+      kernelLogNonFatal: '5m',
       ebpfWasAvailable: '1h',
       ruleGroupMissed: '10m',
     },
@@ -117,6 +131,11 @@
       // IBTA 10^-12 BER boundary: 120 symbol errors per hour. The only home of this
       // number: the exporter's node-local thresholds no longer judge it (docs/rules.md).
       ibSymbolErrorsPerHour: 120,
+      // A BER alert stays raised while the last `signalRecent` still counts symbol errors
+      // at this share of the boundary rate (120/hour -> 5 in 5 minutes at 0.5): under it
+      // the link is back to its background rate. Below 1, so a port hovering at the
+      // boundary does not resolve and page again on every quiet minute.
+      ibBerKeepFraction: 0.5,
       ibFlapDownTransitions: 3,
       ibRepeatedNonFatalEvents: 3,
       // Largest value of each PortCounters error field (IBA widths: 16, 8 or 4 bits).
@@ -168,7 +187,9 @@
       ibAnomaly: '15m',
       ibCounterSaturated: '5m',
       nvlinkDown: '1m',
-      nvlinkErrors: '10m',
+      // Short: a burst of errors shows in the 5m rate window for 5 minutes, so a longer
+      // for: would never see a one-minute burst of 60,000 CRC errors.
+      nvlinkErrors: '1m',
       nvlinkCollapse: '10m',
       kernelLog: '0s',
       exporterDown: '5m',
@@ -178,9 +199,10 @@
     },
 
     // Event-like conditions clear on their own within a minute; keep them raised long
-    // enough for Alertmanager to notify (its group_wait is up to a minute).
+    // enough for Alertmanager to notify (its group_wait is up to a minute), and no
+    // longer: the resolve bound is the 1m rate window plus this (docs/alertmanager.md).
     keepFiringFor: {
-      microburst: '5m',
+      microburst: '2m',
     },
 
     severities: {
