@@ -39,6 +39,9 @@ class Collector(abc.ABC):
     name: ClassVar[str]
     description: ClassVar[str] = ""
     enabled_by_default: ClassVar[bool] = True
+    # True for a collector that serves its unchanged samples as the same objects itself
+    # (a SampleCache of its own); the others' samples are matched up by _Runner.
+    serves_unchanged_samples: ClassVar[bool] = False
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -112,6 +115,21 @@ class SampleCache:
         self._now[key] = sample
         return sample
 
+    def reuse(self, families: list[Metric]) -> list[Metric]:
+        """The families, each sample equal to one served last scrape replaced by that one:
+        for collectors that build fresh samples every scrape. Matching costs about a third
+        of formatting a line again."""
+        last, now = self._last, self._now
+        for family in families:
+            samples = family.samples
+            for index, sample in enumerate(samples):
+                key = (sample.name, tuple(sample.labels.items()))
+                old = last.get(key)
+                if old is not None and old[2:] == sample[2:]:    # value, timestamp, exemplar, ...
+                    samples[index] = sample = old
+                now[key] = sample
+        return families
+
 
 def _with_node_label(metric: Metric, node: str) -> Metric:
     metric.samples = [s._replace(labels={**s.labels, "node": node}) for s in metric.samples]
@@ -129,6 +147,7 @@ class _Runner:
         self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"collector-{collector.name}")
         self.running: Future | None = None
         self.started = 0.0
+        self.samples = None if collector.serves_unchanged_samples else SampleCache()
 
     def start(self) -> Future | None:
         """A new run, or None while the previous one has not returned."""
@@ -142,6 +161,9 @@ class _Runner:
         start = time.perf_counter()
         # Materialise here so a failure part-way yields nothing partial.
         families = list(self.collector.collect())
+        if self.samples is not None:
+            self.samples.next_scrape()
+            self.samples.reuse(families)
         return families, time.perf_counter() - start
 
 

@@ -211,3 +211,29 @@ def test_hostile_content_length_is_refused_and_server_survives(port, length, sta
         assert requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).status_code == 200
     finally:
         exporter.stop()
+
+
+def test_samples_equal_to_last_scrapes_are_served_as_the_same_objects():
+    """A collector that builds fresh samples every scrape gets the ones it served last time
+    back where nothing changed, so the renderer reuses their lines; what is served still
+    equals this scrape's values."""
+    class Moving(Collector):
+        name = "moving"
+        value = 1
+
+        def collect(self):
+            family = CounterMetricFamily("fabric_moving", "moves", labels=["which"])
+            family.add_metric(["still"], 5)
+            family.add_metric(["moves"], self.value)
+            yield family
+
+    collector = Moving(Context())
+    scrape = ScrapeCollector([collector])
+    try:
+        first = {s.labels["which"]: s for f in scrape.families() if f.name == "fabric_moving" for s in f.samples}
+        collector.value = 2
+        second = {s.labels["which"]: s for f in scrape.families() if f.name == "fabric_moving" for s in f.samples}
+    finally:
+        scrape.close()
+    assert second["still"] is first["still"]
+    assert second["moves"] is not first["moves"] and second["moves"].value == 2

@@ -93,7 +93,18 @@ def test_past_the_budget_files_are_still_read_without_being_held(tmp_path, monke
     monkeypatch.setattr(BUDGET, "_limit", BUDGET.held + 1)
     held = HeldDirectory(str(tmp_path))
     assert texts(held) == {"a": "97", "b": "98", "c": "99"} and held.held == 1
+    parsed = dict(HeldDirectory(str(tmp_path)).read(lambda text, directory, name: int(text)))
+    assert parsed == {"a": 97, "b": 98, "c": 99}               # parsed whether held or not
     held.close()
+
+
+def test_a_directory_dropped_without_close_releases_what_it_held(tmp_path):
+    (tmp_path / "a").write_text("1\n")
+    before, held_before = open_descriptors(), BUDGET.held
+    held = HeldDirectory(str(tmp_path))
+    texts(held)
+    del held
+    assert open_descriptors() == before and BUDGET.held == held_before
 
 
 @pytest.fixture

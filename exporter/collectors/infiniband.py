@@ -224,6 +224,7 @@ def expose(view: View, cache: SampleCache) -> list[Metric]:
 class InfiniBandCollector(Collector):
     name = "infiniband"
     description = "InfiniBand/RoCE port state, counters and NIC health (fatal/non-fatal thresholds)."
+    serves_unchanged_samples = True   # expose() through its own SampleCache
 
     def __init__(self, ctx: Context, clock: Callable[[], float] = time.time) -> None:
         super().__init__(ctx)

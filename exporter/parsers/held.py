@@ -106,6 +106,8 @@ class HeldDirectory:
                     continue
                 entry = self._open(name, inode)
                 if entry.__class__ is not tuple:          # a problem, or read without holding
+                    if parse is not None and entry.__class__ is str:
+                        entry = parse(entry, self.path, name)
                     results.append((name, entry))
                     continue
             try:
@@ -158,6 +160,11 @@ class HeldDirectory:
             return ReadProblem(Path(path), fd)
         self._held[name] = entry = (fd, inode)
         return entry
+
+    def __del__(self) -> None:
+        # Owners close what they hold; this is for one dropped without (as a file object does).
+        if self._held:
+            self.close()
 
     def close(self) -> None:
         """Close every held descriptor (the directory's device is gone or replaced)."""
