@@ -65,6 +65,17 @@ class Job:
         return out
 
 
+@dataclass(frozen=True)
+class Neighbor:
+    """A device one edge away: what it is, the edge's kind and partition, and whether every
+    direction of the edge is up."""
+    peer: str
+    kind: str
+    link_kind: str
+    partition: str
+    up: bool
+
+
 class Topology:
     """A cluster's devices, links, power feeds, racks and jobs.
 
@@ -189,6 +200,17 @@ class Topology:
 
     def power_feeds(self, device: str) -> list[str]:
         return [pdu for pdu, _, kind in self.graph.in_edges(device, data="kind") if kind == POWER]
+
+    def neighbors(self, device: str) -> list[Neighbor]:
+        """The devices one edge away (either direction, power feeds included), by name."""
+        graph = self.graph
+        found = []
+        for peer in sorted(set(graph.successors(device)) | set(graph.predecessors(device))):
+            edge = graph.edges[device, peer] if graph.has_edge(device, peer) else graph.edges[peer, device]
+            up = all(graph.edges[a, b].get("state", "up") == "up" for a, b in ((device, peer), (peer, device))
+                     if graph.has_edge(a, b))
+            found.append(Neighbor(peer, graph.nodes[peer]["kind"], edge.get("kind", ""), edge.get("partition", ""), up))
+        return found
 
     def links(self) -> Iterator[tuple[str, str, dict]]:
         """Every directed network edge (power feeds excluded)."""

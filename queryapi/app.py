@@ -8,7 +8,6 @@ rate limit per key (429) → the handler. Errors anywhere are JSON with a stable
 """
 from __future__ import annotations
 
-import importlib
 import io
 import time
 from typing import Any, Mapping
@@ -18,7 +17,7 @@ from flask import g, request
 
 from fabricscope.httpserver import read_body
 
-from . import errors
+from . import alerts, chaos_api, errors, housekeeping, probes, seedviews
 from .audit import audit_record, make_audit_logger
 from .auth import OPEN, SECURITY_SCHEMES, authenticate, endpoint_scope
 from .config import SidecarConfig, load_config
@@ -31,17 +30,21 @@ from .prom import PrometheusClient, PrometheusError
 from .ratelimit import RateLimiter
 from .storage import StorageError, open_storage
 
-# Every blueprint of the sidecar, in one place: "module:attribute". A module may also
-# define `setup(app, state)` to add capabilities or background workers.
-BLUEPRINTS = [
-    "fabricscope.queryapi.probes:bp",
-    "fabricscope.queryapi.housekeeping:bp",
-    "fabricscope.queryapi.tracing.api:bp",
-    "fabricscope.queryapi.cluster.api:bp",
-    "fabricscope.queryapi.seedviews:bp",
-    "fabricscope.queryapi.alerts:bp",
-    "fabricscope.queryapi.query.api:bp",
-    "fabricscope.queryapi.chaos_api:bp",
+from .cluster import api as cluster_api
+from .query import api as query_api
+from .tracing import api as tracing_api
+
+# Every area of the sidecar, in one place: its blueprint and the setup that gives the
+# Sidecar its service, capabilities and background workers (None: routes only).
+AREAS = [
+    (probes.bp, None),
+    (housekeeping.bp, housekeeping.setup),
+    (tracing_api.bp, tracing_api.setup),
+    (cluster_api.bp, cluster_api.setup),
+    (seedviews.bp, seedviews.setup),
+    (alerts.bp, alerts.setup),
+    (query_api.bp, query_api.setup),
+    (chaos_api.bp, chaos_api.setup),
 ]
 
 OPENAPI_PATH = "/api/v1/openapi.json"
@@ -81,12 +84,10 @@ def create_app(config: SidecarConfig | Mapping[str, Any] | None = None) -> APIFl
     errors.install(app)
     _install_pipeline(app, state)
     _install_error_mappings(app)
-    for target in BLUEPRINTS:
-        module_name, _, attribute = target.partition(":")
-        module = importlib.import_module(module_name)
-        app.register_blueprint(getattr(module, attribute))
-        if hasattr(module, "setup"):
-            module.setup(app, state)
+    for blueprint, setup in AREAS:
+        app.register_blueprint(blueprint)
+        if setup is not None:
+            setup(app, state)
     return app
 
 

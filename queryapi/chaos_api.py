@@ -7,7 +7,7 @@
     GET  /graph/chaos-alerts          recent critical alerts with the blast radius of their device
 
 The query layer's `blast_radius` and `neighbors` tools (queryapi/query/sidecar_tools.py)
-use the same service from app.extensions[EXTENSION], with the same per-key budget.
+use the same service (the Sidecar's `chaos`), with the same per-key budget.
 
 Simulations run on a small thread pool, never on the request thread; every state is in
 the sidecar store (simulation_results), so a result outlives the process that computed it.
@@ -40,7 +40,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 from apiflask import APIBlueprint
-from flask import current_app
 from pydantic import BaseModel, ConfigDict, Field
 
 from fabricscope.chaos.blast import FAILURE_TYPES, BlastRadiusEngine, ChaosInputError, initial_failures
@@ -57,7 +56,6 @@ from .workers import PeriodicWorker
 
 log = logging.getLogger("fabricscope.sidecar.chaos")
 bp = APIBlueprint("chaos", __name__, tag="Chaos")
-EXTENSION = "fabricscope.chaos"
 # A simulation takes milliseconds; one still "running" this long after it was submitted
 # belonged to a sidecar that stopped before finishing it.
 STALE_SECONDS = 300
@@ -197,7 +195,7 @@ def _now_ms() -> int:
 def setup(app, state) -> None:
     config = state.config
     if config.chaos_topology is None:
-        app.extensions[EXTENSION] = None
+        state.chaos = None
         return
     path = config.chaos_topology
     query = state.prom.query if config.chaos_refresh_seconds > 0 else None
@@ -207,7 +205,7 @@ def setup(app, state) -> None:
     except InventoryError as exc:
         raise ConfigError(f"chaos_topology: {exc}") from None
     service = ChaosService(topology, config.chaos_simulations_per_minute)
-    app.extensions[EXTENSION] = service
+    state.chaos = service
     state.workers.append(service)
     service.alerts = AlertBlastRadius(service, state.storage, config.chaos_alert_simulations_per_minute)
     state.workers.append(service.alerts.worker)
@@ -217,7 +215,7 @@ def setup(app, state) -> None:
 
 
 def _service() -> ChaosService:
-    service = current_app.extensions.get(EXTENSION)
+    service = sidecar().chaos
     if service is None:
         # 404, not 5xx: nothing is broken, this sidecar simply has no topology to simulate on.
         raise ApiError(404, "no cluster topology is configured for chaos simulations: start the sidecar with "

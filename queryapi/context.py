@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from logging import Logger
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flask import current_app
 
@@ -15,6 +15,14 @@ from .prom import PrometheusClient
 from .ratelimit import RateLimiter
 from .storage import Storage
 
+if TYPE_CHECKING:     # types only: the areas import this module, never the other way
+    from .chaos_api import ChaosService
+    from .query.api import QueryArea
+    from .tracing.correlate import Correlator
+    from .workers import PeriodicWorker
+
+# The one key the app keeps its Sidecar under (Flask's extensions); everything else is a
+# typed field of the Sidecar.
 EXTENSION = "fabricscope"
 
 
@@ -31,6 +39,11 @@ class Sidecar:
     workers: list[Any] = field(default_factory=list)
     # Named features the blueprints add (GET /api/versions lists them), e.g. "tracing".
     capabilities: set[str] = field(default_factory=set)
+    # The areas' services, set by each area's setup (None while an area is off).
+    chaos: ChaosService | None = None              # chaos_api: simulations on the live topology
+    correlator: Correlator | None = None           # tracing: spans -> network anomalies
+    correlation_worker: PeriodicWorker | None = None
+    query: QueryArea | None = None                 # query layer: NL, MeshQL, tools, MCP
 
     def start_background(self) -> None:
         for worker in self.workers:

@@ -170,7 +170,7 @@ def test_critical_alerts_get_the_blast_radius_of_their_device(env):
                 alert("FabricNcclHang", "critical", comm="0123456789abcdef"),
                 alert("FabricInfinibandDegraded", "warning", node="gpu-node-5", device="mlx5_0", port="1")]
     state.storage.record_alerts(received, int(time.time() * 1000))
-    service = app.extensions["fabricscope.chaos"]
+    service = app.extensions["fabricscope"].chaos
     assert service.alerts.run_once() == 2
     assert service.alerts.run_once() == 0          # once per alert episode
     listed = app.test_client().get("/graph/chaos-alerts", headers=bearer(keys["reader"])).get_json()["alerts"]
@@ -228,15 +228,15 @@ def test_every_critical_alert_of_a_storm_gets_its_blast_radius_oldest_first(env)
         sent["fingerprint"] = f"storm-{i:04d}"
     for offset, start in enumerate(range(0, 1500, 300)):
         state.storage.record_alerts(storm[start:start + 300], now - 1000 + offset)
-    worker = app.extensions["fabricscope.chaos"].alerts
+    worker = app.extensions["fabricscope"].chaos.alerts
     simulated = []
-    real_simulate = app.extensions["fabricscope.chaos"].topology.engine().simulate
+    real_simulate = app.extensions["fabricscope"].chaos.topology.engine().simulate
 
     def counting(device, *args, **kwargs):
         simulated.append(device)
         return real_simulate(device, *args, **kwargs)
 
-    app.extensions["fabricscope.chaos"].topology.engine().simulate = counting
+    app.extensions["fabricscope"].chaos.topology.engine().simulate = counting
     assert worker.run_once() == 1500
     assert sorted(simulated) == sorted({f"gpu-node-{i}/mlx5_0" for i in range(8)})
     from fabricscope.queryapi.chaos_api import alert_simulation_id
@@ -260,7 +260,7 @@ def test_alert_budget_defers_and_never_skips(env):
         sent["fingerprint"] = f"down-{i}"
     for i, sent in enumerate(alerts):
         state.storage.record_alerts([sent], now - 100 + i)
-    worker = app.extensions["fabricscope.chaos"].alerts
+    worker = app.extensions["fabricscope"].chaos.alerts
     assert worker.run_once() == 2
     assert worker.run_once() == 0                  # budget spent: nothing skipped, nothing done
     worker.limiter = type(worker.limiter)()        # a minute later

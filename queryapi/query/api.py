@@ -14,19 +14,18 @@ from __future__ import annotations
 from typing import Any
 
 from apiflask import APIBlueprint
-from flask import Response, current_app, request
+from flask import Response, request
 from pydantic import BaseModel, Field
 
 from ..auth import current_key, open_endpoint, require_scope
 from ..context import sidecar
 from ..errors import ApiError
-from .executor import Caller
+from .calls import Caller
 from .mcp_bridge import REQUEST_TIMEOUT as MCP_TIMEOUT, McpBridge
 from .service import QueryService
 from .tools import ToolRegistry, build_tools, classify
 
 bp = APIBlueprint("query", __name__, tag="Query")
-EXTENSION = "fabricscope.query"
 
 
 class ConversationIn(BaseModel):
@@ -39,25 +38,26 @@ class MeshQLIn(BaseModel):
     execute: bool = True
 
 
-class _Query:
+class QueryArea:
+    """The query layer of a running sidecar: the service, its tool registry, MCP."""
+
     def __init__(self, service: QueryService, tools: ToolRegistry, bridge: McpBridge) -> None:
         self.service, self.tools, self.bridge = service, tools, bridge
 
 
-def _query() -> _Query:
-    return current_app.extensions[EXTENSION]
+def _query() -> QueryArea:
+    return sidecar().query
 
 
 def setup(app, state) -> None:
     from ..probes import full_version
     service = QueryService()
-    app.extensions[EXTENSION] = _Query(service, build_tools(service.registry, service),
-                                       McpBridge("fabricscope", full_version()))
+    state.query = QueryArea(service, build_tools(service.registry, service), McpBridge("fabricscope", full_version()))
     state.capabilities.update({"query_catalog", "meshql", "nl_query", "tools_endpoint", "mcp"})
 
 
 def _caller() -> Caller:
-    return Caller(current_key(), current_app._get_current_object())
+    return Caller(current_key())
 
 
 def _run(function, *args) -> Any:
@@ -126,8 +126,7 @@ def tools_call(name: str):
     arguments = request.get_json(silent=True) if request.content_length else {}
     if arguments is None:
         raise ApiError(400, "the body is not valid JSON", code="bad_request")
-    status, body, headers = _query().tools.call(sidecar(), name, arguments, current_key(), "http",
-                                                current_app._get_current_object())
+    status, body, headers = _query().tools.call(sidecar(), name, arguments, current_key(), "http")
     if status >= 400:
         error = body["error"]
         raise ApiError(status, error["message"], code=error["code"], detail=error["detail"], headers=headers or None)
@@ -145,8 +144,7 @@ def mcp():
     try:
         status, response_headers, body = query.bridge.handle(
             request.method, "/mcp", request.query_string, headers, request.get_data(cache=False),
-            (request.remote_addr or "", 0), {"state": sidecar(), "key": current_key(), "tools": query.tools,
-                                             "app": current_app._get_current_object()})
+            (request.remote_addr or "", 0), {"state": sidecar(), "key": current_key(), "tools": query.tools})
     except TimeoutError:
         raise ApiError(504, f"the MCP request did not finish within {MCP_TIMEOUT:g}s", code="upstream_timeout") \
             from None

@@ -92,6 +92,7 @@ def ask_prometheus(args: argparse.Namespace) -> dict[str, Any]:
 
     from ..prom import PrometheusClient, PrometheusError
     from . import executor, meshql
+    from .calls import ToolUnavailable
     from .extract import Vocabulary
     from .nl import Interpreter
     from .params import ParamError
@@ -122,7 +123,7 @@ def ask_prometheus(args: argparse.Namespace) -> dict[str, Any]:
             body.update(executor.run(state, registry, body["query_name"], body["params"]))
     except meshql.MeshQLError as exc:
         raise QueryCliError(f"{exc.message}") from None
-    except (ParamError, PrometheusError, executor.ToolUnavailable) as exc:
+    except (ParamError, PrometheusError, ToolUnavailable) as exc:
         raise QueryCliError(str(exc)) from None
     return body
 

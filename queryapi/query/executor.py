@@ -7,56 +7,13 @@ and a cap on returned rows (`truncated` says when it cut).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
+from .calls import Caller, QueryForbidden, ToolUnavailable
 from .registry import Registry
+from .sidecar_tools import HANDLERS
 
 MAX_ROWS = 500
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who runs a query: their API key (scope checks, per-key budgets) and the Flask app
-    (other areas' services in app.extensions). The command line's direct mode has none."""
-    key: Any = None
-    app: Any = None
-
-
-# tool name (queries.yaml `tool:`) -> handler(state, params, caller) -> rows, or
-# {"results": rows, "summary": {...}}.
-ToolHandler = Callable[[Any, dict[str, Any], Caller], Any]
-_TOOL_HANDLERS: dict[str, ToolHandler] = {}
-
-
-class ToolUnavailable(RuntimeError):
-    """The tool behind a registered query is not available in this sidecar."""
-
-
-class QueryForbidden(PermissionError):
-    """The caller's key lacks the scope the query needs."""
-
-    def __init__(self, name: str, scope: str) -> None:
-        super().__init__(f"query {name!r} needs the {scope!r} scope")
-        self.scope = scope
-
-
-class QueryBudgetExceeded(RuntimeError):
-    """A per-key budget (e.g. chaos simulations a minute) is spent; retry after `retry_after`."""
-
-    def __init__(self, message: str, retry_after: float) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-def tool_handler(name: str) -> Callable[[ToolHandler], ToolHandler]:
-    """Bind the Python function behind a `tool:` query (one binding per name)."""
-    def decorator(function: ToolHandler) -> ToolHandler:
-        if name in _TOOL_HANDLERS and _TOOL_HANDLERS[name] is not function:
-            raise ValueError(f"tool handler {name!r} is already bound")
-        _TOOL_HANDLERS[name] = function
-        return function
-    return decorator
 
 
 def _number(value: float) -> float | str | None:
@@ -83,10 +40,7 @@ def run(state, registry: Registry, name: str, params: dict[str, Any] | None, cal
         rows = [{"labels": sample.labels, "value": _number(sample.value)} for sample in samples]
         result["promql"] = promql
     else:
-        handler = _TOOL_HANDLERS.get(spec.tool)
-        if handler is None:
-            _load_tool_modules()
-            handler = _TOOL_HANDLERS.get(spec.tool)
+        handler = HANDLERS.get(spec.tool)
         if handler is None:
             raise ToolUnavailable(f"tool {spec.tool!r} behind query {name!r} is not available in this sidecar")
         rows = handler(state, values, caller or Caller())
@@ -96,7 +50,3 @@ def run(state, registry: Registry, name: str, params: dict[str, Any] | None, cal
     result["truncated"] = len(rows) > max_rows
     result["results"] = rows[:max_rows]
     return result
-
-
-def _load_tool_modules() -> None:
-    from . import sidecar_tools  # noqa: F401  (binds the handlers)

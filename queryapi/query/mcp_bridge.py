@@ -45,7 +45,7 @@ class McpBridge:
     async def _call_tool(self, ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
         call = self._call(ctx)
         status, body, _ = await anyio.to_thread.run_sync(
-            lambda: call["tools"].call(call["state"], params.name, params.arguments, call["key"], "mcp", call["app"]))
+            lambda: call["tools"].call(call["state"], params.name, params.arguments, call["key"], "mcp"))
         return types.CallToolResult(content=[types.TextContent(text=json.dumps(body))],
                                     structured_content=body, is_error=status >= 400)
 

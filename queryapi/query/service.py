@@ -8,11 +8,11 @@ import time
 from typing import Any
 
 from . import executor, meshql
+from .calls import Caller
 from .extract import Vocabulary
 from .llm import ProviderConfigError, Refiner, detect
 from .nl import Interpreter
 from .registry import Registry, default_registry
-from .sidecar_tools import CHAOS_EXTENSION
 from .sessions import Conversations
 from .tools import ToolError, classify
 
@@ -50,7 +50,7 @@ class QueryService:
         self._lock = threading.Lock()
 
     # -- names Prometheus knows --------------------------------------------------------
-    def vocabulary(self, state, caller: executor.Caller | None = None) -> Vocabulary:
+    def vocabulary(self, state, caller: Caller | None = None) -> Vocabulary:
         """What the live cluster knows, refreshed every VOCABULARY_TTL seconds: hosts,
         devices, clusters and jobs (with their communicator) from Prometheus label values;
         devices, racks and PDUs from the chaos topology when the sidecar has one; services
@@ -70,7 +70,7 @@ class QueryService:
                     names["jobs"].setdefault(sample.labels["job_id"], sample.labels["comm"])
         except Exception as exc:  # Prometheus down: patterns still work, its names are not recognised
             log.warning("cannot read names from Prometheus: %s", exc)
-        chaos = caller.app.extensions.get(CHAOS_EXTENSION) if caller is not None and caller.app is not None else None
+        chaos = getattr(state, "chaos", None)
         if chaos is not None:
             topology = chaos.topology.engine().topology
             names["devices"] = [*names["devices"], *topology.graph.nodes]
@@ -87,7 +87,7 @@ class QueryService:
         return vocabulary
 
     # -- MeshQL ------------------------------------------------------------------------
-    def meshql(self, state, text: Any, execute: Any = True, caller: executor.Caller | None = None) -> dict[str, Any]:
+    def meshql(self, state, text: Any, execute: Any = True, caller: Caller | None = None) -> dict[str, Any]:
         if not isinstance(execute, bool):
             raise ToolError(422, "invalid_params", "`execute` must be true or false")
         statement = meshql.parse(text, self.registry)
@@ -96,12 +96,12 @@ class QueryService:
         return executor.run(state, self.registry, statement.query_name, statement.params, caller)
 
     # -- natural language --------------------------------------------------------------
-    def parameters(self, state, message: Any, caller: executor.Caller | None = None) -> dict[str, Any]:
+    def parameters(self, state, message: Any, caller: Caller | None = None) -> dict[str, Any]:
         """Extraction preview: what would run, without running it."""
         return self.interpreter.interpret(_message(message), self.vocabulary(state, caller)).to_dict()
 
     def ask(self, state, message: Any, previous: dict[str, Any] | None = None, execute: Any = True,
-            caller: executor.Caller | None = None) -> dict[str, Any]:
+            caller: Caller | None = None) -> dict[str, Any]:
         if not isinstance(execute, bool):
             raise ToolError(422, "invalid_params", "`execute` must be true or false")
         body = self._interpret(state, message, previous, caller)
@@ -110,7 +110,7 @@ class QueryService:
         return body
 
     def _interpret(self, state, message: Any, previous: dict[str, Any] | None,
-                   caller: executor.Caller | None) -> dict[str, Any]:
+                   caller: Caller | None) -> dict[str, Any]:
         interpretation = self.interpreter.interpret(_message(message), self.vocabulary(state, caller), previous)
         body = interpretation.to_dict()
         match = interpretation.match
@@ -125,12 +125,12 @@ class QueryService:
             body["answer"] = f"Query {match.query_name} needs: {', '.join(match.missing)}."
         return body
 
-    def _execute(self, state, body: dict[str, Any], caller: executor.Caller | None) -> None:
+    def _execute(self, state, body: dict[str, Any], caller: Caller | None) -> None:
         if body.get("query_name") and not body.get("missing"):
             body.update(executor.run(state, self.registry, body["query_name"], body["params"], caller))
 
     def conversation(self, state, message: Any, session_id: Any,
-                     caller: executor.Caller | None = None) -> dict[str, Any]:
+                     caller: Caller | None = None) -> dict[str, Any]:
         message = _message(message)
         conversations = Conversations(state.storage)
         try:

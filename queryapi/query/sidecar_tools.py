@@ -1,5 +1,7 @@
 """The Python functions behind the registry's `tool:` queries that read the sidecar's
-own store or Prometheus in ways one PromQL expression cannot."""
+own store, its chaos topology or Prometheus in ways one PromQL expression cannot.
+HANDLERS at the end is the one table of them, by the `tool:` names of queries.yaml; the
+executor imports it (tests/test_query_escaping.py checks every `tool:` has one)."""
 from __future__ import annotations
 
 import ipaddress
@@ -9,7 +11,7 @@ from dataclasses import asdict
 from typing import Any
 from urllib.parse import urlsplit
 
-from .executor import QueryBudgetExceeded, ToolUnavailable, tool_handler
+from .calls import QueryBudgetExceeded, ToolHandler, ToolUnavailable
 from .params import duration_seconds
 
 
@@ -17,7 +19,6 @@ def _since_ms(window: str) -> int:
     return int((time.time() - duration_seconds(window)) * 1000)
 
 
-@tool_handler("slo_violations")
 def slo_violations(state, params: dict[str, Any], caller) -> list[dict[str, Any]]:
     """Violating spans per (service, operation) in the window, most first."""
     spans = state.storage.slo_violations(_since_ms(params["window"]), service=params.get("service"), limit=10_000)
@@ -31,7 +32,6 @@ def slo_violations(state, params: dict[str, Any], caller) -> list[dict[str, Any]
     return sorted(groups.values(), key=lambda g: (-g["value"], g["labels"]["service"]))
 
 
-@tool_handler("correlations")
 def correlations(state, params: dict[str, Any], caller) -> list[dict[str, Any]]:
     """Network anomalies matched to slow spans (the sidecar's correlator), per device."""
     trace = params.get("trace")
@@ -52,7 +52,6 @@ def correlations(state, params: dict[str, Any], caller) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (-r["value"], r["labels"]["device"]))
 
 
-@tool_handler("locate_ip")
 def locate_ip(state, params: dict[str, Any], caller) -> list[dict[str, Any]]:
     """Scrape targets whose address is the IP: compared as parsed addresses in Python, so
     the IP never goes into a regex matcher."""
@@ -69,42 +68,32 @@ def locate_ip(state, params: dict[str, Any], caller) -> list[dict[str, Any]]:
 
 
 # -- topology (fabricscope.chaos, through the sidecar's chaos service) ----------------------
-CHAOS_EXTENSION = "fabricscope.chaos"   # queryapi/chaos_api.py keeps its ChaosService there
-
-
-def _chaos_service(caller):
-    service = caller.app.extensions.get(CHAOS_EXTENSION) if caller.app is not None else None
+def _chaos_service(state):
+    service = getattr(state, "chaos", None)     # the command line's direct mode has no sidecar
     if service is None:
         raise ToolUnavailable("no cluster topology is configured for chaos simulations: start the sidecar with "
                               "--chaos-topology FILE (docs/chaos.md)")
     return service
 
 
-@tool_handler("neighbors")
 def neighbors(state, params: dict[str, Any], caller) -> list[dict[str, Any]]:
     """The devices one link away, with the link's kind, partition and state."""
     from fabricscope.chaos.blast import unknown_device
-    topology = _chaos_service(caller).topology.engine().topology
+    topology = _chaos_service(state).topology.engine().topology
     device = params["device"]
     if device not in topology:
         raise unknown_device(topology, device)
-    graph = topology.graph
-    rows = []
-    for peer in sorted(set(graph.successors(device)) | set(graph.predecessors(device))):
-        edge = graph.edges[device, peer] if graph.has_edge(device, peer) else graph.edges[peer, device]
-        up = all(graph.edges[a, b].get("state", "up") == "up" for a, b in ((device, peer), (peer, device))
-                 if graph.has_edge(a, b))
-        rows.append({"labels": {"device": peer, "kind": graph.nodes[peer]["kind"], "link": edge.get("kind", ""),
-                                "partition": edge.get("partition", "")}, "value": 1 if up else 0})
+    rows = [{"labels": {"device": link.peer, "kind": link.kind, "link": link.link_kind,
+                        "partition": link.partition}, "value": 1 if link.up else 0}
+            for link in topology.neighbors(device)]
     return rows
 
 
-@tool_handler("blast_radius")
 def blast_radius(state, params: dict[str, Any], caller) -> dict[str, Any]:
     """The chaos engine's simulation, synchronously (milliseconds), under the same per-key
     simulation budget as POST /graph/chaos-simulate."""
     from fabricscope.chaos.blast import initial_failures
-    service = _chaos_service(caller)
+    service = _chaos_service(state)
     engine = service.topology.engine()
     # Validated before the budget is spent: a request naming an unknown device costs nothing.
     initial_failures(engine.topology, params["device"], params["failure_type"])
@@ -122,7 +111,6 @@ def blast_radius(state, params: dict[str, Any], caller) -> dict[str, Any]:
     return {"results": rows, "summary": summary}
 
 
-@tool_handler("event_history")
 def event_history(state, params: dict[str, Any], caller) -> list[dict[str, Any]]:
     """event_history (the sidecar's cluster question): alert episodes in the window."""
     from ..cluster.questions import event_history as history
@@ -140,7 +128,6 @@ def _straggler_row(rank: dict[str, Any]) -> dict[str, Any]:
             **{k: v for k, v in rank.items() if k not in labels and k != "lag_seconds"}}
 
 
-@tool_handler("outliers")
 def outliers(state, params: dict[str, Any], caller) -> list[dict[str, Any]]:
     """find_outlier_ranks: arrival lag more than `threshold` robust z-scores (1.4826 x MAD)
     above the communicator's median, slowest first."""
@@ -149,7 +136,6 @@ def outliers(state, params: dict[str, Any], caller) -> list[dict[str, Any]]:
             find_outlier_ranks(state.prom, comm=params.get("comm"), threshold=params["threshold"])]
 
 
-@tool_handler("cost")
 def cost(state, params: dict[str, Any], caller) -> dict[str, Any]:
     """get_cost: what the straggler ranks cost their communicators, per hour and over the
     window, at the sidecar's default GPU-hour rate."""
@@ -159,3 +145,15 @@ def cost(state, params: dict[str, Any], caller) -> dict[str, Any]:
     ranks = answer.pop("ranks")
     return {"results": [{**_straggler_row(r), "value": r["dollars_per_hour"], "lag_seconds": r["lag_seconds"]}
                         for r in ranks], "summary": answer}
+
+
+HANDLERS: dict[str, ToolHandler] = {
+    "slo_violations": slo_violations,
+    "correlations": correlations,
+    "locate_ip": locate_ip,
+    "neighbors": neighbors,
+    "blast_radius": blast_radius,
+    "event_history": event_history,
+    "outliers": outliers,
+    "cost": cost,
+}

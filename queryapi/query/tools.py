@@ -4,7 +4,7 @@ Every tool is registered once here; `api.py` serves the list and the calls over 
 `mcp_bridge.py` over MCP, both through `ToolRegistry.call`, so results, error shapes,
 scope checks and the per-call audit line are the same whichever transport asked. Each
 registered query is a tool (its parameters are the tool's input); `meshql`, `ask` and
-`list_queries` are tools too. Other sidecar areas add theirs with `register_tool`.
+`list_queries` are tools too.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from typing import Any, Callable
 from ..errors import DEFAULT_CODES
 from ..prom import PrometheusError
 from . import executor
+from .calls import Caller, QueryBudgetExceeded, QueryForbidden, ToolUnavailable
 from .meshql import MeshQLError
 from .params import ParamError
 from .registry import Registry, UnknownQuery
@@ -43,21 +44,11 @@ class Tool:
     name: str
     description: str
     input_schema: dict[str, Any]
-    handler: Callable[[Any, dict[str, Any], executor.Caller], dict[str, Any]]   # (state, arguments, caller)
+    handler: Callable[[Any, dict[str, Any], Caller], dict[str, Any]]   # (state, arguments, caller)
     scope: str = "read"
 
     def listing(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "inputSchema": self.input_schema}
-
-
-# Tools other sidecar modules contribute: factories called with (query registry, interpreter).
-_EXTRA: list[Callable[..., list[Tool]]] = []
-
-
-def register_tool(factory: Callable[..., list[Tool]]) -> Callable[..., list[Tool]]:
-    """Add tools from another area of the sidecar (a factory returning Tool objects)."""
-    _EXTRA.append(factory)
-    return factory
 
 
 def classify(exc: BaseException) -> ToolError:
@@ -76,11 +67,11 @@ def classify(exc: BaseException) -> ToolError:
     if isinstance(exc, PrometheusError):
         status = 504 if exc.reason == "timeout" else 502 if exc.reason in ("bad_response", "query_error") else 503
         return ToolError(status, f"prometheus_{exc.reason}", str(exc))
-    if isinstance(exc, executor.ToolUnavailable):
+    if isinstance(exc, ToolUnavailable):
         return ToolError(503, "tool_unavailable", str(exc))
-    if isinstance(exc, executor.QueryForbidden):
+    if isinstance(exc, QueryForbidden):
         return ToolError(403, "forbidden", str(exc), {"needs": exc.scope})
-    if isinstance(exc, executor.QueryBudgetExceeded):
+    if isinstance(exc, QueryBudgetExceeded):
         retry = max(1, math.ceil(exc.retry_after))
         return ToolError(429, "rate_limited", str(exc), {"retry_after_seconds": retry}, {"Retry-After": str(retry)})
     if isinstance(exc, ValueError):
@@ -104,8 +95,7 @@ class ToolRegistry:
     def listing(self) -> list[dict[str, Any]]:
         return [tool.listing() for tool in sorted(self.tools.values(), key=lambda t: t.name)]
 
-    def call(self, state, name: str, arguments: Any, key, transport: str,
-             app=None) -> tuple[int, dict[str, Any], dict[str, str]]:
+    def call(self, state, name: str, arguments: Any, key, transport: str) -> tuple[int, dict[str, Any], dict[str, str]]:
         """(HTTP status, body, headers): the result, or {"error": {code, message, detail}}."""
         headers: dict[str, str] = {}
         started = time.perf_counter()
@@ -121,7 +111,7 @@ class ToolRegistry:
                 arguments = {}
             if not isinstance(arguments, dict):
                 raise ToolError(422, "invalid_params", "tool arguments must be a JSON object")
-            status, body = 200, tool.handler(state, arguments, executor.Caller(key, app))
+            status, body = 200, tool.handler(state, arguments, Caller(key))
         except Exception as exc:  # every failure leaves as the shared error shape
             error = classify(exc)
             if error.code == DEFAULT_CODES[500]:
@@ -163,6 +153,4 @@ def build_tools(registry: Registry, service) -> ToolRegistry:
         "list_queries", "The registered queries by category, with their parameters.",
         {"type": "object", "properties": {}, "additionalProperties": False},
         lambda state, args, caller: {"queries": registry.catalog()}))
-    for factory in _EXTRA:
-        tools.extend(factory(registry, service))
     return ToolRegistry(tools)

@@ -29,7 +29,7 @@ def setup(app, state) -> None:
     correlator = Correlator(state.storage, state.prom, state.metrics)
     worker = PeriodicWorker("correlator", state.config.correlation_interval_seconds, correlator.run_once)
     state.workers.append(worker)
-    app.extensions["fabricscope.correlator"] = (correlator, worker)
+    state.correlator, state.correlation_worker = correlator, worker
     state.capabilities.update({"tracing", "otlp_http"})
 
 
@@ -51,8 +51,7 @@ def _store(rows: list[SpanRow], ingest_format: str) -> tuple[int, int]:
     violations = sum(violated for _, violated in evaluated.values())
     metrics.spans_received.labels(ingest_format).inc(len(rows))
     if violations:
-        from flask import current_app
-        current_app.extensions["fabricscope.correlator"][1].wake()
+        state.correlation_worker.wake()
     return stored, violations
 
 
