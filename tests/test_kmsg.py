@@ -184,6 +184,8 @@ def test_fixture_counts_every_pattern_and_xid(node):
     assert plain(samples, "fabric_node_boot_id_changes_total", collector="kmsg") == 0
     stored = json.loads((node / "state" / "kmsg.json").read_text())
     assert stored["boot_id"] == BOOT_A and stored["last_sequence"] == FIXTURE_LAST_SEQUENCE
+    # Typed keys in memory, "a|b" texts on disk (what earlier versions wrote and read back).
+    assert stored["xids"]["79|fatal"] == 1 and stored["xids"]["other|non_fatal"] == 1
 
 
 def test_incremental_reads_and_partial_line(node):

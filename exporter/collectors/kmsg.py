@@ -13,7 +13,7 @@ import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -35,6 +35,20 @@ DEVICE_READ_SIZE = 16 * 1024
 HEAD_BYTES = 64
 
 
+class EventKey(NamedTuple):
+    """What a matched kernel log line counts under; "source|pattern|severity" only in the
+    state file."""
+    source: str
+    pattern: str
+    severity: str
+
+
+class XidKey(NamedTuple):
+    """An Xid count's key; "xid|severity" only in the state file."""
+    xid: str
+    severity: str
+
+
 @dataclass
 class KmsgState:
     boot_id: str = ""
@@ -43,8 +57,8 @@ class KmsgState:
     file_offset: int = 0
     file_head: str = ""                       # first HEAD_BYTES of the file, latin-1
     lines: int = 0
-    events: dict[str, int] = field(default_factory=dict)   # "source|pattern|severity" -> count
-    xids: dict[str, int] = field(default_factory=dict)     # "xid|severity" -> count
+    events: dict[EventKey, int] = field(default_factory=dict)
+    xids: dict[XidKey, int] = field(default_factory=dict)
     source_read: bool = False                 # the log source has been read at least once
 
     def cursor(self) -> tuple:
@@ -53,7 +67,8 @@ class KmsgState:
                 self.lines, self.source_read)
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__, version=1)
+        return dict(self.__dict__, version=1, events={"|".join(k): v for k, v in self.events.items()},
+                    xids={"|".join(k): v for k, v in self.xids.items()})
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "KmsgState":
@@ -79,13 +94,15 @@ class KmsgState:
                 raise ValueError("event counts must be non-negative integers")
         # Keys become label values: keep only those the current tables can produce. A row
         # renamed or removed since the state was written is dropped, not an error.
-        state.events = {k: v for k, v in state.events.items() if k in _EVENT_KEYS}
-        state.xids = {k: v for k, v in state.xids.items() if k in _XID_KEYS}
+        state.events = {_EVENT_KEYS[k]: v for k, v in state.events.items() if k in _EVENT_KEYS}
+        state.xids = {_XID_KEYS[k]: v for k, v in state.xids.items() if k in _XID_KEYS}
         return state
 
 
-_EVENT_KEYS = frozenset(f"{row.source}|{row.name}|{row.severity}" for row in PATTERNS)
-_XID_KEYS = frozenset(f"{xid_label(code)}|{xid_severity(code)}" for code in [*KNOWN_XIDS, -1])
+# Every key the pattern tables can produce, by its state-file text.
+_EVENT_KEYS = {"|".join(key): key for key in (EventKey(row.source, row.name, row.severity) for row in PATTERNS)}
+_XID_KEYS = {"|".join(key): key for key in (XidKey(xid_label(code), xid_severity(code))
+                                             for code in [*KNOWN_XIDS, -1])}
 
 
 class DeviceSource:
@@ -261,24 +278,24 @@ class KmsgCollector(Collector):
             if match is None:
                 continue
             if match.kind == "xid":
-                key = f"{match.name}|{match.severity}"
-                state.xids[key] = state.xids.get(key, 0) + 1
+                xid = XidKey(match.name, match.severity)
+                state.xids[xid] = state.xids.get(xid, 0) + 1
             else:
-                key = f"{match.source}|{match.name}|{match.severity}"
-                state.events[key] = state.events.get(key, 0) + 1
+                event = EventKey(match.source, match.name, match.severity)
+                state.events[event] = state.events.get(event, 0) + 1
 
     def _expose(self) -> Iterable[Metric]:
         if self.state.source_read:
             events = CounterMetricFamily("fabric_kernel_log_events", "Kernel log lines matching a NIC failure pattern.",
                                          labels=["source", "pattern", "severity"])
             # Every known pattern from 0, so increase() sees the first event.
-            counts = dict.fromkeys(_EVENT_KEYS, 0) | self.state.events
+            counts = dict.fromkeys(_EVENT_KEYS.values(), 0) | self.state.events
             for key, value in sorted(counts.items()):
-                events.add_metric(key.split("|", 2), value)
+                events.add_metric(key, value)
             xids = CounterMetricFamily("fabric_kernel_log_xid_events", "NVRM Xid errors by Xid code ('other' when undocumented).",
                                        labels=["xid", "severity"])
             for key, value in sorted(self.state.xids.items()):
-                xids.add_metric(key.split("|", 1), value)
+                xids.add_metric(key, value)
             yield events
             yield xids
             yield CounterMetricFamily("fabric_kernel_log_lines", "Kernel log records read.", value=self.state.lines)
