@@ -51,6 +51,16 @@ while pending:
             (out / file).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, out / file)
 PY
+# Compiled modules for the GPU hosts' Python as well (PyTorch images run 3.12; the venv may
+# be older): pydantic_core has no pure fallback and no abi3 build. Its wheel for 3.12, of the
+# venv's version, beside the venv's own (each interpreter loads the file of its ABI tag).
+PYDANTIC_CORE=$(.venv/bin/python -c 'import pydantic_core; print(pydantic_core.__version__)')
+WHEELS=$(mktemp -d)
+.venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux2014_x86_64 -d "$WHEELS" "pydantic-core==$PYDANTIC_CORE"
+.venv/bin/python -c 'import sys, zipfile; [z.extractall(sys.argv[2], [n for n in z.namelist() if n.endswith(".so")]) for z in [zipfile.ZipFile(sys.argv[1])]]' \
+    "$WHEELS"/pydantic_core-*.whl bench/device/vendor
+rm -rf "$WHEELS"
 # py-spy, when the venv has it (pip install py-spy): gpu_cost.py --profile samples an exporter.
 if test -x .venv/bin/py-spy; then cp .venv/bin/py-spy bench/device/lib/; fi
 du -sh exporter/bpf/*.bpf.o bench/device/lib bench/device/vendor

@@ -770,7 +770,12 @@ class UprobeSource:
         with self._lock:
             paths = [lib.ref.host_path for lib in self._libraries.values() if pid in lib.pids and lib.links]
         if not paths:
-            raise LayoutUnknown("library_unknown", f"pid {pid} maps no probed NCCL library")
+            # A rank that called before discovery listed it (its init is the first call a
+            # process makes, often within the same second as its dlopen): its own maps.
+            maps = discovery.read_maps(self.procfs, pid)
+            paths = [ref.host_path for ref in self._libraries_of(pid, maps)] if maps else []
+        if not paths:
+            raise LayoutUnknown("library_unknown", f"pid {pid} maps no NCCL library")
         problem: Exception | None = None
         for path in paths:
             try:
