@@ -93,6 +93,37 @@ def test_memory_that_cannot_be_read_is_a_reason(tmp_path):
     assert absent.value.reason == "memory_unreadable"
 
 
+# ---- the join after a restart: sequence bases from the previous exporter's marks ---------------
+
+P = 46_000_000          # ns: a step of 6 ms with the last rank 40 ms late
+
+
+@pytest.mark.parametrize("saved_late_seq, saved_late_entry", [
+    (1000, 1_040_000_000),      # saved when both had entered op 1000 (the late rank 40 ms after)
+    (999, 994_000_000),         # saved while rank 0 was in op 1000 and rank 2 not yet
+])
+def test_ranks_counted_from_an_attach_one_op_apart_are_joined_as_before(saved_late_seq, saved_late_entry):
+    from fabricscope.exporter.nccl.alignment import RankMark, sequence_bases
+
+    before = {0: RankMark(1000, 1_000_000_000), 2: RankMark(saved_late_seq, saved_late_entry)}
+    # Attached while rank 0 waited in op 1100 and rank 2 had not entered it: rank 2's first
+    # counted op is 1100, rank 0's 1101. Now, 30 counted ops later:
+    now = {0: RankMark(30, 1_000_000_000 + 130 * P + 300_000), 2: RankMark(31, 1_040_000_000 + 130 * P - 200_000)}
+    bases = sequence_bases(before, now, P)
+    assert {r: now[r].seq + bases[r] for r in now} == {0: 1130, 2: 1130}
+
+
+def test_a_downtime_that_is_no_whole_number_of_periods_shifts_every_rank_alike():
+    from fabricscope.exporter.nccl.alignment import RankMark, sequence_bases
+
+    before = {0: RankMark(10, 0), 1: RankMark(10, 1_000)}
+    now = {0: RankMark(5, 20 * P + P // 2 - 10), 1: RankMark(5, 20 * P + P // 2 + 1_000)}   # jitter of half a period
+    joined = {r: now[r].seq + b for r, b in sequence_bases(before, now, P).items()}
+    assert joined[0] == joined[1]
+    with pytest.raises(ValueError):
+        sequence_bases(before, {0: now[0]}, P)
+
+
 # ---- root: the real exporter process and a job that started before it -------------------------
 
 @pytest.fixture(scope="module")
@@ -112,7 +143,7 @@ class RunningJob:
     """NRANKS step-driver ranks on their own communicator, released at once: a job that
     runs before (and while) the exporter is started."""
 
-    def __init__(self, driver: Path, tmp_path: Path, nranks: int, delays: dict[int, int]) -> None:
+    def __init__(self, driver: Path, tmp_path: Path, nranks: int, delays: dict[int, int], go: bool = True) -> None:
         barrier = tmp_path / "barrier"
         barrier.write_bytes(b"\0" * 64)
         salt = random.randrange(1, 256)
@@ -124,6 +155,11 @@ class RunningJob:
                       for rank in range(nranks)]
         for proc in self.procs:
             assert proc.stdout.readline().strip() == "ready"
+        if go:
+            self.go()
+
+    def go(self) -> None:
+        """Initialise the communicator and run."""
         for proc in self.procs:
             proc.stdin.write("go\n")
             proc.stdin.flush()
@@ -242,3 +278,54 @@ def test_a_job_started_before_the_exporter_and_an_exporter_killed_mid_job_name_e
         for exporter in exporters:
             exporter.kill()
         job.kill()
+
+
+def test_an_exporter_restarted_while_a_rank_is_late_to_every_step_shows_that_rank_late(root_bpf, fake_nccl, tmp_path):
+    """Killed while rank 2 sleeps 40 ms before every all-reduce, its peers waiting: counted
+    from the attach, the ranks would be joined one op apart (the lag shown on the others).
+    The restarted exporter joins them on the marks the first one saved."""
+    library, driver = fake_nccl
+    nranks, delay = 3, 0.040
+    first = ExporterProcess(tmp_path, root_bpf)           # sees the init
+    exporters = [first]
+    job = None
+    try:
+        job = RunningJob(driver, tmp_path, nranks, delays={2: int(delay * 1e6)}, go=False)
+        attached = series("fabric_nccl_probe_attached", library=str(library))
+        wait_until(lambda: first.samples().get(attached) == 1, "probes on the job's library before its init")
+        job.go()
+        named_within(first, job, nranks, deadline=60)
+        assert first.samples()[series("fabric_nccl_comm_identities", source="init", reason="")] >= nranks
+        time.sleep(UPROBE_SAVE_SECONDS + 1)               # the marks saved at least once
+        first.kill()
+        second = ExporterProcess(tmp_path, root_bpf)
+        exporters.append(second)
+        named_within(second, job, nranks)
+        lag = lambda: {r: (second.samples().get(series("fabric_nccl_arrival_lag_seconds_sum", comm=job.comm, rank=str(r))),
+                           second.samples().get(series("fabric_nccl_arrival_lag_seconds_count", comm=job.comm, rank=str(r))))
+                       for r in range(nranks)}
+        wait_until(lambda: all((c or 0) >= 20 for _, c in lag().values()), "joined arrivals after the restart")
+        start = lag()
+        time.sleep(3)
+        end = lag()
+        mean = {r: (end[r][0] - start[r][0]) / (end[r][1] - start[r][1]) for r in range(nranks)}
+        assert mean[2] == pytest.approx(delay, rel=0.15), mean
+        assert all(mean[r] < 0.1 * delay for r in (0, 1)), mean
+        assert job.running()
+    finally:
+        for exporter in exporters:
+            exporter.kill()
+        if job is not None:
+            job.kill()
+
+
+UPROBE_SAVE_SECONDS = 5.0       # UprobeSource.SAVE_SECONDS
+
+
+def wait_until(predicate, what, deadline=30.0):
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"gave up waiting for {what}")

@@ -214,13 +214,20 @@ struct {
 } nccl_op_stats SEC(".maps");
 
 /* The identity of a comm initialised before the probes, learned by user space from the
- * communicator itself (exporter/nccl/commread.py); taken into the rank's state at its
- * next call, so its arrivals join those of its local peers from then on. */
+ * communicator itself (exporter/nccl/commread.py), and what to add to the rank's count
+ * so its sequence numbers are those of the exporter that ran before (alignment.py);
+ * taken into the rank's state at its next call, so its arrivals join those of its local
+ * peers from then on. */
+struct learned_ident {
+	__u64 ident;
+	__s64 seq_base;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 4096);
 	__type(key, struct comm_key);
-	__type(value, __u64);
+	__type(value, struct learned_ident);
 } nccl_comm_ident SEC(".maps");
 
 /* First local entry of op `seq` on a comm. LRU: old ops age out on their own. */
@@ -390,10 +397,12 @@ static __always_inline int coll_enter(__u16 op, __u64 comm, __u64 count, __s32 d
 		return 0;
 	if (!state->ident) {
 		struct comm_key key = { .pid = pid, .comm = comm };
-		__u64 *learned = bpf_map_lookup_elem(&nccl_comm_ident, &key);
+		struct learned_ident *learned = bpf_map_lookup_elem(&nccl_comm_ident, &key);
 
-		if (learned)
-			state->ident = *learned;
+		if (learned) {
+			state->ident = learned->ident;
+			state->seq = (__u32)((__s64)state->seq + learned->seq_base);
+		}
 	}
 	state->seq += 1;
 	if (cfg->boundary_ops && state->seq % cfg->boundary_ops == 0) {

@@ -61,7 +61,8 @@ class NcclCollector(Collector):
             from ..nccl.uprobe import UprobeSource
 
             self.uprobes = UprobeSource(ctx.procfs, ctx.sysfs, Path(section.get("bpf_object", DEFAULT_OBJECT)),
-                                        rescan_seconds=_optional_seconds(section.get("rescan_seconds")))
+                                        rescan_seconds=_optional_seconds(section.get("rescan_seconds")),
+                                        state_dir=ctx.state_dir)
             self.uprobes.attach(self.tracker)
         self._nvml = ctx.sources.get("nvml")
         self._nvml_owned = False

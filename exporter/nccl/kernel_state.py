@@ -31,8 +31,9 @@ OP_STATS = struct.Struct(f"<QQQ{_HIST_WORDS}Q{_HIST_WORDS}Q{RECENT_MAX}QQ")
 # struct comm_key (pid, pad, comm) and struct op_key (pid, op, comm)
 COMM_KEY = struct.Struct("<IIQ")
 OP_KEY = struct.Struct("<IIQ")
-# nccl_comm_ident values: a comm's identity learned by user space (u64)
-IDENT = struct.Struct("<Q")
+# nccl_comm_ident values (struct learned_ident): a comm's identity learned by user space, and
+# what to add to the rank's sequence number when the kernel takes it (alignment.py)
+IDENT = struct.Struct("<Qq")
 # struct open_call, keyed by pid_tgid
 OPEN_CALL = struct.Struct("<QQII")
 PID_TGID = struct.Struct("<Q")

@@ -31,6 +31,8 @@ from typing import Callable, NamedTuple
 
 from . import commread, discovery
 from . import kernel_state as ks
+from ..statefile import StateFile
+from .alignment import RankMark, sequence_bases
 from .commid import comm_label, fold_words
 from .tracker import DURATION_BUCKETS, ENQUEUE_BUCKETS, LAG_BUCKETS
 
@@ -44,6 +46,9 @@ INIT_RANK, INIT_ALL, INIT_SPLIT, INIT_SCALABLE = 1, 2, 3, 4
 # ncclDataType_t -> bytes per element (nccl.h): Int8/Char, Uint8, Int32/Int, Uint32,
 # Int64, Uint64, Float16/Half, Float32/Float, Float64/Double, Bfloat16, Float8e4m3, Float8e5m2.
 # Written into the program's nccl_config: the kernel sizes calls with it.
+# Send and Recv (events.OPS): no sequence number.
+P2P_OPS = (6, 7)
+
 DATATYPE_BYTES = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2, 10: 1, 11: 1}
 
 # (symbol, entry program, return program or None). A library gets every one it exports.
@@ -119,8 +124,13 @@ class EventHandler:
         self.comms: dict[tuple[int, int], ks.CommRef] = {}      # (pid, comm pointer) -> comm
         self.ended: list[tuple[int, int, ks.CommRef]] = []      # destroyed (pid, pointer, comm), for a last read
         # Comms named from memory whose identity the kernel's arrival join still needs:
-        # (pid, pointer, comm hash), written into nccl_comm_ident by the reader.
-        self.learned: list[tuple[int, int, int]] = []
+        # (pid, pointer, comm hash, sequence base), written into nccl_comm_ident by the reader.
+        self.learned: list[tuple[int, int, int, int]] = []
+        # The previous exporter's marks, (comm, rank, pid) -> RankMark (alignment.py), and the
+        # comms named from memory that wait to be aligned on them: (pid, pointer) ->
+        # (comm, rank, comm hash, since).
+        self.previous: dict[tuple[str, int, int], RankMark] = {}
+        self.pending: dict[tuple[int, int], tuple[str, int, int, float]] = {}
         self._retry_at: dict[tuple[int, int], float] = {}
         self.invalid: dict[str, int] = {}
         self.events = 0
@@ -168,7 +178,10 @@ class EventHandler:
             return ref
         ref = ks.CommRef(comm_label(read.comm_hash), read.rank, read.nranks, source="memory")
         self.comms[key] = ref
-        self.learned.append((pid, pointer, read.comm_hash))
+        if (ref.label, ref.rank, pid) in self.previous:     # restarted: join as before
+            self.pending[key] = (ref.label, ref.rank, read.comm_hash, self.clock())
+        else:
+            self.learned.append((pid, pointer, read.comm_hash, 0))
         self.tracker.register_comm(ref.label, ref.rank, ref.nranks)
         log.info("NCCL comm %s rank %d of %d (pid %d) named from its communicator: its init came before "
                  "the probes", ref.label, ref.rank, ref.nranks, pid)
@@ -198,7 +211,7 @@ class EventHandler:
             # NCCL's own hash, rank and size: what an exporter that starts later reads too.
             ref = ks.CommRef(comm_label(read.comm_hash), read.rank, read.nranks)
             if not event.ident:                 # a split of a comm the kernel never named
-                self.learned.append((event.pid, event.comm, read.comm_hash))
+                self.learned.append((event.pid, event.comm, read.comm_hash, 0))
         else:
             if event.op == INIT_SPLIT and not event.ident:
                 # A split of a comm initialised before we attached: no identity to derive.
@@ -229,6 +242,7 @@ class EventHandler:
             return False
         del self.comms[(pid, pointer)]
         self._retry_at.pop((pid, pointer), None)
+        self.pending.pop((pid, pointer), None)
         return True
 
     def rank_processes(self) -> list[tuple[str, int, int, int]]:
@@ -242,6 +256,7 @@ class EventHandler:
         for key in [k for k in self.comms if k[0] == pid]:
             ref = self.comms.pop(key)
             self._retry_at.pop(key, None)
+            self.pending.pop(key, None)
             self.tracker.drop_inflight(ref.label, ref.rank)
 
 
@@ -267,6 +282,10 @@ class KernelReader:
         self._offset = time.time() - time.monotonic()
         self._seen: dict[tuple[int, int], tuple] = {}
         self.pids: set[int] = set()          # processes with entries in the maps at the last read
+        # Each rank's latest collective: its sequence number and entry (alignment.RankMark),
+        # what the next exporter aligns on after a restart.
+        self.marks: dict[tuple[int, int], RankMark] = {}
+        self._periods: dict[tuple[int, int], float] = {}   # pending ranks' call-to-call period, ns
 
     def resync_clock(self) -> None:
         self._offset = time.time() - time.monotonic()
@@ -301,6 +320,12 @@ class KernelReader:
         drain_events()
         for (pid, comm), (state_raw, ops_raw) in ranks.items():
             state = ks.decode_rank_state(state_raw, lag_n) if state_raw is not None else None
+            if state is not None and state.seq > 0 and state.last_op not in P2P_OPS:
+                self.marks[(pid, comm)] = RankMark(state.seq, state.last_ts)
+                if (pid, comm) in self.handler.pending and state.last_op in ops_raw:
+                    recent = ks.decode_op_stats(ops_raw[state.last_op], enqueue_n, duration_n).recent
+                    if recent:
+                        self._periods[(pid, comm)] = sorted(recent)[len(recent) // 2]
             returned = state is None or (pid, comm, state.last_ts) not in inside
             signature = (state_raw, tuple(sorted(ops_raw.items())), returned)
             ref = self.handler.comm(pid, comm)
@@ -311,15 +336,63 @@ class KernelReader:
             ops = {op: ks.decode_op_stats(raw, enqueue_n, duration_n) for op, raw in ops_raw.items()}
             tracker.apply_probed(ks.probed_rank(ref, state, ops, returned, self.to_wall, observed_at))
         self.pids = {pid for pid, _ in ranks} | {pid for pid, _, _ in inside}
+        for key in [k for k in self.marks if k not in ranks]:
+            del self.marks[key]
+        self._align()
         self._teach_kernel()
         return {pid for pid, _ in ranks}
 
+    # Ranks named from memory wait this long for their peers to be aligned with them; then
+    # they are joined from the attach on, as on a first start.
+    ALIGN_WAIT_SECONDS = 30.0
+
+    def _align(self) -> None:
+        """Comms named from memory after a restart: once every local rank the previous
+        exporter saved is named and has a mark, their sequence bases (alignment.py)."""
+        handler = self.handler
+        if not handler.pending:
+            return
+        by_comm: dict[str, dict[int, tuple[int, int]]] = {}
+        for key, (label, rank, ident, since) in handler.pending.items():
+            by_comm.setdefault(label, {})[rank] = key
+        for label, ranks in by_comm.items():
+            saved = {rank: mark for (comm, rank, pid), mark in handler.previous.items()
+                     if comm == label and pid in self.pids}
+            keys = {rank: key for rank, key in ranks.items() if rank in saved}
+            ready = set(keys) == set(saved) and all(key in self.marks for key in keys.values())
+            period = self._periods.get(keys[min(keys)]) if keys else None
+            if ready and period:
+                bases = sequence_bases(saved, {rank: self.marks[key] for rank, key in keys.items()}, period)
+                log.info("NCCL comm %s: ranks %s joined on the previous exporter's sequence numbers",
+                         label, sorted(bases))
+            elif all(handler.clock() - handler.pending[key][3] > self.ALIGN_WAIT_SECONDS for key in ranks.values()):
+                bases = {}
+                log.info("NCCL comm %s: not every rank the previous exporter saw is back; "
+                         "joining from the attach", label)
+            else:
+                continue
+            for rank, key in ranks.items():
+                _, _, ident, _ = handler.pending.pop(key)
+                handler.learned.append((key[0], key[1], ident, bases.get(rank, 0)))
+                self._periods.pop(key, None)
+
     def _teach_kernel(self) -> None:
-        """Comms named from memory: their identity for the kernel's arrival join, which
-        takes it at the rank's next call (nccl_comm_ident in nccl.bpf.c)."""
+        """Comms named from memory: their identity for the kernel's arrival join, and the
+        base of their sequence numbers, which the kernel takes at the rank's next call
+        (nccl_comm_ident in nccl.bpf.c)."""
         learned, self.handler.learned = self.handler.learned, []
-        for pid, pointer, ident in learned:
-            self.comm_ident.update(ks.COMM_KEY.pack(pid, 0, pointer), ks.IDENT.pack(ident))
+        for pid, pointer, ident, base in learned:
+            self.comm_ident.update(ks.COMM_KEY.pack(pid, 0, pointer), ks.IDENT.pack(ident, base))
+
+    def sequence_marks(self) -> list[tuple[str, int, int, int, int]]:
+        """(comm, rank, pid, seq, entry ns) of every named rank whose numbering is settled:
+        what the next exporter aligns on."""
+        out = []
+        for (pid, pointer), mark in list(self.marks.items()):
+            ref = self.handler.comms.get((pid, pointer))
+            if ref is not None and ref.rank >= 0 and (pid, pointer) not in self.handler.pending:
+                out.append((ref.label, ref.rank, pid, mark.seq, mark.entry_ns))
+        return out
 
     def take_ended(self) -> list[tuple[int, int, ks.CommRef]]:
         """The comms destroyed so far, for end_comms after one more read."""
@@ -405,11 +478,18 @@ class UprobeSource:
     # 1,000, a job creating its communicators all at once. Its pages count in RSS.
     RING_BYTES = 1 << 16
 
+    # Each local rank's sequence mark is saved this often (alignment.py): what a restarted
+    # exporter joins ranks on.
+    SAVE_SECONDS = 5.0
+
     def __init__(self, procfs: Path, sysfs: Path, object_path: Path, rescan_seconds: float | None = None,
-                 watch_object_path: Path | None = None, ring_bytes: int | None = None) -> None:
+                 watch_object_path: Path | None = None, ring_bytes: int | None = None,
+                 state_dir: Path | None = None) -> None:
         """rescan_seconds None: RESCAN_WITH_HINTS, or RESCAN_WITHOUT_HINTS when the process
-        watch (procwatch.bpf.o beside object_path) cannot run."""
+        watch (procwatch.bpf.o beside object_path) cannot run. state_dir: where the ranks'
+        sequence marks are kept across restarts (none: not kept)."""
         self.procfs = Path(procfs)
+        self._marks_file = StateFile(Path(state_dir) / "nccl_sequences.json") if state_dir else None
         self.sysfs = Path(sysfs)
         self.object_path = Path(object_path)
         self.watch_object_path = Path(watch_object_path or self.object_path.with_name("procwatch.bpf.o"))
@@ -439,11 +519,13 @@ class UprobeSource:
         self._exited = 0
         self._lost_logged = 0
         self._told_no_library = False
+        self._saved_any = False
 
     # ---- lifecycle ---------------------------------------------------------------------
 
     def attach(self, tracker) -> None:
         self._handler = EventHandler(tracker, identify=self.identify)
+        self._handler.previous = self._load_marks()
         if not self._load():
             return
         self._thread = threading.Thread(target=self._run, name="nccl-uprobes", daemon=True)
@@ -536,7 +618,7 @@ class UprobeSource:
     # ---- the loop ------------------------------------------------------------------------
 
     def _run(self) -> None:
-        next_scan = next_exit_check = next_read = 0.0
+        next_scan = next_exit_check = next_read = next_save = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
             # Once a second: traced processes that exited, and hints the kernel dropped (a lost
@@ -565,6 +647,9 @@ class UprobeSource:
             if rc > 0 or self._handler.ended or time.monotonic() >= next_read:
                 self._read_kernel()
                 next_read = time.monotonic() + self.READ_SECONDS
+            if time.monotonic() >= next_save:
+                self._save_marks()
+                next_save = time.monotonic() + self.SAVE_SECONDS
 
     def _read_kernel(self) -> None:
         """Apply the kernel's accounting to the tracker; pids seen in it but not traced
@@ -579,6 +664,35 @@ class UprobeSource:
             return
         with self._lock:
             self._calling = pids - self._pids
+
+    def _boot_id(self) -> str:
+        try:
+            return (self.procfs / "sys/kernel/random/boot_id").read_text().strip()
+        except OSError:
+            return ""
+
+    def _load_marks(self) -> dict[tuple[str, int, int], RankMark]:
+        """The previous exporter's marks, when it ran in this boot (the entry times are
+        CLOCK_MONOTONIC)."""
+        if self._marks_file is None:
+            return {}
+        data = self._marks_file.load()
+        if not data or data.get("boot_id") != self._boot_id() or not data["boot_id"]:
+            return {}
+        try:
+            return {(str(comm), int(rank), int(pid)): RankMark(int(seq), int(entry))
+                    for comm, rank, pid, seq, entry in data.get("ranks", [])}
+        except (TypeError, ValueError) as exc:
+            self._marks_file.set_aside(f"ranks: {exc}")
+            return {}
+
+    def _save_marks(self) -> None:
+        if self._marks_file is None or self._reader is None:
+            return
+        ranks = sorted(self._reader.sequence_marks())
+        if ranks or self._saved_any:
+            self._marks_file.save({"boot_id": self._boot_id(), "ranks": [list(r) for r in ranks]})
+            self._saved_any = bool(ranks)
 
     def _hints_lost(self) -> bool:
         """Hints dropped (kernel ring full, or too many pending): only a full rescan is safe."""
