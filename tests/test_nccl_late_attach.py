@@ -124,6 +124,27 @@ def test_a_downtime_that_is_no_whole_number_of_periods_shifts_every_rank_alike()
         sequence_bases(before, {0: now[0]}, P)
 
 
+@pytest.mark.parametrize("stored, loaded", [
+    ({"boot_id": "b1", "ranks": [["00000000000000ab", 0, 10, 7, 1000]]}, {("00000000000000ab", 0, 10): (7, 1000)}),
+    ({"boot_id": "b0", "ranks": [["00000000000000ab", 0, 10, 7, 1000]]}, {}),      # another boot's clock
+    ({"boot_id": "b1", "ranks": [["00000000000000ab", 0, 10, -7, 1000]]}, {}),     # no sequence number
+    ({"boot_id": "b1", "ranks": 5}, {}),
+    ({"boot_id": "b1", "ranks": [["x", 0]]}, {}),
+])
+def test_saved_marks_are_taken_only_from_this_boot_and_only_when_they_are_marks(tmp_path, stored, loaded):
+    import json
+
+    from fabricscope.exporter.nccl.uprobe import UprobeSource
+
+    (tmp_path / "proc/sys/kernel/random").mkdir(parents=True)
+    (tmp_path / "proc/sys/kernel/random/boot_id").write_text("b1\n")
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state/nccl_sequences.json").write_text(json.dumps(stored))
+    source = UprobeSource(tmp_path / "proc", tmp_path / "sys", tmp_path / "nccl.bpf.o", state_dir=tmp_path / "state")
+    marks = source._load_marks()
+    assert {key: (m.seq, m.entry_ns) for key, m in marks.items()} == loaded
+
+
 # ---- root: the real exporter process and a job that started before it -------------------------
 
 @pytest.fixture(scope="module")
@@ -254,6 +275,7 @@ def root_bpf():
     return path
 
 
+@pytest.mark.timing
 def test_a_job_started_before_the_exporter_and_an_exporter_killed_mid_job_name_every_rank(
         root_bpf, fake_nccl, tmp_path):
     _, driver = fake_nccl
@@ -280,6 +302,7 @@ def test_a_job_started_before_the_exporter_and_an_exporter_killed_mid_job_name_e
         job.kill()
 
 
+@pytest.mark.timing
 def test_an_exporter_restarted_while_a_rank_is_late_to_every_step_shows_that_rank_late(root_bpf, fake_nccl, tmp_path):
     """Killed while rank 2 sleeps 40 ms before every all-reduce, its peers waiting: counted
     from the attach, the ranks would be joined one op apart (the lag shown on the others).

@@ -85,6 +85,8 @@ def library_layout(path: str) -> CommLayout:
         raise LayoutUnknown("library_unreadable", f"{path}: {exc}") from None
     key = (st.st_dev, st.st_ino, int(st.st_mtime))
     if key not in _cache:
+        if len(_cache) > 64:            # library files come and go with jobs' environments
+            _cache.clear()
         _cache[key] = _find(path)
     found = _cache[key]
     if isinstance(found, LayoutUnknown):

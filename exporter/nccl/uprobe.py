@@ -680,8 +680,12 @@ class UprobeSource:
         if not data or data.get("boot_id") != self._boot_id() or not data["boot_id"]:
             return {}
         try:
-            return {(str(comm), int(rank), int(pid)): RankMark(int(seq), int(entry))
-                    for comm, rank, pid, seq, entry in data.get("ranks", [])}
+            marks = {(str(comm), int(rank), int(pid)): RankMark(int(seq), int(entry))
+                     for comm, rank, pid, seq, entry in data.get("ranks", [])}
+            bad = [key for key, mark in marks.items() if not (0 <= mark.seq < 1 << 32 and mark.entry_ns >= 0)]
+            if bad:
+                raise ValueError(f"no sequence mark of a rank: {bad[0]}")
+            return marks
         except (TypeError, ValueError) as exc:
             self._marks_file.set_aside(f"ranks: {exc}")
             return {}
