@@ -20,6 +20,7 @@ from .framework import (COLLECTORS, DEFAULT_COLLECTOR_TIMEOUT, Collector, Scrape
 from .web import serve
 from .isolated import IsolatedStepError, in_child
 from .malloc import cap_malloc_arenas, return_free_heap
+from .parsers.held import raise_open_file_limit
 from .schema import ConfigError
 from .webconfig import load_web_config
 
@@ -165,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
     # Before any thread starts: glibc's per-thread malloc arenas (8 per core) grow the RSS
     # with the host's core count (exporter/malloc.py).
     cap_malloc_arenas()
+    raise_open_file_limit()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ctx = context_from_args(args)
     enabled = enabled_collectors(args)

@@ -180,3 +180,32 @@ def test_an_interface_deleted_and_created_again_is_read_from_its_new_files(tmp_p
     assert rx_bytes() == 424242
     collector.close()
     assert open_descriptors() == before
+
+
+def test_the_exporter_raises_its_open_file_limit_to_the_hard_limit(tmp_path, port):
+    """A service started with the usual soft limit of 1,024 could hold only part of a large
+    node's counter files; the exporter lifts it at start, as Go programs do."""
+    import resource
+    import subprocess
+    import sys
+    import time
+
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "fabricscope.cli", "exporter", f"--web.listen-address=127.0.0.1:{port}",
+         f"--path.sysfs={tmp_path}", f"--path.procfs={tmp_path}", f"--path.state={tmp_path / 'state'}",
+         "--collector.infiniband", *[f"--no-collector.{name}" for name in ("ebpf", "kmsg", "nccl", "netdev", "nvlink",
+                                                                            "tcp")]],
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096)),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            limits = Path(f"/proc/{exporter.pid}/limits").read_text()
+            soft = next(line.split()[3] for line in limits.splitlines() if line.startswith("Max open files"))
+            if soft == "4096" or exporter.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert soft == "4096"
+    finally:
+        exporter.terminate()
+        exporter.wait(timeout=10)

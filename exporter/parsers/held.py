@@ -66,6 +66,19 @@ class _Budget:
 BUDGET = _Budget()
 
 
+def raise_open_file_limit() -> None:
+    """The soft open-file limit raised to the hard one, as every Go program (node_exporter
+    included) does at start: a service's usual soft limit of 1,024 would hold only about
+    half of an 8-HCA node's ~1,000 counter files open. Called once, before any is held."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = min(hard, 1 << 20) if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass   # kept as it was: the budget follows whatever the limit is
+
+
 class HeldDirectory:
     """The files of one sysfs directory (all of them, or the `names` given), held open.
 
