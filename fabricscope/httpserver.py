@@ -128,20 +128,50 @@ class HttpServer:
 
     async def _serve(self, sock: socket.socket, ready: threading.Event) -> None:
         self._stopping = asyncio.Event()
-        server = await asyncio.start_server(self._on_connection, sock=sock, limit=self.max_header_bytes)
+        self._loop.add_reader(sock.fileno(), self._accept, sock)
         ready.set()
         await self._stopping.wait()
-        server.close()
+        self._loop.remove_reader(sock.fileno())
+        sock.close()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=1)
 
-    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        source = writer.get_extra_info("peername")[0]
-        if not self.connections.admit(source):
-            writer.transport.close()              # over this address's share, or the total
-            return
+    def _accept(self, sock: socket.socket) -> None:
+        """Accept what is waiting. A connection over its address's share (or the total) is
+        closed here, before asyncio builds a transport, a protocol and a task for it: an
+        address re-opening refused connections in a loop costs an accept() and a close()
+        each, not a coroutine."""
+        for _ in range(128):
+            try:
+                conn, peer = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:                # out of descriptors: retry on the next event
+                log.warning("%s: accept failed: %s", self.name, exc)
+                return
+            source = peer[0]
+            if not self.connections.admit(source):
+                conn.close()
+                continue
+            conn.setblocking(False)
+            task = self._loop.create_task(self._adopt(conn, source))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _adopt(self, conn: socket.socket, source: str) -> None:
+        # As asyncio.start_server does for each connection: a stream protocol whose
+        # connected callback serves it (the callback's writer is the one start_tls keeps).
+        reader = asyncio.StreamReader(limit=self.max_header_bytes)
+        protocol = asyncio.StreamReaderProtocol(reader, lambda r, w: self._on_connection(r, w, source))
+        try:
+            await self._loop.connect_accepted_socket(lambda: protocol, sock=conn)
+        except OSError:
+            conn.close()
+            self.connections.release(source)
+
+    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, source: str) -> None:
         task = asyncio.current_task()
         self._tasks.add(task)
         try:

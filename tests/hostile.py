@@ -1,0 +1,161 @@
+"""Hostile clients against a real server, for tests/test_hostile_clients.py and
+bench/hostile_clients.py: attackers connect from 127.0.0.1, the normal client from
+127.0.0.2 (both loopback; Linux routes all of 127.0.0.0/8 there), so a server that
+shares itself fairly per address keeps serving the normal client.
+
+Attack kinds, each connection re-opened half a second after the server closes it, until
+stopped:
+- one_byte: one byte (on a TLS port: the first byte of a ClientHello), then silence;
+- header_trickle: a request line, then a header byte every half second;
+- body_trickle: a complete head announcing 100,000 bytes of body, then 10 bytes every
+  half second;
+- silent: on a TLS port the handshake completed, then silence; on plaintext, connect
+  and never send.
+"""
+from __future__ import annotations
+
+import asyncio
+import http.client
+import socket
+import ssl
+import threading
+import time
+
+ATTACKER = "127.0.0.1"
+CLIENT = "127.0.0.2"
+KINDS = ("one_byte", "header_trickle", "body_trickle", "silent")
+TRICKLE_SECONDS = 0.5
+REOPEN_SECONDS = 0.5
+
+
+class Attack:
+    """`counts[kind]` connections of each kind to host:port from ATTACKER, in a thread of
+    their own; a context manager."""
+
+    def __init__(self, host: str, port: int, counts: dict[str, int], tls: bool) -> None:
+        self.host, self.port, self.counts, self.tls = host, port, counts, tls
+        self.context = ssl.create_default_context()
+        self.context.check_hostname = False
+        self.context.verify_mode = ssl.CERT_NONE
+        self.opened = 0                 # connections opened in all, re-openings included
+        self.holding = 0                # open right now
+        self.most_held = 0              # the most open at once
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="attack", daemon=True)
+        self._stop: asyncio.Event | None = None
+        self._started = threading.Event()
+
+    def __enter__(self) -> "Attack":
+        self._thread.start()
+        self._started.wait(10)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(15)
+
+    def _run(self) -> None:
+        self._loop.run_until_complete(self._main())
+        self._loop.close()
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        tasks = [asyncio.ensure_future(self._connection(kind))
+                 for kind, count in self.counts.items() for _ in range(count)]
+        self._started.set()
+        await self._stop.wait()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _connection(self, kind: str) -> None:
+        while not self._stop.is_set():
+            writer = None
+            try:
+                handshake = self.tls and kind != "one_byte"
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(
+                    self.host, self.port, local_addr=(ATTACKER, 0), ssl=self.context if handshake else None,
+                    server_hostname=self.host if handshake else None), 10)
+                self.opened += 1
+                self.holding += 1
+                self.most_held = max(self.most_held, self.holding)
+                try:
+                    await self._hold(kind, reader, writer)
+                finally:
+                    self.holding -= 1
+            except (OSError, ssl.SSLError, asyncio.TimeoutError, EOFError):
+                pass
+            finally:
+                if writer is not None:
+                    writer.transport.abort()
+            # Then re-open, after a pause: re-opening at once would make this a connection
+            # flood, which costs the machine the test and the server share (two cores)
+            # more than the server, and is the firewall's to limit, not the server's.
+            await asyncio.sleep(REOPEN_SECONDS)
+
+    async def _hold(self, kind: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if kind == "one_byte":
+            writer.write(b"\x16" if self.tls else b"G")
+        elif kind == "header_trickle":
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        elif kind == "body_trickle":
+            writer.write(b"POST /tracing/spans HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100000\r\n\r\n[")
+        while not self._stop.is_set():
+            if kind == "header_trickle":
+                writer.write(b"X")
+            elif kind == "body_trickle":
+                writer.write(b" " * 10)
+            await writer.drain()
+            try:
+                if not await asyncio.wait_for(reader.read(65536), TRICKLE_SECONDS):
+                    return                       # closed by the server
+            except asyncio.TimeoutError:
+                pass
+
+
+def silent_sockets(host: str, port: int, count: int) -> list[socket.socket]:
+    """`count` connections from ATTACKER that never send (the server may close them)."""
+    socks = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.bind((ATTACKER, 0))
+        sock.settimeout(5)
+        try:
+            sock.connect((host, port))
+        except OSError:
+            sock.close()
+            continue
+        socks.append(sock)
+    return socks
+
+
+def timed_get(host: str, port: int, path: str, context: ssl.SSLContext | None = None,
+              headers: dict[str, str] | None = None, timeout: float = 10.0,
+              source: str = CLIENT) -> tuple[int | None, float]:
+    """(status, seconds) of one GET on a new connection from `source`; status None when
+    it failed (refused, reset, timed out)."""
+    started = time.perf_counter()
+    if context is not None:
+        conn = http.client.HTTPSConnection(host, port, context=context, timeout=timeout, source_address=(source, 0))
+    else:
+        conn = http.client.HTTPConnection(host, port, timeout=timeout, source_address=(source, 0))
+    try:
+        conn.request("GET", path, headers=headers or {})
+        response = conn.getresponse()
+        response.read()
+        return response.status, time.perf_counter() - started
+    except (OSError, http.client.HTTPException, ssl.SSLError):
+        return None, time.perf_counter() - started
+    finally:
+        conn.close()
+
+
+def worst(samples: list[tuple[int | None, float]]) -> float:
+    """The slowest answer (the p99 of up to 100 samples); a failure counts as infinite."""
+    return max(seconds if status is not None else float("inf") for status, seconds in samples)
+
+
+def p90(samples: list[tuple[int | None, float]]) -> float:
+    times = sorted(seconds if status is not None else float("inf") for status, seconds in samples)
+    return times[max(0, -(-len(times) * 9 // 10) - 1)]
