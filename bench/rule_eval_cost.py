@@ -125,15 +125,10 @@ def node_series(index: int) -> list[Series]:
             out.append(Series("fabric_infiniband_port_counter_total", {**port, "counter": counter}, 0, rate))
         for counter in IB_HW_COUNTERS:
             out.append(Series("fabric_infiniband_port_hw_counter_total", {**port, "counter": counter}, 0))
-        for counter, severity in (("link_downed", "fatal"), ("symbol_error", "non_fatal"),
-                                  ("port_rcv_errors", "non_fatal"), ("excessive_buffer_overrun_errors", "fatal")):
-            out.append(Series("fabric_infiniband_port_counter_breached",
-                              {**port, "counter": counter, "severity": severity}, 0))
+        # Breach and anomaly flags exist only while raised (none here).
         for severity in ("fatal", "non_fatal", "recovery", "baseline"):
             out.append(Series("fabric_infiniband_port_health_events_total", {**port, "severity": severity},
                               1 if severity == "baseline" else 0))
-        for check in ("uncabled", "homogeneity"):
-            out.append(Series("fabric_infiniband_port_anomaly", {**port, "check": check}, 0))
     # NVLink: 8 GPUs x 18 links.
     for gpu in range(GPUS_PER_NODE):
         out.append(Series("fabric_gpu_info", {**base, "gpu": str(gpu), "uuid": f"GPU-{index:04d}-{gpu}",
@@ -145,11 +140,12 @@ def node_series(index: int) -> list[Series]:
             out.append(Series("fabric_nvlink_info", {**labels, "version": "4", "remote_pci_bus_id": "",
                                                      "remote_type": "nvswitch"}, 1))
             throughput = 0 if inactive else 2e10
-            out.append(Series("fabric_nvlink_transmit_bytes_total", labels, 1e13, throughput))
-            out.append(Series("fabric_nvlink_receive_bytes_total", labels, 1e13, throughput))
-            for kind in ("crc_flit", "crc_data", "replay", "recovery"):
-                out.append(Series("fabric_nvlink_errors_total", {**labels, "type": kind}, 0,
-                                  2.0 if (index == 13 and kind == "replay") else 0))
+            out.append(Series("fabric_nvlink_bytes_total", labels, 2e13, 2 * throughput))   # both directions
+            if index == 13:                     # a link's error counters exist once they count
+                out.append(Series("fabric_nvlink_errors_total", {**labels, "type": "replay"}, 1, 2.0))
+        for kind in ("crc_flit", "crc_data", "replay", "recovery"):
+            out.append(Series("fabric_nvlink_gpu_errors_total", {**base, "gpu": str(gpu), "type": kind}, 0,
+                              2.0 * NVLINKS_PER_GPU if (index == 13 and kind == "replay") else 0))
     # NCCL: ranks 8i..8i+7 of one 1,024-rank communicator; rank 77 straggles.
     for rank in range(RANKS_PER_NODE * index, RANKS_PER_NODE * (index + 1)):
         for op in NCCL_OPS:

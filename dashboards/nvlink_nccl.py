@@ -70,8 +70,7 @@ def dashboard() -> g.Dashboard:
     panels = [
         c.row("NVLink"),
         c.timeseries("NVLink throughput per link", [c.prom(
-            f"""sum by (node, gpu, link) ({link_rate('fabric_nvlink_transmit_bytes_total')}
-                + {link_rate('fabric_nvlink_receive_bytes_total')})""",
+            f"sum by (node, gpu, link) ({link_rate('fabric_nvlink_bytes_total')})",
             legend="{{node}} GPU {{gpu}} link {{link}}")], "Bps",
             "Transmit + receive bytes per second on each NVLink link (NVML throughput counters)."),
         c.timeseries("NVLink errors", [c.prom(

@@ -12,9 +12,11 @@ that uses them. Importing this module imports pydantic: the serving exporter nev
       replace_default_thresholds: false
       thresholds: [{counter: symbol_error, type: velocity, threshold: 50, unit: minute}]
       roles: {mlx5_4: storage}
+      hw_counter_include: "^(out_of_buffer|np_cnp_sent)$"   # besides the judged ones; "" exports all
+      counter_exclude: "^VL15_dropped$"   # counters/ files left out (never a judged one); "" none
     netdev: {device_include: "^eth", device_exclude: "^(lo|veth)", ethtool_include: "..."}
     ebpf: {objects: [tcp, sched], processes: [python3], peers: {10.0.0.2: gpu-node-1}, ...}
-    nvlink: {sample_interval_seconds: 15, link_sample_interval_seconds: 120}
+    nvlink: {sample_interval_seconds: 15, link_sample_interval_seconds: 120, series: budget}
     nccl: {hang_multiplier: 3.0, window: 20, ingest: false, ...}
 """
 from __future__ import annotations
@@ -59,12 +61,6 @@ class ThresholdEntry(_Section):
         return self
 
 
-class InfinibandSection(_Section):
-    replace_default_thresholds: bool = False
-    thresholds: list[ThresholdEntry] = []
-    roles: dict[str, Literal[ROLE_NAMES]] = {}   # type: ignore[valid-type]
-
-
 def _regex(value: str) -> str:
     try:
         re.compile(value)
@@ -74,6 +70,19 @@ def _regex(value: str) -> str:
 
 
 Regex = Annotated[str, Field(max_length=4096)]
+
+
+class InfinibandSection(_Section):
+    replace_default_thresholds: bool = False
+    thresholds: list[ThresholdEntry] = []
+    roles: dict[str, Literal[ROLE_NAMES]] = {}   # type: ignore[valid-type]
+    hw_counter_include: Regex | None = None
+    counter_exclude: Regex | None = None
+
+    @field_validator("hw_counter_include", "counter_exclude")
+    @classmethod
+    def _pattern(cls, value: str | None) -> str | None:
+        return value if value is None else _regex(value)
 
 
 class NetdevSection(_Section):
@@ -123,6 +132,7 @@ class EbpfSection(_Section):
 class NvlinkSection(_Section):
     sample_interval_seconds: Annotated[float, Field(gt=0, le=3600)] | None = None
     link_sample_interval_seconds: Annotated[float, Field(gt=0, le=3600)] | None = None
+    series: Literal["budget", "full"] | None = None
 
 
 class NcclSection(_Section):

@@ -351,7 +351,7 @@ def test_symbol_error_storm_hits_the_target_port_only_and_breaches(tmp_path):
     breach = dict(device="mlx5_1", port="1", counter="symbol_error")
     assert scraper.value("fabric_infiniband_port_counter_breached", **breach, severity="non_fatal") == 1
     assert scraper.value("fabric_infiniband_port_counter_breached", device="mlx5_0", port="1",
-                         counter="symbol_error", severity="non_fatal") == 0
+                         counter="symbol_error", severity="non_fatal") is None     # exported only while raised
 
 
 def test_link_flap_toggles_state_counts_downs_and_logs(tmp_path):
@@ -473,7 +473,7 @@ def test_a_repaired_port_gets_its_counters_cleared_and_its_fatal_breach_recovers
         engine.step()
         scraper.samples("fabric_infiniband_port_counter_breached")
     assert scraper.value("fabric_infiniband_port_counter_total", device="mlx5_0", port="1", counter="link_downed") == 0
-    assert scraper.value("fabric_infiniband_port_counter_breached", device="mlx5_0", **breach) == 0
+    assert scraper.value("fabric_infiniband_port_counter_breached", device="mlx5_0", **breach) is None   # cleared
     assert scraper.value("fabric_infiniband_port_health_events_total", device="mlx5_0", port="1",
                          severity="recovery") >= 1
     assert scraper.value("fabric_infiniband_port_counter_breached", device="mlx5_1", **breach) == 1

@@ -50,9 +50,10 @@ def test_counters_histograms_and_the_rolling_average_come_from_the_kernel():
     ref = ks.CommRef("c0ffee", 1, 2)
     durations = [100 * MS] * 70                    # more than the ring holds: it has wrapped
     durations[-1] = 300 * MS                       # the newest
+    tenth = DURATION_BUCKETS.index(0.1)            # 100 ms durations land in le="0.1"
     allreduce = op_stats(71, 71 * 4096, 7_100 * MS,
-                         hist(len(ENQUEUE_BUCKETS), {0: 70, 5: 1}, 71_000),
-                         hist(len(DURATION_BUCKETS), {6: 69, 7: 1}, sum(durations)), durations)
+                         hist(len(ENQUEUE_BUCKETS), {0: 70, len(ENQUEUE_BUCKETS): 1}, 71_000),
+                         hist(len(DURATION_BUCKETS), {tenth: 69, tenth + 1: 1}, sum(durations)), durations)
     apply(tracker, ref, rank_state(last_ts=7_100 * MS, last_bytes=4096, seq=71, boundary=64,
                                    boundary_ts=6_400 * MS, last_op=0), {0: allreduce})
     snap = tracker.snapshot()
@@ -79,7 +80,8 @@ def test_a_rank_behind_its_peer_is_the_culprit_and_a_call_inside_nccl_is_not_ret
     for rank, seq, returned in ((0, 20, False), (1, 19, True)):
         ref = ks.CommRef("feed", rank, 2)
         tracker.register_comm("feed", rank, 2)
-        lag = hist(len(LAG_BUCKETS), {0: seq} if rank == 0 else {5: seq}, 0 if rank == 0 else seq * 5 * MS)
+        late = LAG_BUCKETS.index(0.01)             # 5 ms late lands in le="0.01"
+        lag = hist(len(LAG_BUCKETS), {0: seq} if rank == 0 else {late: seq}, 0 if rank == 0 else seq * 5 * MS)
         stats = op_stats(seq, seq * 8, seq * 100 * MS, hist(len(ENQUEUE_BUCKETS), {0: seq}, seq * 1000),
                          hist(len(DURATION_BUCKETS), {3: len(one)}, sum(one)), one)
         apply(tracker, ref, rank_state(last_ts=seq * 100 * MS, seq=seq, last_op=0, lag=lag), {0: stats},

@@ -45,7 +45,7 @@ def value(registry, name, **labels):
 
 
 def test_fixture_interfaces_state_speed_and_statistics():
-    registry = scrape(fixture_ctx())
+    registry = scrape(fixture_ctx(config={"netdev": {"device_exclude": "^veth"}}))   # lo too
     assert value(registry, "fabric_scrape_collector_success", collector="netdev") == 1
     assert value(registry, "fabric_netdev_info", interface="eth2", operstate="up", driver="mlx5_core",
                  address_family="ether") == 1
@@ -71,9 +71,11 @@ def test_fixture_interfaces_state_speed_and_statistics():
     assert value(registry, "fabric_netdev_read_errors", interface="eth2", reason="not_a_number") is None
 
 
-def test_veth_excluded_by_default_and_flags_override():
+def test_veth_and_loopback_excluded_by_default_and_flags_override():
     registry = scrape(fixture_ctx())
     assert value(registry, "fabric_netdev_up", interface="veth3f2a1c9") is None
+    assert value(registry, "fabric_netdev_up", interface="lo") is None
+    assert value(registry, "fabric_netdev_up", interface="eth0") == 1
 
     load_collector_modules()
     parser = argparse.ArgumentParser()
@@ -169,7 +171,7 @@ def test_real_sysfs_loopback():
     assert device.mtu and device.mtu > 0
     assert device.address_family == "loopback"
     assert "rx_bytes" in device.statistics
-    registry = scrape(Context(node=""))
+    registry = scrape(Context(node="", config={"netdev": {"device_exclude": ""}}))
     assert value(registry, "fabric_netdev_mtu_bytes", interface="lo") == device.mtu
 
 

@@ -30,6 +30,9 @@ def _close_collectors():
         _open_collectors.pop().close()
 
 
+FULL = {"nvlink": {"series": "full"}}   # every per-link counter, the sampler's figures per GPU
+
+
 def registry_for(ctx):
     load_collector_modules()
     collectors = build_collectors(ctx, ["nvlink"])
@@ -54,14 +57,17 @@ class Fresh:
         return self.registry.collect()
 
 
-def demo(gpus=8, nodes=2, costs=demo_nvml.FREE, interval=60.0, link_interval=None, **options):
+def demo(gpus=8, nodes=2, costs=demo_nvml.FREE, interval=60.0, link_interval=None, series="full", **options):
+    """Most tests here read every per-link counter and the sampler's figures per GPU:
+    series="full"; the default "budget" has its own tests."""
     specs = tuple(NodeSpec(f"gpu-node-{i}", i, gpus, 2, Path("/nonexistent")) for i in range(nodes))
     spec = ClusterSpec("test", specs, 3)
     source = demo_nvml.NvmlSimSource(specs[0], spec, random.Random(1), costs=costs, **options)
     registry, collector = registry_for(Context(node="gpu-node-0", sources={"nvml": source},
                                                config={"nvlink": {"sample_interval_seconds": interval,
                                                                   "link_sample_interval_seconds":
-                                                                      link_interval or interval}}))
+                                                                      link_interval or interval,
+                                                                  "series": series}}))
     return source, Fresh(registry, collector)
 
 
@@ -129,6 +135,49 @@ def test_nvlink_down_fault_errors_rise_first_then_link_goes_inactive():
     assert get(registry, "fabric_nvlink_state", gpu="2", link="5") == 1
 
 
+def samples_of(registry, name):
+    return [s for m in registry.collect() for s in m.samples if s.name == name]
+
+
+def test_budget_series_keep_what_alerts_read_and_a_link_error_shows_when_counted():
+    """The default: per link the state, remote endpoint and bytes both ways; a link's error
+    counters only once they count; every GPU's totals by type always; the sampler's own
+    figures once per node."""
+    source, registry = demo(series="budget")
+    fault = Fault("nvlink_down", "gpu-node-0", 10.0, 40.0, target={"gpu": 2, "link": 5},
+                  params={"precursor_seconds": 5})
+    for t in range(0, 10):
+        source.step(float(t), [])
+    assert samples_of(registry, "fabric_nvlink_errors_total") == []
+    for kind in ("crc_flit", "crc_data", "replay", "recovery"):
+        assert get(registry, "fabric_nvlink_gpu_errors_total", gpu="2", type=kind) == 0
+    assert len(samples_of(registry, "fabric_nvlink_state")) == len(samples_of(registry, "fabric_nvlink_info")) \
+        == len(samples_of(registry, "fabric_nvlink_bytes_total")) == 8 * 18
+    assert samples_of(registry, "fabric_nvlink_transmit_bytes_total") == []
+    # Both directions of a link in one counter; over the links, what the GPU totals say.
+    links = sum(get(registry, "fabric_nvlink_bytes_total", gpu="3", link=str(link)) for link in range(18))
+    assert links == pytest.approx(get(registry, "fabric_nvlink_gpu_transmit_bytes_total", gpu="3")
+                                  + get(registry, "fabric_nvlink_gpu_receive_bytes_total", gpu="3"))
+    for t in range(10, 14):                   # precursor: CRC errors on GPU 2's link 5 only
+        source.step(float(t), [fault])
+    erroring = {(s.labels["gpu"], s.labels["link"]) for s in samples_of(registry, "fabric_nvlink_errors_total")}
+    assert erroring == {("2", "5")}
+    crc = get(registry, "fabric_nvlink_errors_total", gpu="2", link="5", type="crc_flit")
+    assert crc > 0 and get(registry, "fabric_nvlink_gpu_errors_total", gpu="2", type="crc_flit") == crc
+    assert get(registry, "fabric_nvlink_gpu_errors_total", gpu="1", type="crc_flit") == 0
+    # The sampler's figures: one series per node (no gpu label), summed over the 8 GPUs.
+    [reads] = [s for s in samples_of(registry, "fabric_nvlink_error_counter_reads")
+               if s.labels["method"] == "per_call"]
+    assert "gpu" not in reads.labels
+    assert {s.labels.get("gpu") for s in samples_of(registry, "fabric_nvlink_sample_age_seconds")} == \
+        {str(g) for g in range(8)}             # freshness stays per GPU: one hung GPU shows
+    full_source, full = demo(series="full")
+    full_source.step(0.0, [])
+    per_gpu = [s.value for s in samples_of(full, "fabric_nvlink_error_counter_reads")
+               if s.labels["method"] == "per_call"]
+    assert len(per_gpu) == 8 and reads.value == sum(per_gpu)
+
+
 def nvml_present() -> bool:
     return ctypes.util.find_library("nvidia-ml") is not None
 
@@ -151,7 +200,7 @@ def test_real_nvml_reports_every_gpu():
         count = pynvml.nvmlDeviceGetCount()
     finally:
         pynvml.nvmlShutdown()
-    registry, collector = registry_for(Context(node="n"))
+    registry, collector = registry_for(Context(node="n", config=FULL))
     try:
         assert get(registry, "fabric_nvml_available", reason="ok") == 1
         infos = [s for m in registry.collect() if m.name == "fabric_gpu_info" for s in m.samples]
@@ -189,7 +238,7 @@ class OneBrokenGpu:
 
 
 def test_one_unreadable_gpu_never_hides_the_others():
-    registry, collector = registry_for(Context(node="n", sources={"nvml": OneBrokenGpu()}))
+    registry, collector = registry_for(Context(node="n", sources={"nvml": OneBrokenGpu()}, config=FULL))
     registry = Fresh(registry, collector)
     assert get(registry, "fabric_nvlink_state", gpu="0", link="0") == 1
     assert get(registry, "fabric_nvlink_state", gpu="2", link="0") == 1
@@ -296,7 +345,7 @@ def test_real_backend_mapping_with_a_stand_in_nvml(monkeypatch, dl_fields):
 
     fake = FakePynvml(dl_fields)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    registry, collector = registry_for(Context(node="n"))
+    registry, collector = registry_for(Context(node="n", config=FULL))
     registry = Fresh(registry, collector)
     assert get(registry, "fabric_nvml_available", reason="ok") == 1
     states = [s.labels for m in registry.collect() if m.name == "fabric_nvlink_state" for s in m.samples]
@@ -702,7 +751,7 @@ def test_real_backend_reads_gpm_rates_as_bytes_per_link(monkeypatch):
 
     fake = FakePynvmlWithGpm()
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    registry, collector = registry_for(Context(node="n"))
+    registry, collector = registry_for(Context(node="n", config=FULL))
     registry = Fresh(registry, collector)
     assert collector.refresh()                    # every GPU's first GPM sample: the baseline
     time.sleep(0.2)
@@ -733,7 +782,7 @@ def test_real_backend_falls_back_to_field_values_when_gpm_refuses(monkeypatch):
 
     fake = Refusing()
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    registry, collector = registry_for(Context(node="n"))
+    registry, collector = registry_for(Context(node="n", config=FULL))
     registry = Fresh(registry, collector)
     assert collector.refresh() and collector.refresh()
     assert get(registry, "fabric_nvlink_throughput_method", gpu="0", method="field_values") == 1

@@ -27,8 +27,8 @@ static __always_inline long get_task_state(struct task_struct *t)
 	return ((struct task_struct___pre514 *)t)->state;
 }
 
-/* Microseconds, 4 buckets per power of two from 4 us to 2^20 us (~1 s); see sched.yaml. */
-DECLARE_HIST(fabric_sched_runqueue_latency_seconds, 2, 2, 20);
+/* Microseconds, one bucket per power of two from 4 us to 2^20 us (~1 s); see sched.yaml. */
+DECLARE_HIST(fabric_sched_runqueue_latency_seconds, 0, 2, 20);
 DECLARE_COUNTER(fabric_sched_context_switches_total);
 DECLARE_COUNTER(fabric_sched_migrations_total);
 DECLARE_MAP_ERRORS(1);

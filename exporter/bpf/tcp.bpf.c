@@ -26,7 +26,7 @@ char LICENSE[] SEC("license") = "GPL";
  * power of two from 16 us to 2^23 us (~8 s, past the SYN retransmit timeouts).
  * The same numbers are in tcp.yaml. */
 DECLARE_HIST(fabric_tcp_rtt_seconds, 3, 3, 20);
-DECLARE_HIST(fabric_tcp_connect_latency_seconds, 2, 4, 23);
+DECLARE_HIST(fabric_tcp_connect_latency_seconds, 0, 4, 23);
 DECLARE_MAP_ERRORS(2);
 
 /* Peer address (IPv4 as v4-mapped IPv6); user space maps it to a cluster host name or

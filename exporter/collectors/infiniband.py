@@ -13,6 +13,7 @@ and not formatted again.
 """
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import Counter
@@ -32,6 +33,41 @@ from ..parsers.infiniband import InfiniBandDevice, InfiniBandPort, StaticCache, 
 from ..statefile import StateFile, state_metrics
 
 
+# Driver counters (ports/<n>/hw_counters) exported besides those a threshold judges: RoCE
+# congestion (ECN marks, CNPs), receive-buffer drops and transport retries, which the
+# InfiniBand dashboard draws. An mlx5 port has about 30 of them; all of them on every port
+# would be a sixth of an 8-GPU node's series budget (docs/metrics.md). `hw_counter_include:
+# ""` in the infiniband section exports every one.
+DEFAULT_HW_COUNTER_INCLUDE = (
+    r"^(out_of_buffer|out_of_sequence|packet_seq_err|local_ack_timeout_err|rnr_nak_retry_err"
+    r"|np_cnp_sent|np_ecn_marked_roce_packets|rp_cnp_handled|roce_adp_retrans|roce_slow_restart)$"
+)
+# Port counters (ports/<n>/counters, the standard IBA set) left out by default: the
+# unicast/multicast split of the packet counts (port_rcv_packets / port_xmit_packets stay),
+# VL15 (subnet management) drops and switch relay errors, which an HCA port does not count.
+# `counter_exclude: ""` exports every one.
+DEFAULT_COUNTER_EXCLUDE = r"^((unicast|multicast)_(rcv|xmit)_packets|VL15_dropped|port_rcv_switch_relay_errors)$"
+
+
+class CounterSelection:
+    """Which counter files are exported (config section `infiniband`): every counters/ file
+    but those matching counter_exclude, the hw_counters/ files matching hw_counter_include;
+    a counter a threshold judges always."""
+
+    def __init__(self, section: Mapping, judged: Iterable[str]) -> None:
+        include = section.get("hw_counter_include", DEFAULT_HW_COUNTER_INCLUDE)
+        exclude = section.get("counter_exclude", DEFAULT_COUNTER_EXCLUDE)
+        self.hw_include = re.compile(include) if include else None
+        self.exclude = re.compile(exclude) if exclude else None
+        self.judged = frozenset(judged)
+
+    def counter(self, name: str) -> bool:
+        return self.exclude is None or name in self.judged or self.exclude.search(name) is None
+
+    def hw_counter(self, name: str) -> bool:
+        return self.hw_include is None or name in self.judged or self.hw_include.search(name) is not None
+
+
 @dataclass(slots=True)
 class View:
     """What one scrape found, as the FIELDS' sample functions read it."""
@@ -40,6 +76,7 @@ class View:
     health: NodeHealth
     tracker: HealthTracker
     affinity: list[Affinity]
+    selection: CounterSelection
 
     def ports(self) -> Iterator[tuple[InfiniBandDevice, InfiniBandPort, str]]:
         """(device, port, port number as a label) for every port."""
@@ -106,20 +143,25 @@ def _bytes(counter: str) -> Callable[[View], Samples]:
 def _counters(view: View) -> Samples:
     for d, port, p in view.ports():
         for name, value in port.counters.items():
-            if name not in _BYTE_COUNTERS:
+            if name not in _BYTE_COUNTERS and view.selection.counter(name):
                 yield (d.name, p, name), value
 
 
 def _hw_counters(view: View) -> Samples:
     for d, port, p in view.ports():
         for name, value in port.hw_counters.items():
-            yield (d.name, p, name), value
+            if view.selection.hw_counter(name):
+                yield (d.name, p, name), value
 
 
+# The breach, anomaly and missing-device flags are exported only while raised (1): an alert
+# reads `== 1` and resolves when the series goes, and a 0 for every judged counter of every
+# port was a tenth of an 8-GPU node's series budget.
 def _breached(view: View) -> Samples:
     for d, port, p in view.ports():
         for (name, severity), flag in sorted(view.health.ports[port.key].breached.items()):
-            yield (d.name, p, name, severity), flag
+            if flag:
+                yield (d.name, p, name, severity), flag
 
 
 def _fatal(view: View) -> Samples:
@@ -130,8 +172,9 @@ def _fatal(view: View) -> Samples:
 def _anomaly(view: View) -> Samples:
     for d, port, p in view.ports():
         verdict = view.health.ports[port.key]
-        yield (d.name, p, "uncabled"), int(verdict.uncabled)
-        yield (d.name, p, "homogeneity"), int(verdict.inhomogeneous)
+        for check, raised in (("uncabled", verdict.uncabled), ("homogeneity", verdict.inhomogeneous)):
+            if raised:
+                yield (d.name, p, check), 1
 
 
 def _read_errors(view: View) -> Samples:
@@ -147,7 +190,8 @@ def _affinity(view: View) -> Samples:
 
 def _missing(view: View) -> Samples:
     for name, flag in sorted(view.health.missing.items()):
-        yield (name,), flag
+        if flag:
+            yield (name,), flag
 
 
 def _events(view: View) -> Samples:
@@ -180,24 +224,25 @@ FIELDS: tuple[Field, ...] = (
           "Bytes received (counters/port_rcv_data, 4-byte words x 4).", PORT, _bytes("port_rcv_data")),
     Field("fabric_infiniband_port_transmit_bytes", True,
           "Bytes transmitted (counters/port_xmit_data, 4-byte words x 4).", PORT, _bytes("port_xmit_data")),
-    Field("fabric_infiniband_port_counter", True, "Port counters from ports/<n>/counters/<counter>.",
-          (*PORT, "counter"), _counters),
-    Field("fabric_infiniband_port_hw_counter", True, "Driver counters from ports/<n>/hw_counters/<counter>.",
-          (*PORT, "counter"), _hw_counters),
+    Field("fabric_infiniband_port_counter", True, "Port counters from ports/<n>/counters/<counter>, but those "
+          "matching infiniband.counter_exclude.", (*PORT, "counter"), _counters),
+    Field("fabric_infiniband_port_hw_counter", True, "Driver counters from ports/<n>/hw_counters/<counter>: "
+          "those a threshold judges and those matching infiniband.hw_counter_include.", (*PORT, "counter"),
+          _hw_counters),
     Field("fabric_infiniband_port_counter_breached", False,
-          "1 while a counter threshold is breached (latched until reset or a full window recovers).",
-          (*PORT, "counter", "severity"), _breached),
+          "1 while a counter threshold is breached (latched until reset or a full window recovers); "
+          "absent otherwise.", (*PORT, "counter", "severity"), _breached),
     Field("fabric_infiniband_port_fatal", False,
           "1 when the port is DOWN, phys Disabled or has a fatal counter breach.", PORT, _fatal),
-    Field("fabric_infiniband_port_anomaly", False,
-          "1 for an uncabled port or a card with fewer active ports than its peers.", (*PORT, "check"), _anomaly),
+    Field("fabric_infiniband_port_anomaly", False, "1 for an uncabled port or a card with fewer active ports "
+          "than its peers; absent otherwise.", (*PORT, "check"), _anomaly),
     Field("fabric_infiniband_device_read_errors", False, "Files of this device that could not be used on this scrape.",
           ("device", "reason"), _read_errors),
     Field("fabric_gpu_nic_affinity_info", False, "The NIC port nearest each GPU in the PCIe tree (path: "
           "same_switch, same_root_port, same_numa, cross_socket, unknown); gpu is the NVML index; always 1.",
           ("gpu", "device", "port", "path"), _affinity),
-    Field("fabric_infiniband_device_missing", False, "1 when a device this node had is gone (fatal).",
-          ("device",), _missing),
+    Field("fabric_infiniband_device_missing", False, "1 when a device this node had is gone (fatal); absent "
+          "otherwise.", ("device",), _missing),
     Field("fabric_infiniband_port_health_events", True, "Health events: fatal, non_fatal, recovery, baseline.",
           (*PORT, "severity"), _events),
     Field("fabric_infiniband_port_counter_resets", True,
@@ -231,6 +276,7 @@ class InfiniBandCollector(Collector):
         section = ctx.section("infiniband")
         self.thresholds = load_thresholds(section)
         self.role_overrides = nic_roles.load_role_overrides(section)
+        self.selection = CounterSelection(section, (t.counter for t in self.thresholds))
         self.static_cache = StaticCache()
         self.tracker = HealthTracker(StateFile(ctx.state_dir / "infiniband.json"), self.thresholds,
                                      ctx.procfs, clock)
@@ -286,7 +332,7 @@ class InfiniBandCollector(Collector):
         roles = self._roles(devices)
         health = self.tracker.update(devices, roles)
         self.samples.next_scrape()
-        view = View(devices, roles, health, self.tracker, self._affinity(devices))
+        view = View(devices, roles, health, self.tracker, self._affinity(devices), self.selection)
         tracker = self.tracker
         return [*expose(view, self.samples),
                 *state_metrics(self.name, tracker.load_problem, tracker.state_file.write_errors,

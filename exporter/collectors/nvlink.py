@@ -19,6 +19,14 @@ Config section `nvlink`:
     every GATE_SAFETY_INTERVALS link intervals. 120 s keeps
     2-3 samples inside the 5m rate windows of the NVLink error and throughput-collapse
     alerts (both `for: 10m`). docs/cost.md has the figures.
+  series ("budget"): how much per-link and per-GPU detail is exported. An 8-GPU node has 144
+    links, so every per-link family costs 144 series of a node's ~1,500 (docs/metrics.md).
+    "budget" keeps what the alerts, the dashboards and the live topology read: per link the
+    state, the remote endpoint, the bytes both ways (fabric_nvlink_bytes_total) and the
+    error counters that have counted an error; per GPU the error totals by type, the bytes
+    each way and the sample ages; the sampler's cost and gate figures summed (or the worst)
+    over the node's GPUs. "full" adds every per-link error counter (zeros too), the
+    per-link bytes by direction and the sampler's figures per GPU.
 """
 from __future__ import annotations
 
@@ -50,6 +58,11 @@ def sample_interval(section: dict) -> float:
     return float(section.get("sample_interval_seconds", DEFAULT_SAMPLE_INTERVAL))
 
 
+def full_series(section: dict) -> bool:
+    """nvlink.series is "full" (the schema allows "budget", the default, and "full")."""
+    return section.get("series", "budget") == "full"
+
+
 def link_sample_interval(section: dict) -> float:
     """nvlink.link_sample_interval_seconds (the config schema holds it to (0, 3600])."""
     return float(section.get("link_sample_interval_seconds", DEFAULT_LINK_SAMPLE_INTERVAL))
@@ -65,6 +78,7 @@ class NvlinkCollector(Collector):
         section = ctx.section("nvlink")
         self.interval = sample_interval(section)
         self.link_interval = link_sample_interval(section)
+        self.full = full_series(section)
         self._lock = threading.Lock()
         self._backend: NvmlBackend | None = ctx.sources.get("nvml")
         self._gpus: list[GpuInfo] = []
@@ -118,6 +132,10 @@ class NvlinkCollector(Collector):
         state = GaugeMetricFamily("fabric_nvlink_state", "1 if the NVLink is active.", labels=["gpu", "link"])
         info = GaugeMetricFamily("fabric_nvlink_info", "NVLink version and remote endpoint; always 1.",
                                  labels=["gpu", "link", "version", "remote_pci_bus_id", "remote_type"])
+        link_bytes = CounterMetricFamily("fabric_nvlink_bytes", "Data bytes sent and received on the link (the "
+                                         "sum of the two directions of fabric_nvlink_transmit_bytes_total and "
+                                         "_receive_bytes_total, which nvlink.series: full exports).",
+                                         labels=["gpu", "link"])
         # Names written out (the rules test finds the metrics by them); one help text each way.
         tx = CounterMetricFamily("fabric_nvlink_transmit_bytes", _link_bytes_help("sent", "TX"),
                                  labels=["gpu", "link"])
@@ -127,8 +145,11 @@ class NvlinkCollector(Collector):
                                               "throughput is read (always 1): gpm (one GPU Performance Monitoring "
                                               "sample a link round) or field_values (one driver round trip per "
                                               "link and direction).", labels=["gpu", "method"])
-        errors = CounterMetricFamily("fabric_nvlink_errors", "NVLink data-link error counters; absent where "
-                                     "the GPU answers NOT_SUPPORTED.", labels=["gpu", "link", "type"])
+        errors = CounterMetricFamily("fabric_nvlink_errors", "NVLink data-link error counters of a link; absent "
+                                     "where the GPU answers NOT_SUPPORTED, and while 0 unless nvlink.series is "
+                                     "full.", labels=["gpu", "link", "type"])
+        gpu_errors = CounterMetricFamily("fabric_nvlink_gpu_errors", "NVLink data-link error counters summed over "
+                                         "the GPU's links, by type (zeros too).", labels=["gpu", "type"])
         gpu_tx = CounterMetricFamily("fabric_nvlink_gpu_transmit_bytes", _gpu_bytes_help("sent", "TX"),
                                      labels=["gpu"])
         gpu_rx = CounterMetricFamily("fabric_nvlink_gpu_receive_bytes", _gpu_bytes_help("received", "RX"),
@@ -141,29 +162,32 @@ class NvlinkCollector(Collector):
                                 "link (GPU totals, per-link throughput and error counters, every "
                                 "link_sample_interval_seconds; gated error counters were verified unchanged "
                                 "then, see fabric_nvlink_error_counter_read_age_seconds).", labels=["gpu", "tier"])
-        gated = GaugeMetricFamily("fabric_nvlink_gated_error_counters", "Per-link error counters the GPU reads "
-                                  "only when the DL error total vouching for them moved (crc_flit, replay and "
-                                  "recovery their own; crc_data the replay total), or every "
-                                  f"{GATE_SAFETY_INTERVALS} link intervals; 0 where the GPU answers no totals "
-                                  "(every counter read every link round).", labels=["gpu"])
-        errors_age = GaugeMetricFamily("fabric_nvlink_error_counter_read_age_seconds", "Time since the round "
-                                       "that last read the GPU's per-link error counters from NVML began; between "
-                                       "reads the gated counters served are the last read, verified current by "
-                                       "unchanged GPU totals at each link round.", labels=["gpu"])
-        gate_rounds = CounterMetricFamily("fabric_nvlink_error_counter_rounds", "Link rounds by what they did "
-                                          "with the gated per-link error counters: read (first, totals_changed, "
-                                          "safety, no_totals) or not (unchanged).", labels=["gpu", "outcome"])
-        duration = GaugeMetricFamily("fabric_nvlink_sample_duration_seconds", "Time the GPU's latest round of "
-                                     "the tier took in NVML.", labels=["gpu", "tier"])
-        reads = GaugeMetricFamily("fabric_nvlink_error_counter_reads", "NVLink error counters read per link "
-                                  "round, by how: field_values (one batched nvmlDeviceGetFieldValues), per_call "
-                                  "(nvmlDeviceGetNvLinkErrorCounter each), unsupported (neither); the cheaper "
-                                  "of the two per value, as measured on the GPU.", labels=["gpu", "method"])
-        read_cost = GaugeMetricFamily("fabric_nvlink_read_cost_seconds", "CPU time per value of each way of "
-                                      "reading a per-link value, measured on the GPU's first link round.",
-                                      labels=["gpu", "method"])
-        cpu = CounterMetricFamily("fabric_nvlink_sample_cpu_seconds", "CPU time (user + system) the GPU's "
-                                  "sampling thread has used per tier, NVML calls included.", labels=["gpu", "tier"])
+        # The sampler's own figures: per GPU with nvlink.series: full, else one series per
+        # node (summed, or the worst GPU's), which is what a cost or freshness check reads.
+        figures = _SamplerFigures(self.full)
+        gated = figures.family(GaugeMetricFamily, "fabric_nvlink_gated_error_counters", "Per-link error counters "
+                               "the GPU reads only when the DL error total vouching for them moved (crc_flit, replay "
+                               "and recovery their own; crc_data the replay total), or every "
+                               f"{GATE_SAFETY_INTERVALS} link intervals; 0 where the GPU answers no totals (every "
+                               "counter read every link round).", [], sum)
+        errors_age = figures.family(GaugeMetricFamily, "fabric_nvlink_error_counter_read_age_seconds", "Time since "
+                                    "the round that last read the GPU's per-link error counters from NVML began; "
+                                    "between reads the gated counters served are the last read, verified current by "
+                                    "unchanged GPU totals at each link round.", [], max)
+        gate_rounds = figures.family(CounterMetricFamily, "fabric_nvlink_error_counter_rounds", "Link rounds by "
+                                     "what they did with the gated per-link error counters: read (first, "
+                                     "totals_changed, safety, no_totals) or not (unchanged).", ["outcome"], sum)
+        duration = figures.family(GaugeMetricFamily, "fabric_nvlink_sample_duration_seconds", "Time the GPU's "
+                                  "latest round of the tier took in NVML.", ["tier"], max)
+        reads = figures.family(GaugeMetricFamily, "fabric_nvlink_error_counter_reads", "NVLink error counters read "
+                               "per link round, by how: field_values (one batched nvmlDeviceGetFieldValues), "
+                               "per_call (nvmlDeviceGetNvLinkErrorCounter each), unsupported (neither); the "
+                               "cheaper of the two per value, as measured on the GPU.", ["method"], sum)
+        read_cost = figures.family(GaugeMetricFamily, "fabric_nvlink_read_cost_seconds", "CPU time per value of "
+                                   "each way of reading a per-link value, measured on the GPU's first link round.",
+                                   ["method"], max)
+        cpu = figures.family(CounterMetricFamily, "fabric_nvlink_sample_cpu_seconds", "CPU time (user + system) "
+                             "the GPU's sampling thread has used per tier, NVML calls included.", ["tier"], sum)
         interval = GaugeMetricFamily("fabric_nvlink_sample_interval_seconds", "Configured time between rounds "
                                      "of a tier.", labels=["tier"])
         interval.add_metric([GPU_TIER], self.interval)
@@ -173,22 +197,22 @@ class NvlinkCollector(Collector):
             g = str(gpu.index)
             gpu_info.add_metric([g, gpu.uuid, gpu.name, gpu.pci_bus_id], 1.0)
             for tier, seconds in sampler.cpu_by_tier.items():
-                cpu.add_metric([g, tier], seconds)
+                cpu.add(g, [tier], seconds)
             for outcome in GATE_OUTCOMES:
-                gate_rounds.add_metric([g, outcome], float(sampler.gate_rounds[outcome]))
+                gate_rounds.add(g, [outcome], float(sampler.gate_rounds[outcome]))
             if sampler.busy_for(now) > STALL_INTERVALS * self.interval:
                 read_errors.add_metric([g, "sample_stalled"], 1.0)
             sample = sampler.latest
             if sample is None:                        # first round still running
                 continue
             age.add_metric([g, GPU_TIER], max(0.0, now - sample.started))
-            duration.add_metric([g, GPU_TIER], sample.duration)
+            duration.add(g, [GPU_TIER], sample.duration)
             if sample.failure:
                 read_errors.add_metric([g, sample.failure], 1.0)
                 continue
             if sample.link_started is not None:
                 age.add_metric([g, LINK_TIER], max(0.0, now - sample.link_started))
-                duration.add_metric([g, LINK_TIER], sample.link_duration or 0.0)
+                duration.add(g, [LINK_TIER], sample.link_duration or 0.0)
             if sample.throughput:
                 throughput_method.add_metric([g, sample.throughput], 1.0)
             if sample.tx_bytes is not None:
@@ -196,30 +220,31 @@ class NvlinkCollector(Collector):
             if sample.rx_bytes is not None:
                 gpu_rx.add_metric([g], float(sample.rx_bytes))
             for method in (BATCHED, PER_CALL, UNSUPPORTED):
-                reads.add_metric([g, method], float(sample.error_reads.get(method, 0)))
+                reads.add(g, [method], float(sample.error_reads.get(method, 0)))
             for method, seconds in sorted(sample.read_costs.items()):
-                read_cost.add_metric([g, method], seconds)
-            gated.add_metric([g], float(sample.gated))
+                read_cost.add(g, [method], seconds)
+            gated.add(g, [], float(sample.gated))
             if sample.errors_read is not None:
-                errors_age.add_metric([g], max(0.0, now - sample.errors_read))
-            per_link = (state, info, tx, rx, errors)
+                errors_age.add(g, [], max(0.0, now - sample.errors_read))
+            per_link = (state, info, link_bytes, tx, rx, errors, gpu_errors)
             for family, samples in zip(per_link, self._link_samples(g, sample, per_link)):
                 family.samples.extend(samples)
-        yield from (gpu_info, state, info, tx, rx, throughput_method, gpu_tx, gpu_rx, errors, read_errors, age,
-                    duration, reads, read_cost, gated, errors_age, gate_rounds, cpu, interval)
+        yield from (gpu_info, state, info, link_bytes, tx, rx, throughput_method, gpu_tx, gpu_rx, errors, gpu_errors,
+                    read_errors, age, *figures.families(), interval)
 
     def _link_samples(self, g: str, sample, families: tuple[Metric, ...]) -> tuple[list, ...]:
-        """The per-link samples of one GPU for `families` (state, info, tx, rx, errors: ~1,200
-        series on an 8-GPU node, most of the collector's time), built once per link round and
-        link-state set: between link rounds the values served are the same, so later scrapes
-        reuse them."""
+        """The per-link samples of one GPU for `families` (state, info, bytes, tx, rx, errors,
+        and the GPU's error totals: most of the collector's series and time), built once per
+        link round and link-state set: between link rounds the values served are the same,
+        so later scrapes reuse them."""
         key = (sample.link_started, tuple((r.link, r.active, r.version, r.remote_pci_bus_id, r.remote_type)
                                           for r in sample.links))
         cached = self._link_cache.get(g)
         if cached is not None and cached[0] == key:
             return cached[1]
-        state, info, tx, rx, errors = families
-        rows: tuple[list, ...] = ([], [], [], [], [])
+        state, info, link_bytes, tx, rx, errors, gpu_errors = families
+        rows: tuple[list, ...] = ([], [], [], [], [], [], [])
+        totals: dict[str, int] = {}
         for reading in sample.links:
             link = str(reading.link)
             labels = {"gpu": g, "link": link}
@@ -228,12 +253,21 @@ class NvlinkCollector(Collector):
                                             "version": "" if reading.version is None else str(reading.version),
                                             "remote_pci_bus_id": reading.remote_pci_bus_id or "",
                                             "remote_type": reading.remote_type or ""}, 1.0))
-            if reading.tx_bytes is not None:
-                rows[2].append(sample_of(tx, labels, float(reading.tx_bytes)))
-            if reading.rx_bytes is not None:
-                rows[3].append(sample_of(rx, labels, float(reading.rx_bytes)))
-            rows[4].extend(sample_of(errors, {"gpu": g, "link": link, "type": kind}, float(value))
-                           for kind, value in sorted(reading.errors.items()))
+            directions = [value for value in (reading.tx_bytes, reading.rx_bytes) if value is not None]
+            if directions:
+                rows[2].append(sample_of(link_bytes, labels, float(sum(directions))))
+            if self.full and reading.tx_bytes is not None:
+                rows[3].append(sample_of(tx, labels, float(reading.tx_bytes)))
+            if self.full and reading.rx_bytes is not None:
+                rows[4].append(sample_of(rx, labels, float(reading.rx_bytes)))
+            for kind, value in sorted(reading.errors.items()):
+                totals[kind] = totals.get(kind, 0) + value
+                # A link's counter appears with its first error: the GPU's total (always
+                # there) is what moves from a value it had before.
+                if value or self.full:
+                    rows[5].append(sample_of(errors, {"gpu": g, "link": link, "type": kind}, float(value)))
+        rows[6].extend(sample_of(gpu_errors, {"gpu": g, "type": kind}, float(value))
+                       for kind, value in sorted(totals.items()))
         self._link_cache[g] = (key, rows)
         return rows
 
@@ -248,6 +282,41 @@ class NvlinkCollector(Collector):
             if self._backend is not None and "nvml" not in self.ctx.sources:
                 self._backend.close()
             self._backend = None
+
+
+class _SamplerFigures:
+    """Families of the sampler's own figures, each value added per GPU: kept per GPU (`gpu`
+    label first) when per_gpu, else combined over the node's GPUs (sum, or max for the
+    worst GPU) into one series per remaining label set."""
+
+    def __init__(self, per_gpu: bool) -> None:
+        self.per_gpu = per_gpu
+        self._families: list[_Figure] = []
+
+    def family(self, kind, name: str, documentation: str, labels: list[str], combine) -> "_Figure":
+        figure = _Figure(kind(name, documentation, labels=(["gpu"] if self.per_gpu else []) + labels),
+                         combine, self.per_gpu)
+        self._families.append(figure)
+        return figure
+
+    def families(self) -> list[Metric]:
+        return [figure.filled() for figure in self._families]
+
+
+class _Figure:
+    def __init__(self, family: Metric, combine, per_gpu: bool) -> None:
+        self.metric, self.combine, self.per_gpu = family, combine, per_gpu
+        self.values: dict[tuple[str, ...], float] = {}     # insertion order: GPU order
+
+    def add(self, gpu: str, labels: list[str], value: float) -> None:
+        key = tuple([gpu, *labels] if self.per_gpu else labels)
+        previous = self.values.get(key)
+        self.values[key] = value if previous is None else self.combine((previous, value))
+
+    def filled(self) -> Metric:
+        for key, value in self.values.items():
+            self.metric.add_metric(list(key), value)
+        return self.metric
 
 
 def _link_bytes_help(verb: str, direction: str) -> str:

@@ -7,12 +7,10 @@ local util = import 'util.libsonnet';
   local cfg = $._config,
   local by = function(labels) util.by(cfg, labels),
 
-  // tx + rx bytes per second of each link. Two sums rather than one rate over a
-  // name regex: rate() drops the name and tx/rx would collide on the same labels.
+  // tx + rx bytes per second of each link: the exporter counts both directions of a
+  // link in one counter (per-direction counters are an opt-in, nvlink.series: full).
   local nvlinkBytesRate(range, offset='') = |||
-    sum by (%(link)s) (rate(fabric_nvlink_transmit_bytes_total[%(range)s]%(offset)s))
-    +
-    sum by (%(link)s) (rate(fabric_nvlink_receive_bytes_total[%(range)s]%(offset)s))
+    sum by (%(link)s) (rate(fabric_nvlink_bytes_total[%(range)s]%(offset)s))
   ||| % { link: by([cfg.nodeLabel, 'gpu', 'link']), range: range, offset: if offset == '' then '' else ' offset ' + offset },
 
   prometheusRules+:: {
