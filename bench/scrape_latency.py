@@ -155,7 +155,7 @@ def compare_with_node_exporter(args: argparse.Namespace, tree: Path) -> int:
                 times[name].append(elapsed)
         print(f"full-size node: 8 compute HCAs + 1 RoCE NIC, kernel log {args.kmsg_lines} lines, "
               f"{args.scrapes} scrapes each, alternating, same client; load average {load_before:.1f} -> "
-              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+              f"{os.getloadavg()[0]:.1f} while scraping")
         for name in clients:
             label = f"node_exporter {node_exporter_version(node_exporter)}" if name == "node_exporter" \
                 else f"fabricscope: {name}"
@@ -241,7 +241,7 @@ def measure_gpu_side(args: argparse.Namespace, tree: Path, node: SimNode) -> int
         now = 1.0
         cpu0 = {s.gpu.index: dict(s.cpu_by_tier) for s in nvlink.samplers}
         rounds0 = {s.gpu.index: dict(s.rounds_by_tier) for s in nvlink.samplers}
-        started = time.monotonic()
+        started, load_before = time.monotonic(), os.getloadavg()[0]
         for i in range(args.scrapes):
             if i % 10 == 0:  # the simulation moves on between scrapes, as in the demo
                 now += 1.0
@@ -263,7 +263,8 @@ def measure_gpu_side(args: argparse.Namespace, tree: Path, node: SimNode) -> int
         gated = nvlink.samplers[0].latest.gated
         print(f"simulated 8-GPU node, all collectors ({', '.join(enabled)}), {args.scrapes} scrapes, in-process; "
               f"simulated NVML at H200 per-call cost (as CPU), gpu tier every {args.nvlink_interval:g} s, "
-              f"link tier every {args.nvlink_link_interval:g} s")
+              f"link tier every {args.nvlink_link_interval:g} s; load average {load_before:.1f} -> "
+              f"{os.getloadavg()[0]:.1f} while scraping")
         report("fabricscope (all)", times, series_count(body), rss_mib(os.getpid()))
         print(f"p99 target <= 25 ms: {'met' if percentile(times, 0.99) <= 0.025 else 'NOT met'}")
         print(f"nvlink collector per scrape: p50 {statistics.median(nvlink_times) * 1e3:.2f} ms, "
@@ -292,6 +293,18 @@ def measure_gpu_side(args: argparse.Namespace, tree: Path, node: SimNode) -> int
         exporter.stop()
 
 
+def source_version() -> str:
+    """The commit measured, and whether the tree had changes on top of it."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "commit unknown (not a git checkout)"
+    return f"commit {commit}" + (" with uncommitted changes" if dirty else "")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scrapes", type=int, default=300)
@@ -303,6 +316,7 @@ def main() -> int:
     parser.add_argument("--nvlink-link-interval", type=float, default=120.0,
                         help="nvlink link_sample_interval_seconds with --gpu (default 120, the exporter's)")
     args = parser.parse_args()
+    print(f"{source_version()}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
     with tempfile.TemporaryDirectory(prefix="fabricscope-bench-") as tmp:
         tree = Path(tmp) / "node"
         node = build_node(tree, args.kmsg_lines)
