@@ -237,3 +237,25 @@ def test_samples_equal_to_last_scrapes_are_served_as_the_same_objects():
         scrape.close()
     assert second["still"] is first["still"]
     assert second["moves"] is not first["moves"] and second["moves"].value == 2
+
+
+def test_a_histogram_that_did_not_move_is_served_as_last_scrapes_samples():
+    from prometheus_client.core import HistogramMetricFamily
+
+    from fabricscope.exporter.framework import SampleCache
+
+    def scrape(cache, buckets, total):
+        cache.next_scrape()
+        family = HistogramMetricFamily("fabric_h", "h", labels=["op"])
+        cache.histogram(family, ["AllReduce"], buckets, total)
+        plain = HistogramMetricFamily("fabric_h", "h", labels=["op"])
+        plain.add_metric(["AllReduce"], buckets, total)
+        assert family.samples == plain.samples           # what prometheus_client would build
+        return family.samples
+
+    cache = SampleCache()
+    first = scrape(cache, [("0.1", 1), ("+Inf", 2)], 0.5)
+    again = scrape(cache, [("0.1", 1), ("+Inf", 2)], 0.5)
+    moved = scrape(cache, [("0.1", 1), ("+Inf", 3)], 0.9)
+    assert all(a is b for a, b in zip(first, again))
+    assert moved[-1].value == 0.9 and moved[0] is not first[0]

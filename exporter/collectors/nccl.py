@@ -22,7 +22,7 @@ from typing import Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from ..ebpf import elfsym
-from ..framework import Collector, register
+from ..framework import Collector, SampleCache, register
 from ..nccl.ingest import IngestRoutes
 from ..nccl.placement import RankPlacement, RankProcess
 from ..nccl.tracker import NcclTracker
@@ -52,6 +52,7 @@ class NcclCollector(Collector):
         clock = getattr(self.source, "clock", time.time)
         self.clock = clock
         self.tracker = NcclTracker.from_config(section, clock=clock)
+        self.histograms = SampleCache()   # per-op histograms that did not move, served again
         ingest = section.get("ingest", False)
         self.ingest = IngestRoutes(self.tracker, enabled=ingest)
         self.uprobes = None
@@ -98,6 +99,7 @@ class NcclCollector(Collector):
                                        "against the scrape's own timestamp it gives the node's clock offset.",
                                        value=self.clock())
         snap = self.tracker.snapshot()
+        self.histograms.next_scrape()
         info = GaugeMetricFamily("fabric_nccl_comm_info", "Communicator membership of a local rank; always 1.",
                                  labels=["comm", "rank", "nranks"])
         for comm, rank, nranks in snap.comms:
@@ -118,8 +120,8 @@ class NcclCollector(Collector):
             labels = [op.comm, str(op.rank), op.op]
             calls.add_metric(labels, op.calls)
             nbytes.add_metric(labels, op.nbytes)
-            enqueue.add_metric(labels, op.enqueue, op.enqueue_sum)
-            duration.add_metric(labels, op.duration, op.duration_sum)
+            self.histograms.histogram(enqueue, labels, op.enqueue, op.enqueue_sum)
+            self.histograms.histogram(duration, labels, op.duration, op.duration_sum)
             last.add_metric(labels, op.last_call)
             if op.completed_average is not None:
                 average.add_metric(labels, op.completed_average)
@@ -179,7 +181,7 @@ class NcclCollector(Collector):
             labels = [seq.comm, str(seq.rank)]
             sequence.add_metric(labels, seq.sequence)
             if seq.lag_count:
-                lag.add_metric(labels, seq.lag, seq.lag_sum)
+                self.histograms.histogram(lag, labels, seq.lag, seq.lag_sum)
             if seq.boundary_start is not None:
                 boundary.add_metric(labels, seq.boundary)
                 boundary_start.add_metric(labels, seq.boundary_start)
