@@ -86,6 +86,35 @@ def test_fields_of_a_communicator_are_taken():
     assert (fields.comm_hash, fields.rank, fields.nranks, fields.cuda_dev) == (0xABCDEF, 3, 8, 5)
 
 
+def test_a_comm_unreadable_at_first_is_read_again_and_its_placeholder_goes():
+    from fabricscope.exporter.nccl.commread import CommFields
+    from fabricscope.exporter.nccl.tracker import NcclTracker
+    from fabricscope.exporter.nccl.uprobe import EventHandler
+
+    now = [0.0]
+    answers = [CommUnreadable("implausible_fields", "not yet"), CommFields(0xAB, 1, 4, 1)]
+
+    def identify(pid, pointer):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    tracker = NcclTracker()
+    handler = EventHandler(tracker, identify=identify, clock=lambda: now[0])
+    first = handler.comm(10, 0x5000)
+    assert first.label.startswith("unknown-") and first.rank == -1 and first.reason == "implausible_fields"
+    tracker.register_comm(first.label, -1, 0)
+    assert handler.comm(10, 0x5000) is first and answers           # not tried again at once
+    now[0] += EventHandler.RETRY_SECONDS + 1
+    named = handler.comm(10, 0x5000)
+    assert (named.label, named.rank, named.nranks, named.source, named.join) == \
+        (comm_label(0xAB), 1, 4, "memory", "attach")
+    assert [c for c, _, _ in tracker.snapshot().comms] == [comm_label(0xAB)]
+    assert handler.learned == [(10, 0x5000, 0xAB, 0)]
+    assert handler.sources() == {("memory", "", "attach"): 1}
+
+
 def test_memory_that_cannot_be_read_is_a_reason(tmp_path):
     layout = CommLayout(rank_at=0x2000)
     with pytest.raises(CommUnreadable) as absent:
@@ -288,13 +317,17 @@ def test_a_job_started_before_the_exporter_and_an_exporter_killed_mid_job_name_e
         exporters.append(first)
         named_within(first, job, nranks)
         samples = first.samples()
-        assert samples[series("fabric_nccl_comm_identities", source="memory", reason="")] >= nranks
+        assert samples[series("fabric_nccl_comm_identities", source="memory", reason="", join="attach")] >= nranks
         assert not any(k.startswith("fabric_nccl_comm_info") and 'rank="-1"' in k and job.comm in k for k in samples)
         first.kill()                                   # mid-job, no clean-up of any kind
         assert job.running()
         second = ExporterProcess(tmp_path, root_bpf)
         exporters.append(second)
         named_within(second, job, nranks)
+        # The first one's marks (saved every 5 s, 3 s of life here at least once at start):
+        # joined on them, or from the attach when none had been written yet.
+        joins = {k for k, v in second.samples().items() if k.startswith("fabric_nccl_comm_identities") and v}
+        assert any('join="saved"' in k or 'join="attach"' in k for k in joins), joins
         assert job.running()                           # the job never noticed
     finally:
         for exporter in exporters:
@@ -318,12 +351,14 @@ def test_an_exporter_restarted_while_a_rank_is_late_to_every_step_shows_that_ran
         wait_until(lambda: first.samples().get(attached) == 1, "probes on the job's library before its init")
         job.go()
         named_within(first, job, nranks, deadline=60)
-        assert first.samples()[series("fabric_nccl_comm_identities", source="init", reason="")] >= nranks
+        assert first.samples()[series("fabric_nccl_comm_identities", source="init", reason="", join="init")] >= nranks
         time.sleep(UPROBE_SAVE_SECONDS + 1)               # the marks saved at least once
         first.kill()
         second = ExporterProcess(tmp_path, root_bpf)
         exporters.append(second)
         named_within(second, job, nranks)
+        wait_until(lambda: second.samples().get(series("fabric_nccl_comm_identities", source="memory", reason="",
+                                                       join="saved"), 0) >= nranks, "ranks joined on saved marks")
         lag = lambda: {r: (second.samples().get(series("fabric_nccl_arrival_lag_seconds_sum", comm=job.comm, rank=str(r))),
                            second.samples().get(series("fabric_nccl_arrival_lag_seconds_count", comm=job.comm, rank=str(r))))
                        for r in range(nranks)}

@@ -221,7 +221,7 @@ def named(exporter: Exporter, world: int, deadline: float, job: Job) -> tuple[fl
             comm = full[0]
             return time.time() - exporter.started, {"comm": comm, "ranks": by_comm[comm],
                                                     "nccl_says": expected[comm],
-                                                    "identities": {f"{label(k, 'source')}/{label(k, 'reason')}": v
+                                                    "identities": {f"{label(k, 'source')}/{label(k, 'reason')}/{label(k, 'join')}": v
                                                                    for k, v in pick(samples, "fabric_nccl_comm_identities").items()}}
         time.sleep(0.25)
     unknown = {f"{dict(k[1])}": v for k, v in pick(scrape(exporter.base), "fabric_nccl_comm_info").items()}

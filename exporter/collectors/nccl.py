@@ -232,8 +232,11 @@ class NcclCollector(Collector):
             skipped.add_metric([reason], count)
         named = GaugeMetricFamily("fabric_nccl_comm_identities", "Local ranks' communicators by where their "
                                   "identity came from: init (its init was probed), memory (initialised before "
-                                  "the probes: read from the communicator), unknown (reason says why).",
-                                  labels=["source", "reason"])
-        for (source, reason), count in sorted(status.identities.items()):
-            named.add_metric([source, reason], count)
+                                  "the probes: read from the communicator), unknown (reason says why); and by "
+                                  "how their ranks are joined on the same op: init, saved (on the previous "
+                                  "exporter's sequence marks), attach (counted from the probes' attach: a rank "
+                                  "late at that instant is joined one op apart), none.",
+                                  labels=["source", "reason", "join"])
+        for (source, reason, join), count in sorted(status.identities.items()):
+            named.add_metric([source, reason, join], count)
         yield from (available, attached, traced, exited, lost, invalid, skipped, named)

@@ -138,6 +138,9 @@ class CommRef:
     nranks: int
     source: str = "init"     # init | memory | unknown
     reason: str = ""         # why unknown
+    # How its ranks' sequence numbers are joined: init (counted from the init), saved (on
+    # the previous exporter's marks), attach (counted from the probes' attach), none.
+    join: str = "init"
 
 
 def probed_rank(ref: CommRef, state: RankState | None, ops: dict[int, OpStats], api_returned: bool,

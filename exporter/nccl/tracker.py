@@ -422,6 +422,13 @@ class NcclTracker:
                     stats.duration.observe(call.end - call.start)
                     stats.recent.append(call.end - call.start)
 
+    def forget_comm(self, comm: str) -> None:
+        """Drop a comm's label and everything under it: an `unknown-` placeholder whose
+        communicator was read at last goes on under its real name."""
+        with self._lock:
+            if comm in self._comms:
+                self._drop_comm(comm)
+
     def drop_inflight(self, comm: str, rank: int) -> None:
         """The rank's process went away: its open operation will never be followed."""
         with self._lock:

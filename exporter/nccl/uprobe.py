@@ -19,6 +19,7 @@ Every failure is a metric and a log line; nothing here raises into the exporter.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import platform
@@ -173,12 +174,16 @@ class EventHandler:
         read = self._read(pid, pointer)
         if isinstance(read, str):
             if ref is None:
-                ref = ks.CommRef(_unknown_label(pid, pointer), -1, 0, source="unknown", reason=read)
+                ref = ks.CommRef(_unknown_label(pid, pointer), -1, 0, source="unknown", reason=read, join="none")
                 self.comms[key] = ref
             return ref
-        ref = ks.CommRef(comm_label(read.comm_hash), read.rank, read.nranks, source="memory")
+        if ref is not None:                                 # read at last: its placeholder goes
+            self.tracker.forget_comm(ref.label)
+        restarted = (comm_label(read.comm_hash), read.rank, pid) in self.previous
+        ref = ks.CommRef(comm_label(read.comm_hash), read.rank, read.nranks, source="memory",
+                         join="saved" if restarted else "attach")
         self.comms[key] = ref
-        if (ref.label, ref.rank, pid) in self.previous:     # restarted: join as before
+        if restarted:                                       # join as the previous exporter did
             self.pending[key] = (ref.label, ref.rank, read.comm_hash, self.clock())
         else:
             self.learned.append((pid, pointer, read.comm_hash, 0))
@@ -226,11 +231,13 @@ class EventHandler:
         if ref.rank >= 0:
             self.tracker.register_comm(ref.label, ref.rank, ref.nranks)
 
-    def sources(self) -> dict[tuple[str, str], int]:
-        """Comms known now by how they were named (init, memory, unknown) and why unknown."""
-        counts: dict[tuple[str, str], int] = {}
+    def sources(self) -> dict[tuple[str, str, str], int]:
+        """Comms known now by how they were named (init, memory, unknown), why unknown, and
+        how their ranks are joined (CommRef.join)."""
+        counts: dict[tuple[str, str, str], int] = {}
         for ref in list(self.comms.values()):
-            counts[(ref.source, ref.reason)] = counts.get((ref.source, ref.reason), 0) + 1
+            key = (ref.source, ref.reason, ref.join)
+            counts[key] = counts.get(key, 0) + 1
         return counts
 
     def end(self, pid: int, pointer: int, ref: ks.CommRef) -> bool:
@@ -375,6 +382,8 @@ class KernelReader:
                 _, _, ident, _ = handler.pending.pop(key)
                 handler.learned.append((key[0], key[1], ident, bases.get(rank, 0)))
                 self._periods.pop(key, None)
+                if rank not in bases and key in handler.comms:
+                    handler.comms[key] = dataclasses.replace(handler.comms[key], join="attach")
 
     def _teach_kernel(self) -> None:
         """Comms named from memory: their identity for the kernel's arrival join, and the
@@ -457,7 +466,7 @@ class UprobeStatus:
     events_lost: int                    # dropped in the kernel: ring buffer full
     invalid: dict[str, int]
     events: int
-    identities: dict[tuple[str, str], int] = field(default_factory=dict)   # (source, reason) -> comms
+    identities: dict[tuple[str, str, str], int] = field(default_factory=dict)   # (source, reason, join) -> comms
 
 
 class UprobeSource:
