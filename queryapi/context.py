@@ -2,6 +2,7 @@
 Prometheus client, the metrics and the background workers of the running app."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from logging import Logger
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,10 @@ from .metrics import SidecarMetrics
 from .prom import PrometheusClient
 from .ratelimit import RateLimiter
 from .storage import Storage
+
+# How long shutdown waits for the background workers: SIGTERM is done within about this
+# and a second, so a restart right after it finds the port and the database free.
+STOP_SECONDS = 3.0
 
 if TYPE_CHECKING:     # types only: the areas import this module, never the other way
     from .chaos_api import ChaosService
@@ -49,9 +54,17 @@ class Sidecar:
         for worker in self.workers:
             worker.start()
 
-    def stop_background(self) -> None:
+    def stop_background(self, timeout: float = STOP_SECONDS) -> None:
+        """Tell every worker to stop, then wait for them, `timeout` seconds in all: a worker
+        still inside a slow call after that is left to the process's exit (its claimed work
+        is a lease that runs out and is done again after the next start)."""
         for worker in self.workers:
-            worker.stop()
+            request_stop = getattr(worker, "request_stop", None)
+            if request_stop is not None:
+                request_stop()
+        deadline = time.monotonic() + timeout
+        for worker in self.workers:
+            worker.stop(max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         self.stop_background()

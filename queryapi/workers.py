@@ -26,6 +26,10 @@ class PeriodicWorker:
         self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
         self._thread.start()
 
+    def stopping(self) -> bool:
+        """Whether stop() was called: long runs check it to end early."""
+        return self._stop.is_set()
+
     def wake(self) -> None:
         """Run soon instead of at the next interval (new work arrived)."""
         self._wake.set()
@@ -39,9 +43,15 @@ class PeriodicWorker:
             self._wake.wait(self.interval)
             self._wake.clear()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def request_stop(self) -> None:
+        """Stop after the current run (or at once, when waiting); stop() waits for it."""
         self._stop.set()
         self._wake.set()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.request_stop()
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("%s still running after %.1fs; leaving it to the process's exit", self.name, timeout)
             self._thread = None

@@ -271,3 +271,36 @@ def test_a_billion_laughs_keys_file_is_one_short_error_and_the_old_keys_stay(sid
     errors = [line for line in new_lines if "keeping the previous API keys" in line]
     assert len(errors) == 1 and len(errors[0]) < 1024, new_lines[-5:]
     assert "aliases" in errors[0]
+
+
+def test_sigterm_with_a_correlation_backlog_and_prometheus_paused_ends_within_5s_and_a_restart_starts(
+        sidecar_with_prometheus, tmp_path):
+    import requests
+
+    from tests.sidecar_helpers import seed_span
+
+    _, _, _, prometheus = sidecar_with_prometheus
+    tokens = make_keys(tmp_path / "keys.yaml")
+    port = free_port()
+    sidecar = start_sidecar(tmp_path, "127.0.0.1", port, prometheus.url, tmp_path / "keys.yaml", tls=False,
+                            extra_args=["--prometheus-timeout", "5"])
+    pid = prometheus.process.process.pid
+    try:
+        # Every span over its SLO: each waits to be correlated against Prometheus.
+        spans = [seed_span("backlog", f"s{i}", 600_000, ["leaf-1", "spine-1"]) for i in range(300)]
+        reply = requests.post(sidecar.url + "/tracing/spans", json={"spans": spans}, timeout=30,
+                              headers=bearer(tokens["writer"]))
+        assert reply.status_code == 200 and reply.json()["violations"] == 300, reply.text[:300]
+        os.kill(pid, signal.SIGSTOP)                 # the correlator's query now hangs
+        time.sleep(1.0)
+        started = time.monotonic()
+        sidecar.process.process.send_signal(signal.SIGTERM)
+        assert sidecar.process.process.wait(20) == 0
+        took = time.monotonic() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        sidecar.stop()
+    assert took < 5, took
+    # Right after: the same port and database.
+    again = start_sidecar(tmp_path, "127.0.0.1", port, prometheus.url, tmp_path / "keys.yaml", tls=False)
+    again.stop()

@@ -28,6 +28,7 @@ PROTOBUF = "application/x-protobuf"
 def setup(app, state) -> None:
     correlator = Correlator(state.storage, state.prom, state.metrics)
     worker = PeriodicWorker("correlator", state.config.correlation_interval_seconds, correlator.run_once)
+    correlator.stopping = worker.stopping
     state.workers.append(worker)
     state.correlator, state.correlation_worker = correlator, worker
     state.capabilities.update({"tracing", "otlp_http"})

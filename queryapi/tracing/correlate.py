@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ..prom import PrometheusClient, PrometheusError
 from ..promql import equals_any
@@ -82,17 +82,22 @@ class Correlator:
         self.storage = storage
         self.prom = prom
         self.metrics = metrics
+        # Checked between spans: on shutdown the rest of a backlog waits for the next start
+        # (its claims released) instead of holding SIGTERM for as long as it takes.
+        self.stopping: Callable[[], bool] = lambda: False
 
     def run_once(self) -> int:
         """Correlate until the queue is empty or Prometheus fails; returns violations done."""
         done_total = 0
-        while True:
+        while not self.stopping():
             batch = self.storage.claim_pending_violations(BATCH)
             if not batch:
                 break
             done, results = [], []
             try:
                 for span in batch:
+                    if self.stopping():
+                        break
                     started = time.perf_counter()
                     correlation = correlate_one(self.prom, span)
                     self.metrics.correlation_seconds.observe(time.perf_counter() - started)
@@ -112,6 +117,8 @@ class Correlator:
                 done_total += len(done)
                 break
             self.storage.save_correlations(done, results)
+            if len(done) < len(batch):
+                self.storage.release_claims([s["pk"] for s in batch[len(done):]])
             done_total += len(done)
         self.metrics.pending_correlations.set(self.storage.count_pending_violations())
         return done_total
