@@ -13,6 +13,8 @@
 #ifndef FABRIC_H
 #define FABRIC_H
 
+#include <bpf/bpf_core_read.h>
+
 #define HIST_SLOTS(sub_bits, min_exp, max_exp) (2 + (((max_exp) - (min_exp)) << (sub_bits)))
 
 /* floor(log2(x)) for x >= 1 (0 for x == 0), branch-free for the verifier. */
@@ -96,6 +98,46 @@ static __always_inline void counter_add(void *map, __u64 n)
 static __always_inline void map_error(void *errors, __u32 map_id)
 {
 	counter_add_at(errors, map_id, 1);
+}
+
+/* Process scoping by PID namespace: the exporter sees the processes its procfs shows, as a
+ * container runtime scopes a pod. `pidns_inum` is the inode number of that procfs's PID
+ * namespace (user space: stat <procfs>/1/ns/pid), 0 for the initial namespace. The
+ * current task's pid_tgid as that namespace numbers it, or 0 when the task is outside it
+ * (in a sibling namespace: another "node" on the same kernel). A task's pid carries one
+ * number per namespace from the initial one down to its own (struct pid.numbers[level]);
+ * the scope is one of those levels, or the task is not visible there. */
+#define PIDNS_MAX_DEPTH 32       /* the kernel's MAX_PID_NS_LEVEL */
+
+static __always_inline __u64 scoped_pid_tgid(__u32 pidns_inum)
+{
+	struct task_struct *task;
+	struct pid *leader, *thread;
+	struct upid number;
+	__u32 depth, tgid;
+
+	if (!pidns_inum)
+		return bpf_get_current_pid_tgid();
+	task = (struct task_struct *)bpf_get_current_task();
+	leader = BPF_CORE_READ(task, group_leader, thread_pid);
+	thread = BPF_CORE_READ(task, thread_pid);
+	if (!leader || !thread)
+		return 0;
+	depth = BPF_CORE_READ(leader, level);
+	for (__u32 i = 0; i < PIDNS_MAX_DEPTH; i++) {
+		if (i > depth)
+			break;
+		if (bpf_probe_read_kernel(&number, sizeof(number), &leader->numbers[i]))
+			return 0;
+		if (BPF_CORE_READ(number.ns, ns.inum) != pidns_inum)
+			continue;
+		tgid = number.nr;
+		/* A thread shares its process's PID namespace. */
+		if (bpf_probe_read_kernel(&number, sizeof(number), &thread->numbers[i]))
+			return 0;
+		return ((__u64)tgid << 32) | (__u32)number.nr;
+	}
+	return 0;
 }
 
 #define DECLARE_COUNTER(name) \

@@ -114,6 +114,8 @@ struct nccl_config {
 	__u32 lag_n;
 	__u32 boundary_ops;            /* sequence boundaries: multiples of this */
 	__u8 datatype_bytes[NUM_DATATYPES];   /* 0: unknown */
+	__u32 pidns_inum;              /* the exporter's PID namespace (fabric.h scoped_pid_tgid) */
+	__u32 pad;
 };
 
 struct hist {
@@ -190,6 +192,16 @@ struct {
 	__type(value, struct nccl_config);
 } nccl_config SEC(".maps");
 
+/* The calling thread's pid_tgid in the exporter's PID namespace; 0 when the caller is
+ * outside it (another node's process on the same kernel): such calls are not accounted. */
+static __always_inline __u64 current_id(void)
+{
+	__u32 zero = 0;
+	struct nccl_config *cfg = bpf_map_lookup_elem(&nccl_config, &zero);
+
+	return cfg ? scoped_pid_tgid(cfg->pidns_inum) : 0;
+}
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 4096);
@@ -261,10 +273,9 @@ struct {
 	__type(value, struct scratch);
 } nccl_scratch SEC(".maps");
 
-static __always_inline struct nccl_event *reserve(__u16 kind, __u16 op)
+static __always_inline struct nccl_event *reserve(__u64 id, __u16 kind, __u16 op)
 {
 	struct nccl_event *e = bpf_ringbuf_reserve(&nccl_events, sizeof(*e), 0);
-	__u64 id = bpf_get_current_pid_tgid();
 
 	if (!e) {
 		counter_add_at(&nccl_problems, PROBLEM_EVENTS_LOST, 1);
@@ -348,7 +359,7 @@ static __always_inline int coll_enter(__u16 op, __u64 comm, __u64 count, __s32 d
 {
 	__u32 zero = 0;
 	struct nccl_config *cfg = bpf_map_lookup_elem(&nccl_config, &zero);
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = cfg ? scoped_pid_tgid(cfg->pidns_inum) : 0;
 	__u32 pid = id >> 32;
 	__u64 now = bpf_ktime_get_ns();
 	struct open_call call = { .ts_ns = now, .comm = comm, .op = op };
@@ -357,7 +368,7 @@ static __always_inline int coll_enter(__u16 op, __u64 comm, __u64 count, __s32 d
 	__u32 d = (__u32)dtype, size = 0;
 	__u64 bytes = 0;
 
-	if (!cfg)
+	if (!cfg || !id)
 		return 0;
 	if (d < NUM_DATATYPES) {
 		/* Hide the range from the compiler, or it drops the mask the verifier needs. */
@@ -505,8 +516,8 @@ int BPF_KRETPROBE(nccl_coll_return)
 {
 	__u32 zero = 0;
 	struct nccl_config *cfg = bpf_map_lookup_elem(&nccl_config, &zero);
-	__u64 id = bpf_get_current_pid_tgid();
-	struct open_call *call = bpf_map_lookup_elem(&nccl_open_calls, &id);
+	__u64 id = cfg ? scoped_pid_tgid(cfg->pidns_inum) : 0;
+	struct open_call *call = id ? bpf_map_lookup_elem(&nccl_open_calls, &id) : 0;
 	__u64 now = bpf_ktime_get_ns();
 	struct op_stats *stats;
 
@@ -530,7 +541,10 @@ static __always_inline struct init_args *init_scratch(void)
 }
 static __always_inline int save_init(struct init_args *a)
 {
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_id();
+
+	if (!id)
+		return 0;
 
 	bpf_map_update_elem(&nccl_init_args, &id, a, BPF_ANY);
 	return 0;
@@ -630,13 +644,14 @@ static __always_inline __u64 comm_ident(struct init_args *a, __u32 pid, __u64 fi
 static __always_inline void emit_init(struct init_args *a, __u64 comm, __s32 rank, __s32 nranks, __u64 aux,
 				      __u64 ident)
 {
-	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+	__u64 id = current_id();
+	__u32 pid = id >> 32;
 	struct comm_key key = { .pid = pid, .comm = comm };
 	struct scratch *s = scratch();
 	struct rank_state *state;
 	struct nccl_event *e;
 
-	if (!comm || !s)
+	if (!comm || !s || !id)
 		return;
 	if (bpf_map_update_elem(&nccl_rank_state, &key, &s->zero_state, BPF_ANY))
 		counter_add_at(&nccl_problems, PROBLEM_STATE_FULL, 1);
@@ -648,7 +663,7 @@ static __always_inline void emit_init(struct init_args *a, __u64 comm, __s32 ran
 
 		bpf_map_delete_elem(&nccl_op_stats, &stale);
 	}
-	e = reserve(EV_COMM_INIT, a->op);
+	e = reserve(id, EV_COMM_INIT, a->op);
 	if (!e)
 		return;
 	e->comm = comm;
@@ -664,8 +679,8 @@ static __always_inline void emit_init(struct init_args *a, __u64 comm, __s32 ran
 SEC("uretprobe")
 int BPF_KRETPROBE(nccl_comm_init_return)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	struct init_args *a = bpf_map_lookup_elem(&nccl_init_args, &id);
+	__u64 id = current_id();
+	struct init_args *a = id ? bpf_map_lookup_elem(&nccl_init_args, &id) : 0;
 	__s32 rc = (__s32)PT_REGS_RC(ctx);
 	__u64 comm = 0, first = 0;
 
@@ -696,7 +711,8 @@ int BPF_KRETPROBE(nccl_comm_init_return)
 SEC("uprobe")
 int BPF_KPROBE(nccl_comm_end_enter)
 {
-	struct nccl_event *e = reserve(EV_COMM_END, 0);
+	__u64 id = current_id();
+	struct nccl_event *e = id ? reserve(id, EV_COMM_END, 0) : 0;
 
 	if (!e)
 		return 0;

@@ -14,6 +14,7 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include "fabric.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -37,9 +38,25 @@ struct {
 	__type(value, __u64);
 } proc_events_lost SEC(".maps");
 
+/* The exporter's PID namespace (fabric.h scoped_pid_tgid), written before attaching:
+ * processes outside it are not the exporter's to find. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} proc_pidns SEC(".maps");
+
 static __always_inline int emit(__u32 kind)
 {
-	struct procwatch_event *e = bpf_ringbuf_reserve(&proc_events, sizeof(*e), 0);
+	__u32 zero = 0;
+	__u32 *pidns = bpf_map_lookup_elem(&proc_pidns, &zero);
+	__u64 id = pidns ? scoped_pid_tgid(*pidns) : 0;
+	struct procwatch_event *e;
+
+	if (!id)
+		return 0;
+	e = bpf_ringbuf_reserve(&proc_events, sizeof(*e), 0);
 
 	if (!e) {
 		__u32 zero = 0;
@@ -48,7 +65,7 @@ static __always_inline int emit(__u32 kind)
 			__sync_fetch_and_add(lost, 1);
 		return 0;
 	}
-	e->tgid = bpf_get_current_pid_tgid() >> 32;
+	e->tgid = id >> 32;
 	e->kind = kind;
 	bpf_ringbuf_submit(e, 0);
 	return 0;

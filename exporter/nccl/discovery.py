@@ -27,6 +27,23 @@ STATIC_FALLBACK = re.compile(r"/libtorch_cuda\.so$")
 PROBE_SYMBOL = "ncclAllReduce"
 
 
+# The initial PID namespace's inode number (the kernel's PROC_PID_INIT_INO).
+INITIAL_PIDNS_INUM = 0xEFFFFFFC
+
+
+def pid_namespace(procfs: Path) -> int:
+    """Inode number of the PID namespace `procfs` shows (that of its pid 1), 0 for the
+    initial namespace or when it cannot be read: the BPF programs then see every process
+    with its global ids. Otherwise they see, with the ids this procfs uses, only the
+    processes it shows, as a pod's containers sharing its PID namespace see its own
+    (exporter/bpf/fabric.h, scoped_pid_tgid)."""
+    try:
+        inum = os.stat(Path(procfs) / "1" / "ns" / "pid").st_ino
+    except OSError:
+        return 0
+    return 0 if inum == INITIAL_PIDNS_INUM else inum
+
+
 @dataclass(frozen=True)
 class LibraryRef:
     path: str          # as the process sees it (its mount namespace)

@@ -21,7 +21,7 @@ NUM_DATATYPES = 16
 NUM_OPS = len(OPS)       # NUM_OPS: op codes 0-7 (exporter/nccl/events.py OPS)
 
 # struct nccl_config
-CONFIG = struct.Struct(f"<{MAX_BOUNDS}Q{MAX_BOUNDS}Q{MAX_BOUNDS}QIIII{NUM_DATATYPES}B")
+CONFIG = struct.Struct(f"<{MAX_BOUNDS}Q{MAX_BOUNDS}Q{MAX_BOUNDS}QIIII{NUM_DATATYPES}BII")
 # struct hist: MAX_BOUNDS + 1 counts (the last above every bound), then the sum in ns
 _HIST_WORDS = MAX_BOUNDS + 2
 # struct rank_state
@@ -52,8 +52,10 @@ class LayoutError(ValueError):
 
 
 def encode_config(enqueue_bounds: Iterable[float], duration_bounds: Iterable[float],
-                  lag_bounds: Iterable[float], boundary_ops: int, datatype_bytes: dict[int, int]) -> bytes:
-    """struct nccl_config: bounds in seconds become ns (ascending, at most MAX_BOUNDS each)."""
+                  lag_bounds: Iterable[float], boundary_ops: int, datatype_bytes: dict[int, int],
+                  pidns_inum: int = 0) -> bytes:
+    """struct nccl_config: bounds in seconds become ns (ascending, at most MAX_BOUNDS each);
+    `pidns_inum` scopes the accounting to one PID namespace (discovery.pid_namespace)."""
     lists = []
     for name, bounds in (("enqueue", enqueue_bounds), ("duration", duration_bounds), ("lag", lag_bounds)):
         ns = [round(b * 1e9) for b in bounds]
@@ -67,7 +69,7 @@ def encode_config(enqueue_bounds: Iterable[float], duration_bounds: Iterable[flo
         sizes[dtype] = size
     padded = [ns + [0] * (MAX_BOUNDS - len(ns)) for ns in lists]
     return CONFIG.pack(*padded[0], *padded[1], *padded[2], len(lists[0]), len(lists[1]), len(lists[2]),
-                       int(boundary_ops), *sizes)
+                       int(boundary_ops), *sizes, int(pidns_inum), 0)
 
 
 @dataclass(frozen=True)

@@ -96,9 +96,11 @@ def decode_event(raw: bytes) -> NcclEvent:
     return NcclEvent(*EVENT.unpack_from(raw))
 
 
-def kernel_config(tracker) -> bytes:
-    """struct nccl_config for this tracker: its bucket bounds and sequence boundaries."""
-    return ks.encode_config(ENQUEUE_BUCKETS, DURATION_BUCKETS, LAG_BUCKETS, tracker.boundary_ops, DATATYPE_BYTES)
+def kernel_config(tracker, pidns_inum: int = 0) -> bytes:
+    """struct nccl_config for this tracker: its bucket bounds and sequence boundaries, and
+    the PID namespace whose processes are accounted."""
+    return ks.encode_config(ENQUEUE_BUCKETS, DURATION_BUCKETS, LAG_BUCKETS, tracker.boundary_ops, DATATYPE_BYTES,
+                            pidns_inum)
 
 
 class EventHandler:
@@ -499,6 +501,8 @@ class UprobeSource:
         sequence marks are kept across restarts (none: not kept)."""
         self.procfs = Path(procfs)
         self._marks_file = StateFile(Path(state_dir) / "nccl_sequences.json") if state_dir else None
+        # The processes this procfs shows are the ones traced, by the ids it shows.
+        self.pidns = discovery.pid_namespace(self.procfs)
         self.sysfs = Path(sysfs)
         self.object_path = Path(object_path)
         self.watch_object_path = Path(watch_object_path or self.object_path.with_name("procwatch.bpf.o"))
@@ -554,7 +558,7 @@ class UprobeSource:
             return self._unavailable(*problem)
         try:
             self._obj = BpfObject.load(self.object_path, map_sizes={"nccl_events": self.ring_bytes})
-            self._obj.map("nccl_config").update(b"\0" * 4, kernel_config(self._handler.tracker))
+            self._obj.map("nccl_config").update(b"\0" * 4, kernel_config(self._handler.tracker, self.pidns))
             self._ring = self._obj.ring_buffer("nccl_events", self._handler.handle_raw)
             self._reader = KernelReader(self._obj, self._handler)
         except (BpfUnavailable, KeyError, ValueError) as exc:
@@ -582,6 +586,7 @@ class UprobeSource:
             log.warning("process watch unavailable (%s): full rescans every %.1fs", exc, self.rescan_seconds)
             return
         try:
+            obj.map("proc_pidns").update(b"\0" * 4, struct.pack("<I", self.pidns))
             obj.attach("proc_exec")
             libcs = discovery.libc_paths(self.procfs)
             for path in libcs:

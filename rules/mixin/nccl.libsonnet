@@ -164,9 +164,11 @@ local util = import 'util.libsonnet';
             ||| % { nodeBy: nodeBy, nodeOnly: by([node]), step: num(th.ncclClockOffsetMaxStepSeconds) },
           },
           {
-            // Averaged over the evaluations where the boundaries lined up.
-            record: 'comm_node:fabric_nccl_arrival_offset_seconds:avg1m',
-            expr: 'avg_over_time(comm_node:fabric_nccl_arrival_offset_seconds[%s])' % w.ncclNodeOffset,
+            // The least over the window of the evaluations where the boundaries lined up:
+            // a node late on every step is late on every join, while a busy node's
+            // scheduling delays (one-sided: they only ever make a rank later) come and go.
+            record: 'comm_node:fabric_nccl_arrival_offset_seconds:min1m',
+            expr: 'min_over_time(comm_node:fabric_nccl_arrival_offset_seconds[%s])' % w.ncclNodeOffset,
           },
           {
             // The rank's mean lag behind the comm's earliest rank: the local lag plus its
@@ -178,7 +180,7 @@ local util = import 'util.libsonnet';
               (
                 comm_rank:fabric_nccl_arrival_lag_seconds:local_mean1m
                 + on (%(node)s) group_left
-                comm_node:fabric_nccl_arrival_offset_seconds:avg1m
+                comm_node:fabric_nccl_arrival_offset_seconds:min1m
               )
               or
               comm_rank:fabric_nccl_arrival_lag_seconds:local_mean1m
@@ -231,7 +233,7 @@ local util = import 'util.libsonnet';
           {
             record: 'comm_node:fabric_nccl_arrival_offset:step_share1m',
             expr: |||
-              comm_node:fabric_nccl_arrival_offset_seconds:avg1m
+              comm_node:fabric_nccl_arrival_offset_seconds:min1m
               * on (%(node)s)
               max by (%(node)s) (comm_rank:fabric_nccl_collectives:rate1m)
             ||| % { node: nodeBy },
@@ -309,14 +311,14 @@ local util = import 'util.libsonnet';
             // Every rank of the node enters late against the comm's earliest rank
             // elsewhere. The floor is above what NTP keeps between nodes.
             |||
-              comm_node:fabric_nccl_arrival_offset_seconds:avg1m > %(abs)s
+              comm_node:fabric_nccl_arrival_offset_seconds:min1m > %(abs)s
               and
               comm_node:fabric_nccl_arrival_offset:step_share1m > %(share)s
             ||| % { abs: num(th.stragglerNodeMinOffsetSeconds), share: num(th.stragglerMinStepShare) },
             forOf.straggler,
             'Every NCCL rank on one node enters its collectives late: the whole job waits for this node.',
             'The ranks of comm {{ $labels.comm }} on {{ $labels.node }} enter each collective {{ $value | humanizeDuration }} '
-            + 'after the earliest rank elsewhere (mean over ' + w.ncclNodeOffset + '); every step waits that long: '
+            + 'after the earliest rank elsewhere (at least, over ' + w.ncclNodeOffset + '); every step waits that long: '
             + stepShare('comm_node:fabric_nccl_arrival_offset:step_share1m', [cfg.clusterLabel, 'comm', node])
             + ' of the job\'s time.',
           ),
@@ -340,7 +342,7 @@ local util = import 'util.libsonnet';
               (comm:fabric_nccl_arrival_lag_seconds:ranks1m >= %(ranks)s)
               unless on (%(node)s)
               (
-                comm_node:fabric_nccl_arrival_offset_seconds:avg1m > %(nodeAbs)s
+                comm_node:fabric_nccl_arrival_offset_seconds:min1m > %(nodeAbs)s
                 and
                 comm_node:fabric_nccl_arrival_offset:step_share1m > %(share)s
               )
