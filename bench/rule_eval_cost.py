@@ -97,6 +97,7 @@ def node_series(index: int) -> list[Series]:
     # TCP: RTT and connect histograms, procfs counters. Node 5 has a microburst profile.
     rtt = 0.0005 if index != 5 else 0.004
     out += histogram("fabric_tcp_rtt_seconds", base, EBPF_BUCKETS["fabric_tcp_rtt_seconds"], 2000, rtt)
+    out += histogram("fabric_tcp_rtt_excess_seconds", base, EBPF_BUCKETS["fabric_tcp_rtt_excess_seconds"], 1500, rtt)
     out += histogram("fabric_tcp_connect_latency_seconds", base, EBPF_BUCKETS["fabric_tcp_connect_latency_seconds"],
                      5, 0.0002)
     for counter in ("retransmitted_segments", "out_segments", "in_segments", "in_errors", "out_resets",

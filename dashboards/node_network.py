@@ -43,11 +43,14 @@ def dashboard() -> g.Dashboard:
             f"sum by (le) ({histogram_rate('fabric_tcp_connect_latency_seconds')})", legend="{{le}}", heatmap=True),
             "s", "Time from connect() to an established connection, per bucket and second."),
         c.timeseries("TCP RTT p50 / p99 / p99.9", quantiles("fabric_tcp_rtt_seconds"), "s",
-                     "Quantiles of the RTT histogram. The microburst alert compares the p99 with its own "
-                     "5-minute average."),
-        c.timeseries("Microburst: p99 RTT / its 5-minute average", [c.prom(
-            f"""node:fabric_tcp_rtt_seconds:p99_1m{{{c.matchers('cluster', 'node')}}}
-                / on (cluster, node) (node:fabric_tcp_rtt_seconds_p99:avg5m{{{c.matchers('cluster', 'node')}}} > 0)""",
+                     "Quantiles of the smoothed-RTT histogram. On a request/response server it holds the "
+                     "clients' think time, so no alert reads it."),
+        c.timeseries("TCP RTT excess p50 / p99 / p99.9", quantiles("fabric_tcp_rtt_excess_seconds"), "s",
+                     "Quantiles of RTT samples minus their connection's min RTT: queueing above the path's "
+                     "floor. The microburst alert compares the p99 with its own 5-minute average."),
+        c.timeseries("Microburst: p99 RTT excess / its 5-minute average", [c.prom(
+            f"""node:fabric_tcp_rtt_excess_seconds:p99_1m{{{c.matchers('cluster', 'node')}}}
+                / on (cluster, node) (node:fabric_tcp_rtt_excess_seconds_p99:avg5m{{{c.matchers('cluster', 'node')}}} > 0)""",
             legend="{{node}}")], "x",
             f"The ratio the FabricTcpMicroburst alert uses (recording rules): warning above {microburst:g}x, "
             f"critical above {microburst_critical:g}x. Blue markers: microburst alerts.",

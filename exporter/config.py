@@ -22,6 +22,7 @@ that uses them. Importing this module imports pydantic: the serving exporter nev
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from typing import Annotated, Any, Literal
 
@@ -106,6 +107,19 @@ class EbpfSection(_Section):
     process_scan_interval_seconds: Seconds | None = None
     enable_stats: bool = False
     object_dir: str | None = None
+    # Network namespace files (/run/netns/NAME, /proc/PID/ns/net): the RTT histograms count
+    # only these namespaces' sockets; default every namespace. tcp.bpf.c holds at most 64.
+    tcp_rtt_network_namespaces: Annotated[list[str], Field(min_length=1, max_length=64)] | None = None
+
+    @field_validator("tcp_rtt_network_namespaces")
+    @classmethod
+    def _namespace_files(cls, paths: list[str] | None) -> list[str] | None:
+        for path in paths or ():
+            try:
+                os.stat(path)
+            except OSError as exc:
+                raise ValueError(f"network namespace file {path[:200]!r}: {exc.strerror}") from None
+        return paths
 
     @field_validator("objects")
     @classmethod

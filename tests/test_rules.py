@@ -136,8 +136,8 @@ def test_overrides_render_a_fast_variant_that_promtool_accepts(tmp_path):
     assert alerts[("FabricExporterDown", "critical")]["for"] == "5m"
     recording = yaml.safe_load((tmp_path / "fabricscope-recording.yaml").read_text())["groups"]
     intervals = {group["name"]: group["interval"] for group in recording}
-    assert intervals["fabric-nccl.rules"] == "5s" and intervals["fabric-tcp.rules"] == "30s"
-    baseline = next(r for g in recording for r in g["rules"] if r["record"] == "node:fabric_tcp_rtt_seconds_p99:avg5m")
+    assert intervals["fabric-nccl.rules"] == "5s" and intervals["fabric-tcp.rules"] == "10s"
+    baseline = next(r for g in recording for r in g["rules"] if r["record"] == "node:fabric_tcp_rtt_excess_seconds_p99:avg5m")
     assert "[1m]" in baseline["expr"]
 
 

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
-/* TCP signals: smoothed RTT, connect latency, retransmits by peer address.
+/* TCP signals: smoothed RTT, RTT excess over each connection's min RTT, connect latency,
+ * retransmits by peer address.
  * RTT from tp_btf (hot path); connects and retransmits from classic tracepoints (rare
  * events; need tracefs), whose record layouts are read through CO-RE so a kernel that
  * moved a field still loads. Metrics it feeds: see tcp.yaml.
@@ -18,16 +19,43 @@
 #define TCP_CLOSE 7
 #define MAP_ID_CONNECT 0
 #define MAP_ID_RETRANS 1
+#define TCPHDR_ACK 0x10
 
 char LICENSE[] SEC("license") = "GPL";
 
-/* Microseconds. RTT: 8 buckets per power of two from 8 us to 2^20 us (~1 s), the
- * resolution the microburst rule (p99 > 3x its average) needs. Connect latency: 4 per
- * power of two from 16 us to 2^23 us (~8 s, past the SYN retransmit timeouts).
- * The same numbers are in tcp.yaml. */
-DECLARE_HIST(fabric_tcp_rtt_seconds, 3, 3, 20);
+/* Microseconds. RTT excess: 8 buckets per power of two from 8 us to 2^20 us (~1 s), the
+ * resolution the microburst rule (p99 > 3x its average) needs. Smoothed RTT (same range)
+ * and connect latency (16 us to 2^23 us, ~8 s, past the SYN retransmit timeouts): one
+ * per power of two, no rule takes a ratio of them. The same numbers are in tcp.yaml. */
+DECLARE_HIST(fabric_tcp_rtt_seconds, 0, 3, 20);
+DECLARE_HIST(fabric_tcp_rtt_excess_seconds, 3, 3, 20);
 DECLARE_HIST(fabric_tcp_connect_latency_seconds, 0, 4, 23);
 DECLARE_MAP_ERRORS(2);
+
+/* RTT samples by (side, possibly delayed ACK): index side * 2 + delayed, see tcp.yaml. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 4);
+	__type(key, __u32);
+	__type(value, __u64);
+} fabric_tcp_rtt_samples_total SEC(".maps");
+
+/* Network namespaces whose sockets the RTT histograms count (by inode number), written by
+ * user space from ebpf.tcp_rtt_network_namespaces; tcp_netns_filter[0] != 0 turns the
+ * filter on. Empty and off by default: every namespace is counted. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} tcp_netns_filter SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, __u32);
+	__type(value, __u8);
+} tcp_netns_watched SEC(".maps");
 
 /* Peer address (IPv4 as v4-mapped IPv6); user space maps it to a cluster host name or
  * "other", so the metric's label stays bounded. LRU bounds the kernel side. */
@@ -50,19 +78,95 @@ struct {
 	__type(value, __u64);
 } connect_start SEC(".maps");
 
-/* Fires on every received segment: tp_btf skips building the trace record, which
- * halves its cost against the classic tracepoint. */
+static __always_inline int namespace_watched(struct sock *sk)
+{
+	__u32 zero = 0, inum, *on = bpf_map_lookup_elem(&tcp_netns_filter, &zero);
+
+	if (!on || !*on)
+		return 1;
+	inum = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+	return bpf_map_lookup_elem(&tcp_netns_watched, &inum) != 0;
+}
+
+/* The RTT sample the kernel is about to take from this segment's ACK (tcp_ack ->
+ * tcp_clean_rtx_queue, which has no tracepoint): now minus the send time of the oldest
+ * unacknowledged segment, taken when the ACK acknowledges it and it was never
+ * retransmitted or SACKed (Karn). 0: this segment carries no sample. *acked: bytes it
+ * acknowledges. Runs before the kernel processes the segment, so snd_una and the
+ * retransmit queue are still as they were when the peer sent the ACK. */
+static __always_inline __u64 rtt_sample_us(struct sock *sk, struct tcp_sock *tp,
+					   const struct sk_buff *skb, __u32 *acked)
+{
+	struct tcp_skb_cb *cb = (struct tcp_skb_cb *)&skb->cb[0];
+	struct rb_node *node, *left;
+	struct sk_buff *head;
+	__u32 ack = BPF_CORE_READ(cb, ack_seq), una = tp->snd_una;
+	__u64 now, sent;
+	int i;
+
+	if (!(BPF_CORE_READ(cb, tcp_flags) & TCPHDR_ACK))
+		return 0;
+	*acked = ack - una;
+	/* Nothing new acknowledged (a pure data segment, a duplicate ACK), or an ACK of
+	 * data never sent, which the kernel ignores. */
+	if ((__s32)(ack - una) <= 0 || (__s32)(ack - tp->snd_nxt) > 0)
+		return 0;
+	node = BPF_CORE_READ(sk, tcp_rtx_queue.rb_node);
+	if (!node)
+		return 0;
+	/* The oldest unacknowledged segment is the leftmost node; an rbtree of 2^16
+	 * segments is at most 32 deep. */
+	for (i = 0; i < 32; i++) {
+		left = BPF_CORE_READ(node, rb_left);
+		if (!left)
+			break;
+		node = left;
+	}
+	head = container_of(node, struct sk_buff, rbnode);
+	if (BPF_CORE_READ((struct tcp_skb_cb *)&head->cb[0], sacked) & (TCPCB_RETRANS | TCPCB_SACKED_ACKED))
+		return 0;
+	sent = BPF_CORE_READ(head, skb_mstamp_ns);
+	now = bpf_ktime_get_ns();   /* the clock tcp_clock_ns() reads */
+	if (!sent || now <= sent)
+		return 0;
+	return (now - sent) / 1000;
+}
+
+/* Fires on every received segment of an established socket, before the kernel
+ * processes it: tp_btf skips building the trace record, which halves its cost against
+ * the classic tracepoint. */
 SEC("tp_btf/tcp_probe")
 int BPF_PROG(tcp_probe, struct sock *sk, const struct sk_buff *skb)
 {
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
-	__u32 srtt_us;
+	__u32 srtt_us, min_us, acked = 0, accepted, delayed, index;
+	__u64 rtt_us;
 
-	if (!tp)
+	if (!tp || !namespace_watched(sk))
 		return 0;
 	srtt_us = tp->srtt_us >> 3;   /* srtt_us is stored << 3 */
 	if (srtt_us)
 		fabric_tcp_rtt_seconds_observe(srtt_us);
+
+	rtt_us = rtt_sample_us(sk, tp, skb, &acked);
+	if (!rtt_us)
+		return 0;
+	/* The kernel's FLAG_ACK_MAYBE_DELAYED: an ACK of one segment (typically a lone runt)
+	 * may have been held back by the peer, so the sample may hold the peer's delay. */
+	delayed = acked <= tp->mss_cache;
+	/* The accepting side: a socket cloned from a listener keeps the listener's backlog
+	 * limit; a connecting socket never listened. */
+	accepted = BPF_CORE_READ(sk, sk_max_ack_backlog) != 0;
+	index = accepted * 2 + delayed;
+	counter_add_at(&fabric_tcp_rtt_samples_total, index, 1);
+	/* The accepting side of a request/response exchange gets its ACK on the client's
+	 * next request: the sample is the client's think time, not the network. */
+	if (accepted && delayed)
+		return 0;
+	min_us = tp->rtt_min.s[0].v;   /* the kernel's windowed min RTT (5 min); ~0U: none yet */
+	if (min_us == ~0U)
+		return 0;
+	fabric_tcp_rtt_excess_seconds_observe(rtt_us > min_us ? rtt_us - min_us : 0);
 	return 0;
 }
 

@@ -17,6 +17,7 @@ Config section `ebpf` (all optional):
   objects: [tcp, sched, syscalls]       which programs to load (default: tcp, plus syscalls
                                         with a processes list; see docs/ebpf.md for what each
                                         costs per event)
+  tcp_rtt_network_namespaces: [/run/netns/a]  RTT histograms from these namespaces only (default: all)
 """
 from __future__ import annotations
 
@@ -100,7 +101,8 @@ class EbpfCollector(Collector):
             interval_seconds=float(config.get("process_scan_interval_seconds", 15)),
         )
         return KernelMapSource(self._decls, Path(object_dir) if object_dir else None, self.ctx.sysfs,
-                               self.ctx.procfs, tracker, enable_stats=bool(config.get("enable_stats", False)))
+                               self.ctx.procfs, tracker, enable_stats=bool(config.get("enable_stats", False)),
+                               tcp_namespaces=tuple(config.get("tcp_rtt_network_namespaces") or ()))
 
     def _peers(self, config: dict) -> dict[str, str]:
         """Source-known peers plus ebpf.peers (IP -> host name, validated by the schema)."""

@@ -14,6 +14,8 @@ from typing import Callable
 
 OTHER = "other"
 MMAP_OPS = {0: "mmap", 1: "munmap", 2: "mremap"}
+# tcp.bpf.c counts RTT samples at index side * 2 + maybe_delayed (side 1: accepted socket).
+RTT_SAMPLE_KINDS = {0: "client", 1: "client_maybe_delayed_ack", 2: "server", 3: "server_maybe_delayed_ack"}
 _PRINTABLE = set(string.printable) - set("\t\n\r\x0b\x0c")
 
 
@@ -36,6 +38,11 @@ def decode_comm(raw: bytes) -> str:
 def decode_mmap_op(raw: bytes) -> str:
     (op,) = struct.unpack("<I", raw)
     return MMAP_OPS.get(op, "unknown")
+
+
+def decode_rtt_sample_kind(raw: bytes) -> str:
+    (index,) = struct.unpack("<I", raw)
+    return RTT_SAMPLE_KINDS.get(index, "unknown")
 
 
 def decode_address(raw: bytes) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
@@ -65,6 +72,7 @@ def peer_decoder(peers: dict[str, str]) -> Decoder:
 STATIC_DECODERS: dict[str, Decoder] = {
     "comm": Decoder(16, decode_comm),
     "mmap_op": Decoder(4, decode_mmap_op),
+    "rtt_sample_kind": Decoder(4, decode_rtt_sample_kind),
 }
 
 

@@ -7,6 +7,8 @@ did load keep serving, and when none did the collector reports the first reason.
 from __future__ import annotations
 
 import logging
+import os
+import struct
 import threading
 from pathlib import Path
 
@@ -22,8 +24,10 @@ log = logging.getLogger("fabricscope.ebpf")
 
 class KernelMapSource:
     def __init__(self, decls: list[ObjectDecl], object_dir: Path | None, sysfs: Path, procfs: Path,
-                 tracker: ProcessTracker | None, enable_stats: bool = True) -> None:
+                 tracker: ProcessTracker | None, enable_stats: bool = True,
+                 tcp_namespaces: tuple[str, ...] = ()) -> None:
         self.decls = decls
+        self.tcp_namespaces = tcp_namespaces
         self.object_dir = object_dir
         self.sysfs = sysfs
         self.procfs = procfs
@@ -84,6 +88,12 @@ class KernelMapSource:
     def _load(self, decl: ObjectDecl, skip: tuple[str, ...] = ()):
         from .libbpf import BpfObject
         obj = BpfObject.load(object_path(decl.object, self.object_dir), skip_programs=skip)
+        if decl.object == "tcp" and self.tcp_namespaces:
+            try:   # before attaching: never a moment of counting every namespace
+                watch_namespaces(obj, self.tcp_namespaces)
+            except BpfUnavailable:
+                obj.close()
+                raise
         failures = []
         for program in decl.programs:
             if program in skip:
@@ -149,3 +159,18 @@ class KernelMapSource:
             if self._stats is not None:
                 self._stats.close()
                 self._stats = None
+
+
+def watch_namespaces(tcp, paths: tuple[str, ...]) -> None:
+    """Make the tcp object count only sockets of these network namespaces: their inode
+    numbers (a namespace file's inode is the namespace's id) into tcp_netns_watched, then
+    the filter on. A namespace that went away since the config was checked is an error."""
+    watched = tcp.map("tcp_netns_watched")
+    for path in paths:
+        try:
+            inode = os.stat(path).st_ino
+        except OSError as exc:
+            raise BpfUnavailable(reasons.LOAD_FAILED, f"network namespace {path}: {exc.strerror}") from None
+        watched.update(struct.pack("<I", inode), b"\x01")
+    tcp.map("tcp_netns_filter").update(struct.pack("<I", 0), struct.pack("<I", 1))
+    log.info("eBPF tcp: counting the sockets of %d network namespaces only", len(paths))

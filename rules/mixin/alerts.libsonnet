@@ -35,12 +35,12 @@ local util = import 'util.libsonnet';
     severity,
     |||
       (
-        node:fabric_tcp_rtt_seconds:p99_1m
+        node:fabric_tcp_rtt_excess_seconds:p99_1m
         / on (%(host)s)
-        (node:fabric_tcp_rtt_seconds_p99:avg5m > 0)
+        (node:fabric_tcp_rtt_excess_seconds_p99:avg5m > 0)
       ) > %(m)s
       and on (%(host)s)
-      node:fabric_tcp_rtt_seconds:p99_1m > %(floor)s
+      node:fabric_tcp_rtt_excess_seconds:p99_1m > %(floor)s
     ||| % { host: host, m: num(multiplier), floor: num(th.microburstMinP99Seconds) }
     + (if unlessTier == null then '' else |||
       unless on (%(host)s)
@@ -48,7 +48,7 @@ local util = import 'util.libsonnet';
     ||| % { host: host, tier: unlessTier }),
     forOf.microburst,
     'TCP round-trip latency on a GPU node jumped far above its recent baseline.',
-    'p99 TCP RTT on {{ $labels.node }} is {{ printf "%.2f" $value }}x its average over the previous '
+    'p99 TCP RTT excess (queueing above each connection\'s min RTT) on {{ $labels.node }} is {{ printf "%.2f" $value }}x its average over the previous '
     + w.tcpBaseline + ' (alert at ' + num(multiplier) + 'x; p99 above '
     + num(th.microburstMinP99Seconds) + 's).',
     keepFiringFor=cfg.keepFiringFor.microburst,

@@ -44,7 +44,9 @@
     // (microbursts, hangs), a minute elsewhere. '' leaves a group on Prometheus'
     // global evaluation_interval (handy for a fast demo).
     intervals: {
-      tcp: '30s',
+      // A microburst alerts within 30 s: a scrape, then the recording and the alert
+      // groups each wait up to one interval.
+      tcp: '10s',
       nccl: '30s',
       infiniband: '1m',
       nvlink: '1m',
@@ -90,7 +92,8 @@
     },
 
     thresholds: {
-      // A microburst: p99 > 3.0 × its rolling 5-minute average.
+      // A microburst: p99 RTT excess (queueing over each connection's min RTT) > 3.0 ×
+      // its rolling 5-minute average.
       microburstMultiplier: 3.0,
       microburstCriticalMultiplier: 6.0,
       // Below this p99 (seconds) a multiple of a tiny baseline is jitter, not a burst: a

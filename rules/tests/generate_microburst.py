@@ -39,9 +39,9 @@ sys.path.insert(0, str(RULES.parent))
 from fabricscope.exporter.ebpf.declarations import load_declarations  # noqa: E402
 from fabricscope.exporter.ebpf.histogram import bucket_bounds  # noqa: E402
 
-METRIC = "fabric_tcp_rtt_seconds"
+METRIC = "fabric_tcp_rtt_excess_seconds"
 SIGMA = 0.3
-SAMPLES_PER_STEP = 20000      # RTT samples per 30 s scrape (tcp_probe sees every segment)
+SAMPLES_PER_STEP = 20000      # RTT samples per 30 s scrape
 STEP_SECONDS = 30
 BASELINE_STEPS = 20           # 0..10m: 21 samples
 BURST_STEPS = 9               # 10m30s..15m

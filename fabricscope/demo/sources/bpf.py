@@ -7,10 +7,15 @@ ebpf collector converts them with exactly the code it uses on a real host.
 Healthy: smoothed RTT log-normal around 40 µs (20-80 µs, a thin tail), run-queue latency
 around 8 µs, steady syscall/ioctl/mmap rates from a "python" training process.
 
+Each RTT sample also feeds fabric_tcp_rtt_excess_seconds (the sample minus its
+connection's min RTT, 25 µs here) and fabric_tcp_rtt_samples_total by kind; a quarter of
+them are a server's ACKs of one segment, which the kernel program counts but leaves out of
+the excess histogram, as it does on a real request/response server.
+
 Fault microburst (params: multiplier, default 60; fraction, default 0.05;
 retransmit_factor, default 20): that fraction of RTT samples is multiplied, so the p99 of
-fabric_tcp_rtt_seconds jumps to milliseconds (well over 3x its 5-minute average), and
-retransmits to the node's peers rise.
+fabric_tcp_rtt_seconds and of fabric_tcp_rtt_excess_seconds jumps to milliseconds (well
+over 3x its 5-minute average), and retransmits to the node's peers rise.
 """
 from __future__ import annotations
 
@@ -29,6 +34,10 @@ RTT_SIGMA = 0.3
 RTT_TAIL_FRACTION = 0.003      # a thin healthy tail...
 RTT_TAIL_FACTOR = 3.0          # ...at a few times the median
 RTT_SAMPLES_PER_SECOND = 400   # sampled: the real tcp_probe sees every segment
+MIN_RTT_US = 25.0              # each connection's min RTT: the excess is measured above it
+# RTT sample kinds as tcp.bpf.c indexes them, with their share of a node's samples.
+RTT_SAMPLE_SHARES = ((0, 0.55), (1, 0.15), (2, 0.05), (3, 0.25))
+SERVER_MAYBE_DELAYED_ACK = 3   # the kind left out of the excess histogram
 CONNECT_MEDIAN_US = 90.0
 CONNECTS_PER_SECOND = 2.0
 RUNQ_MEDIAN_US = 8.0
@@ -96,6 +105,8 @@ class BpfSimSource:
         declarations = load_declarations()
         layouts = {m.name: m.layout for decl in declarations for m in decl.metrics if m.layout}
         self.rtt = _Hist(layouts["fabric_tcp_rtt_seconds"])
+        self.rtt_excess = _Hist(layouts["fabric_tcp_rtt_excess_seconds"])
+        self.rtt_kinds = [0] * len(RTT_SAMPLE_SHARES)
         self.connect = _Hist(layouts["fabric_tcp_connect_latency_seconds"])
         self.runq = _Hist(layouts["fabric_sched_runqueue_latency_seconds"])
         self.switches = 0
@@ -134,6 +145,14 @@ class BpfSimSource:
                 return k
             k += 1
 
+    def _rtt_sample_kind(self) -> int:
+        u = self.rng.random()
+        for kind, share in RTT_SAMPLE_SHARES:
+            if u < share:
+                return kind
+            u -= share
+        return RTT_SAMPLE_SHARES[-1][0]
+
     def step(self, now: float, faults: list[Fault]) -> None:
         with self._lock:
             self._step(now, faults)
@@ -158,6 +177,10 @@ class BpfSimSource:
             elif u < fraction + RTT_TAIL_FRACTION:
                 rtt *= RTT_TAIL_FACTOR
             self.rtt.observe(rtt)
+            kind = self._rtt_sample_kind()
+            self.rtt_kinds[kind] += 1
+            if kind != SERVER_MAYBE_DELAYED_ACK:
+                self.rtt_excess.observe(max(0.0, rtt - MIN_RTT_US))
         self.runs["tcp_probe"] += samples
 
         conns = self._count("connect", CONNECTS_PER_SECOND, dt)
@@ -233,6 +256,9 @@ class BpfSimSource:
         u64 = lambda v: struct.pack("<Q", v)   # noqa: E731
         return {
             ("tcp", "fabric_tcp_rtt_seconds"): lambda: [(zero, self.rtt.encode())],
+            ("tcp", "fabric_tcp_rtt_excess_seconds"): lambda: [(zero, self.rtt_excess.encode())],
+            ("tcp", "fabric_tcp_rtt_samples_total"): lambda: [(struct.pack("<I", i), u64(v))
+                                                              for i, v in enumerate(self.rtt_kinds)],
             ("tcp", "fabric_tcp_connect_latency_seconds"): lambda: [(zero, self.connect.encode())],
             ("tcp", "fabric_tcp_retransmits_total"): lambda: [(k, u64(v)) for k, v in self.retransmits.items()],
             ("tcp", "fabric_ebpf_map_update_errors_total"): lambda: [(struct.pack("<I", i), u64(0)) for i in range(2)],
