@@ -178,11 +178,11 @@ def test_uprobe_counts_calls_and_ring_buffer_delivers_them(selftest):
 def test_kernel_histogram_slots_match_the_user_space_layout(selftest):
     """The kernel's loglin_slot() (fabric.h) and BucketLayout.slot_for agree on every
     bucket edge: values returned by labs() are counted by the selftest's histogram, which
-    has the RTT layout."""
+    has the RTT excess layout."""
     from fabricscope.exporter.ebpf.histogram import KernelHistogram, parse_hist
     from fabricscope.exporter.ebpf.declarations import load_declarations
 
-    layout = next(m.layout for d in load_declarations() for m in d.metrics if m.name == "fabric_tcp_rtt_seconds")
+    layout = next(m.layout for d in load_declarations() for m in d.metrics if m.name == "fabric_tcp_rtt_excess_seconds")
     values = [0, 1, 7, 8, 9, 16, 17, 18, 19, 100, 1000, 1024, 1025, 123_456, 2 ** 20, 2 ** 20 + 1, 2 ** 40]
     values += [b + d for b in layout.upper_bounds[::7] for d in (0, 1)]
     selftest.attach_uprobe("probe_return", "libc.so.6", "labs", pid=os.getpid(), retprobe=True)
