@@ -172,6 +172,9 @@ def test_saved_marks_are_taken_only_from_this_boot_and_only_when_they_are_marks(
     source = UprobeSource(tmp_path / "proc", tmp_path / "sys", tmp_path / "nccl.bpf.o", state_dir=tmp_path / "state")
     marks = source._load_marks()
     assert {key: (m.seq, m.entry_ns) for key, m in marks.items()} == loaded
+    problem, write_errors, boot_changes = source.marks_state()
+    assert boot_changes == (1 if stored["boot_id"] != "b1" else 0) and write_errors == 0
+    assert problem == (None if loaded or stored["boot_id"] != "b1" else "corrupt")
 
 
 # ---- root: the real exporter process and a job that started before it -------------------------

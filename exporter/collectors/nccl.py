@@ -27,6 +27,7 @@ from ..nccl.ingest import IngestRoutes
 from ..nccl.placement import RankPlacement, RankProcess
 from ..nccl.tracker import NcclTracker
 from ..nvml import NvmlUnavailable, open_backend
+from ..statefile import state_metrics
 
 log = logging.getLogger("fabricscope.exporter.nccl")
 
@@ -239,4 +240,7 @@ class NcclCollector(Collector):
                                   labels=["source", "reason", "join"])
         for (source, reason, join), count in sorted(status.identities.items()):
             named.add_metric([source, reason, join], count)
+        marks = self.uprobes.marks_state()
+        if marks is not None:                  # the ranks' sequence marks (nccl_sequences.json)
+            yield from state_metrics(self.name, *marks)
         yield from (available, attached, traced, exited, lost, invalid, skipped, named)

@@ -533,6 +533,7 @@ class UprobeSource:
         self._lost_logged = 0
         self._told_no_library = False
         self._saved_any = False
+        self.boot_id_changes = 0
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -662,8 +663,9 @@ class UprobeSource:
                 self._read_kernel()
                 next_read = time.monotonic() + self.READ_SECONDS
             if time.monotonic() >= next_save:
-                self._save_marks()
-                next_save = time.monotonic() + self.SAVE_SECONDS
+                # A state dir that cannot be written is tried again once a minute, not every 5 s.
+                saved = self._save_marks()
+                next_save = time.monotonic() + (self.SAVE_SECONDS if saved else 60.0)
 
     def _read_kernel(self) -> None:
         """Apply the kernel's accounting to the tracker; pids seen in it but not traced
@@ -691,7 +693,10 @@ class UprobeSource:
         if self._marks_file is None:
             return {}
         data = self._marks_file.load()
-        if not data or data.get("boot_id") != self._boot_id() or not data["boot_id"]:
+        if not data:
+            return {}
+        if data.get("boot_id") != self._boot_id() or not data["boot_id"]:
+            self.boot_id_changes += 1
             return {}
         try:
             marks = {(str(comm), int(rank), int(pid)): RankMark(int(seq), int(entry))
@@ -704,13 +709,24 @@ class UprobeSource:
             self._marks_file.set_aside(f"ranks: {exc}")
             return {}
 
-    def _save_marks(self) -> None:
+    def _save_marks(self) -> bool:
+        """False when the write failed (counted and logged by StateFile)."""
         if self._marks_file is None or self._reader is None:
-            return
+            return True
         ranks = sorted(self._reader.sequence_marks())
-        if ranks or self._saved_any:
-            self._marks_file.save({"boot_id": self._boot_id(), "ranks": [list(r) for r in ranks]})
-            self._saved_any = bool(ranks)
+        if not ranks and not self._saved_any:
+            return True
+        if not self._marks_file.save({"boot_id": self._boot_id(), "ranks": [list(r) for r in ranks]}):
+            return False
+        self._saved_any = bool(ranks)
+        return True
+
+    def marks_state(self) -> tuple[str | None, int, int] | None:
+        """(load problem, write errors, boot-ID changes) of the sequence marks' file; None
+        when marks are not kept."""
+        if self._marks_file is None:
+            return None
+        return self._marks_file.load_problem, self._marks_file.write_errors, self.boot_id_changes
 
     def _hints_lost(self) -> bool:
         """Hints dropped (kernel ring full, or too many pending): only a full rescan is safe."""
