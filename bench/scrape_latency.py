@@ -204,7 +204,7 @@ def measure_gpu_side(args: argparse.Namespace, tree: Path, node: SimNode) -> int
     from fabricscope.demo.sim_sources import NodeSources, discover_source_modules
     from fabricscope.demo.sources.nvml import H200_COSTS
     from fabricscope.exporter.framework import COLLECTORS, load_collector_modules
-    from fabricscope.exporter.main import start_exporter
+    from fabricscope.exporter.main import settle_after_start, start_exporter
     from fabricscope.exporter.collectors.nvlink import DEFAULT_LINK_SAMPLE_INTERVAL, DEFAULT_SAMPLE_INTERVAL
     from fabricscope.exporter.nvml.sampler import GATE_SAFETY_INTERVALS
 
@@ -222,6 +222,7 @@ def measure_gpu_side(args: argparse.Namespace, tree: Path, node: SimNode) -> int
     nvml.costs = H200_COSTS                           # the demo's sleep; burn the driver's CPU here
     old_path = statistics.median(old_synchronous_path_seconds(nvml, nvml.gpus()) for _ in range(3))
     exporter = start_exporter(ctx, enabled, "127.0.0.1:0")
+    settle_after_start()      # as the exporter's own start does (exporter/main.py run)
     nvlink = next(c for c in exporter.collectors if c.name == "nvlink")
     try:
         conn = http.client.HTTPConnection("127.0.0.1", exporter.port, timeout=30)
