@@ -131,7 +131,7 @@ def test_a_device_removed_and_re_added_is_read_from_its_new_files(node):
     fresh.rename(device_dir)
     r = node.scrape(col)
     assert value(r, "fabric_infiniband_port_counter_total", **labels) == old + 7
-    assert value(r, "fabric_infiniband_device_missing", device="mlx5_1") == 0
+    assert value(r, "fabric_infiniband_device_missing", device="mlx5_1") is None   # only while missing
     col.close()
 
 
@@ -209,3 +209,18 @@ def test_the_exporter_raises_its_open_file_limit_to_the_hard_limit(tmp_path, por
     finally:
         exporter.terminate()
         exporter.wait(timeout=10)
+
+
+def test_only_counter_files_exported_or_judged_are_read(node):
+    """hw_counters/ outside the allow-list are neither opened nor read; one a threshold
+    judges is, allow-listed or not."""
+    hw = node.port("mlx5_1") / "hw_counters"
+    names = sorted(p.name for p in hw.iterdir())
+    col = node.collector()
+    r = node.scrape(col)
+    exported = {name for name in names
+                if value(r, "fabric_infiniband_port_hw_counter_total", **port1("mlx5_1"), counter=name) is not None}
+    held = next(p for d, s in col.static_cache.items() if d == "mlx5_1" for p in s.ports).hw_counters
+    assert held.held == len(exported) < len(names)
+    assert {"out_of_sequence", "rnr_nak_retry_err"} <= exported       # allow-listed / judged
+    col.close()

@@ -76,7 +76,6 @@ class View:
     health: NodeHealth
     tracker: HealthTracker
     affinity: list[Affinity]
-    selection: CounterSelection
 
     def ports(self) -> Iterator[tuple[InfiniBandDevice, InfiniBandPort, str]]:
         """(device, port, port number as a label) for every port."""
@@ -140,18 +139,19 @@ def _bytes(counter: str) -> Callable[[View], Samples]:
     return samples
 
 
+# Only the selected counter files were read (the collector's StaticCache): what was read is
+# exported.
 def _counters(view: View) -> Samples:
     for d, port, p in view.ports():
         for name, value in port.counters.items():
-            if name not in _BYTE_COUNTERS and view.selection.counter(name):
+            if name not in _BYTE_COUNTERS:
                 yield (d.name, p, name), value
 
 
 def _hw_counters(view: View) -> Samples:
     for d, port, p in view.ports():
         for name, value in port.hw_counters.items():
-            if view.selection.hw_counter(name):
-                yield (d.name, p, name), value
+            yield (d.name, p, name), value
 
 
 # The breach, anomaly and missing-device flags are exported only while raised (1): an alert
@@ -277,7 +277,8 @@ class InfiniBandCollector(Collector):
         self.thresholds = load_thresholds(section)
         self.role_overrides = nic_roles.load_role_overrides(section)
         self.selection = CounterSelection(section, (t.counter for t in self.thresholds))
-        self.static_cache = StaticCache()
+        # Only the counter files exported or judged are read at all.
+        self.static_cache = StaticCache(self.selection.counter, self.selection.hw_counter)
         self.tracker = HealthTracker(StateFile(ctx.state_dir / "infiniband.json"), self.thresholds,
                                      ctx.procfs, clock)
         self.samples = SampleCache()
@@ -332,7 +333,7 @@ class InfiniBandCollector(Collector):
         roles = self._roles(devices)
         health = self.tracker.update(devices, roles)
         self.samples.next_scrape()
-        view = View(devices, roles, health, self.tracker, self._affinity(devices), self.selection)
+        view = View(devices, roles, health, self.tracker, self._affinity(devices))
         tracker = self.tracker
         return [*expose(view, self.samples),
                 *state_metrics(self.name, tracker.load_problem, tracker.state_file.write_errors,

@@ -80,18 +80,21 @@ def raise_open_file_limit() -> None:
 
 
 class HeldDirectory:
-    """The files of one sysfs directory (all of them, or the `names` given), held open.
+    """The files of one sysfs directory (all of them, those `wanted` says yes to, or the
+    `names` given), held open.
 
     read() answers (name, text or ReadProblem) per file in name order, as
     files.read_small_texts does; a directory that cannot be listed (other than absent) is
     one ("", ReadProblem) entry for the directory itself. Not thread-safe: each owner reads
     under its own lock (collectors do)."""
 
-    __slots__ = ("path", "names", "_held", "_listing", "_stamp", "_parsed")
+    __slots__ = ("path", "names", "wanted", "_held", "_listing", "_stamp", "_parsed")
 
-    def __init__(self, path: str, names: tuple[str, ...] | None = None) -> None:
+    def __init__(self, path: str, names: tuple[str, ...] | None = None,
+                 wanted: Callable[[str], bool] | None = None) -> None:
         self.path = path
         self.names = names
+        self.wanted = wanted
         self._held: dict[str, tuple[int, int]] = {}     # name -> (descriptor, inode it was opened for)
         self._listing: dict[str, int] = {}              # name -> inode, as last listed
         self._stamp: tuple[int, int] | None = None      # (inode, mtime) of the directory then
@@ -151,8 +154,9 @@ class HeldDirectory:
         stamp = (stat.st_ino, stat.st_mtime_ns)
         if stamp == self._stamp:
             return self._listing
+        wanted = self.wanted
         with os.scandir(self.path) as entries:
-            listing = {entry.name: entry.inode() for entry in entries}
+            listing = {entry.name: entry.inode() for entry in entries if wanted is None or wanted(entry.name)}
         held = self._held
         for name in [name for name, (_, inode) in held.items() if listing.get(name) != inode]:
             os.close(held.pop(name)[0])       # gone or replaced: never read the stale file

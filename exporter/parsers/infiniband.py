@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from .files import ReadProblem, parse_counter, parse_int, read_small_text, reason_for
 from .held import HeldDirectory
@@ -197,7 +197,16 @@ class _StaticDevice:
 
 class StaticCache(dict):
     """device name -> attributes read once per device identity (see module docstring),
-    with the descriptors its ports hold open. close() releases them all."""
+    with the descriptors its ports hold open. close() releases them all.
+
+    `counters` and `hw_counters` say which files of ports/<n>/counters/ and hw_counters/
+    are read (every one by default): a collector reads only what it exports or judges."""
+
+    def __init__(self, counters: Callable[[str], bool] | None = None,
+                 hw_counters: Callable[[str], bool] | None = None) -> None:
+        super().__init__()
+        self.counters = counters
+        self.hw_counters = hw_counters
 
     def drop(self, name: str) -> None:
         self.pop(name).close()
@@ -246,7 +255,7 @@ def read_device(sysfs: Path | str, entry: os.DirEntry, cache: StaticCache) -> In
     if static is None or static.identity != identity:
         if static is not None:
             cache.drop(entry.name)     # re-probed: its held files belong to the old device
-        static = _read_static(sysfs, entry.path, identity)
+        static = _read_static(sysfs, entry.path, identity, cache)
         # A failed read (permission, I/O, a file where a directory belongs) is reported now
         # and retried on the next scrape; cached, it would hide the device's ports until
         # its identity changed.
@@ -283,7 +292,7 @@ def _read_optional_int(path: str, problems: list[ReadProblem]) -> int | None:
     return value
 
 
-def _read_static(sysfs: Path | str, device_dir: str, identity: tuple[int, int]) -> _StaticDevice:
+def _read_static(sysfs: Path | str, device_dir: str, identity: tuple[int, int], cache: StaticCache) -> _StaticDevice:
     problems: list[ReadProblem] = []
     text = lambda name: _read_optional_text(os.path.join(device_dir, name), problems)  # noqa: E731
     static = _StaticDevice(identity, text("board_id"), text("fw_ver"), text("hca_type"),
@@ -304,7 +313,8 @@ def _read_static(sysfs: Path | str, device_dir: str, identity: tuple[int, int]) 
                    if link_layer == "Ethernet" and netdev else None)
         static.ports.append(_StaticPort(
             int(name), port_dir, link_layer, netdev, HeldDirectory(port_dir, _PORT_ATTRIBUTES),
-            HeldDirectory(f"{port_dir}/counters"), HeldDirectory(f"{port_dir}/hw_counters"), carrier))
+            HeldDirectory(f"{port_dir}/counters", wanted=cache.counters),
+            HeldDirectory(f"{port_dir}/hw_counters", wanted=cache.hw_counters), carrier))
     return static
 
 
