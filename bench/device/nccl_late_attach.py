@@ -6,7 +6,7 @@ Two jobs of WORLD ranks (one GPU each: all_reduce of 64 MiB, then a synchronisat
          then it is killed with SIGKILL and started again     -> "restart"
   job 2  the exporter starts 20 s after the job               -> "late"
 A reference exporter sees every init and runs throughout: each later exporter is compared
-with it on the same operations. For every exporter life it records: the seconds from its start until every rank is named
+with it on the same operations. A restarted exporter keeps its state dir, as on a node. For every exporter life it records: the seconds from its start until every rank is named
 (fabric_nccl_comm_info with a rank >= 0), the comm id, rank, nranks and GPU of each rank
 (fabric_nccl_rank_info), where the identity came from (fabric_nccl_comm_identities), the
 mean arrival lag per rank while the last rank sleeps 40 ms before every all-reduce, and the
@@ -58,12 +58,13 @@ def serve(port: int, state: str) -> None:
 
 
 class Exporter:
-    def __init__(self, log) -> None:
+    def __init__(self, log, state_dir: str | None = None) -> None:
+        """state_dir: a killed exporter's, for its restart (a node keeps it across restarts)."""
+        self.state_dir = state_dir or tempfile.mkdtemp(prefix="fabricscope-state-")
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.started = time.time()
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", str(self.port),
-                                      tempfile.mkdtemp(prefix="fabricscope-state-")])
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", str(self.port), self.state_dir])
         while True:
             try:
                 scrape(self.base)
@@ -358,8 +359,8 @@ def main() -> int:
     log(f"{world} ranks, backend {args.backend}")
     exporters: list[Exporter] = []
 
-    def start_exporter() -> Exporter:
-        exporter = Exporter(log)
+    def start_exporter(restarting: Exporter | None = None) -> Exporter:
+        exporter = Exporter(log, restarting.state_dir if restarting else None)
         exporters.append(exporter)
         return exporter
 
@@ -386,14 +387,16 @@ def main() -> int:
         log(f"communicator layout of the job's libnccl: {json.dumps(results['layout'])}")
         time.sleep(5)
         other.kill()
-        log("exporter killed with SIGKILL mid-job; started again:")
-        other = start_exporter()
+        log("exporter killed with SIGKILL mid-job; started again (same state dir):")
+        other = start_exporter(restarting=other)
         results["runs"]["restart"] = compare(reference, other, "restart", job, world, args, log)
         job.control[0] = 0.040
         time.sleep(3)
+        time.sleep(6)                                   # its sequence marks saved while the rank is late
         other.kill()
-        log("exporter killed with SIGKILL while the last rank is 40 ms late to every all-reduce; started again:")
-        other = start_exporter()
+        log("exporter killed with SIGKILL while the last rank is 40 ms late to every all-reduce; "
+            "started again (same state dir):")
+        other = start_exporter(restarting=other)
         results["runs"]["restart_while_late"] = compare(reference, other, "restart_while_late", job, world, args,
                                                         log, delay_on=True)
         other.kill()

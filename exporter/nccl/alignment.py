@@ -12,8 +12,16 @@ local rank's sequence number and the entry time of that op (`RankMark`; CLOCK_MO
 which survives the exporter but not a reboot). After the restart, every rank has made
 n_r more calls since its saved mark; the ranks march in step, so n_r - n_0 is the whole
 number of periods nearest to (elapsed_r - elapsed_0), a difference of lags, never of
-the (jittery) time the exporter was down. That gives every rank its sequence number in the
-previous numbering: `sequence_bases` returns what to add to each rank's new count.
+the time the exporter was down. `sequence_bases` returns what to add to each rank's new
+count so that all of them number the same op alike.
+
+How many ops went by while no exporter ran is not known exactly (the period drifts, the
+job slows while an exporter starts: tens of ops off over a few seconds, measured on the
+fake libnccl), so the numbering is not continued: the lowest rank keeps its count from
+the attach. Other nodes' exporters number the comm's ops from its init, so the cross-node
+boundary join (rules/mixin/nccl.libsonnet, which joins only equal sequence numbers) leaves
+this node out instead of joining it on a guessed op, which would show a lag of a few
+periods that is not there.
 """
 from __future__ import annotations
 
@@ -27,19 +35,17 @@ class RankMark:
 
 
 def sequence_bases(before: dict[int, RankMark], now: dict[int, RankMark], period_ns: float) -> dict[int, int]:
-    """rank -> what to add to its current count so that every rank numbers ops as the
-    previous exporter did. `before` and `now` hold the same ranks."""
+    """rank -> what to add to its current count so that every rank numbers each op as the
+    lowest rank does (its base is 0). `before` and `now` hold the same ranks."""
     if set(before) != set(now) or not now:
         raise ValueError(f"ranks before {sorted(before)} and now {sorted(now)} differ")
     if period_ns <= 0:
         raise ValueError(f"period {period_ns} ns")
     ref = min(now)
     elapsed_ref = now[ref].entry_ns - before[ref].entry_ns
-    # The reference's own count may be off by whole periods (jitter over the downtime);
-    # that error is common to every rank and only shifts the numbering, not the join.
-    seq_ref = before[ref].seq + round(elapsed_ref / period_ns)
     bases = {}
     for rank, mark in now.items():
+        # How many more ops this rank made than the reference since the marks were saved.
         ops_apart = round(((mark.entry_ns - before[rank].entry_ns) - elapsed_ref) / period_ns)
-        bases[rank] = seq_ref + (before[rank].seq - before[ref].seq) + ops_apart - mark.seq
+        bases[rank] = now[ref].seq + (before[rank].seq - before[ref].seq) + ops_apart - mark.seq
     return bases
