@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Debian packages the tests and the demo stack need: real Prometheus, promtool,
 # Alertmanager, amtool, node_exporter (benchmark baseline), jsonnet, the eBPF
-# toolchain (clang, bpftool, libbpf), PostgreSQL and VictoriaMetrics (sidecar tests),
+# toolchain (clang, bpftool, libbpf), PostgreSQL, VictoriaMetrics with vmagent and vmalert
+# (sidecar tests, the scale-out stack),
 # and headless Chromium (the rendered report's browser test).
 # Installs only what is missing; needs root for that.
 set -euo pipefail
@@ -20,7 +21,11 @@ have bpftool || need+=(bpftool)
 dpkg -s libbpf1 >/dev/null 2>&1 || need+=(libbpf1)
 # The sidecar's second storage backend and a second Prometheus-API backend for its tests.
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
+# The scale-out backend of `fabricscope stack --backend victoriametrics` (docs/scale.md):
+# Debian's victoria-metrics ships the single-node server, vmagent and vmalert together.
 have victoria-metrics || need+=(victoria-metrics)
+have vmagent || need+=(victoria-metrics)
+have vmalert || need+=(victoria-metrics)
 have nft || need+=(nftables)
 have ip || need+=(iproute2)
 # The fake libnccl the uprobe tests trace, the ELF checks, test certificates.

@@ -209,3 +209,16 @@ def _has_user(name: str) -> bool:
         return True
     except KeyError:
         return False
+
+
+def child_pids_with_argument(argument: str) -> list[int]:
+    """Processes whose command line contains `argument` (found through /proc)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if argument.encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids

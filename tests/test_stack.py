@@ -347,19 +347,6 @@ def stop_child(child: subprocess.Popen) -> None:
             child.wait()
 
 
-def child_pids_with_argument(argument: str) -> list[int]:
-    """Processes whose command line contains `argument` (found through /proc)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if argument.encode() in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
-
-
 @pytest.mark.slow
 def test_stack_stops_everything_when_prometheus_dies(tmp_path):
     procs.require_binary("prometheus")
@@ -369,15 +356,15 @@ def test_stack_stops_everything_when_prometheus_dies(tmp_path):
     try:
         banner = read_banner(child)
         assert child.poll() is None, banner + child.stderr.read()
-        prometheus = child_pids_with_argument(f"--storage.tsdb.path={work / 'prometheus-data'}")
-        alertmanager = child_pids_with_argument(f"--storage.path={work / 'alertmanager-data'}")
+        prometheus = procs.child_pids_with_argument(f"--storage.tsdb.path={work / 'prometheus-data'}")
+        alertmanager = procs.child_pids_with_argument(f"--storage.path={work / 'alertmanager-data'}")
         assert len(prometheus) == 1 and len(alertmanager) == 1
         os.kill(prometheus[0], signal.SIGKILL)
         assert child.wait(30) == 2
         stderr = child.stderr.read()
         assert "prometheus exited unexpectedly" in stderr and "fabricscope stack: stopped" in stderr
         # Alertmanager was stopped with the stack, not left behind.
-        assert child_pids_with_argument(f"--storage.path={work / 'alertmanager-data'}") == []
+        assert procs.child_pids_with_argument(f"--storage.path={work / 'alertmanager-data'}") == []
     finally:
         stop_child(child)
 

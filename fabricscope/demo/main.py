@@ -30,6 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", default="./var/demo", help="where the simulated node filesystems live")
     parser.add_argument("--duration", type=float, default=None,
                         help="stop after this many seconds (default: run until Ctrl-C)")
+    parser.add_argument("--fleet", type=int, default=None, metavar="N",
+                        help="serve N nodes in all from this process: the scenario's nodes simulated in full, "
+                             "the rest copies of node 0 on one port (--fleet-port), each at /nodes/<node>/metrics "
+                             "with its own node label (docs/demo.md#fleet-mode)")
+    parser.add_argument("--fleet-port", type=int, default=0, help="port of the fleet's copies (default: a free one)")
     parser.add_argument("--targets-file", default=None,
                         help="write a Prometheus file_sd JSON here with one target per node (labels node, cluster)")
     parser.add_argument("--no-tmpfs", dest="tmpfs", action="store_false",
@@ -45,10 +50,13 @@ def file_sd_groups(targets: list[tuple[str, str]], cluster_name: str) -> list[di
             for node, address in targets]
 
 
-def write_targets_file(path: str | Path, targets: list[tuple[str, str]], cluster_name: str) -> Path:
+def write_targets_file(path: str | Path, targets: list[tuple[str, str]], cluster_name: str,
+                       groups: list[dict] | None = None) -> Path:
     """Atomically, so a Prometheus watching the file never reads half of it; world-readable,
-    so a Prometheus running as its own user can read it."""
-    return write_atomically(path, json.dumps(file_sd_groups(targets, cluster_name), indent=2) + "\n", mode=0o644)
+    so a Prometheus running as its own user can read it. `groups`: file_sd groups already
+    made (a fleet's) instead of `targets`."""
+    groups = file_sd_groups(targets, cluster_name) if groups is None else groups
+    return write_atomically(path, json.dumps(groups, indent=2) + "\n", mode=0o644)
 
 
 def banner(cluster: DemoCluster) -> str:
@@ -81,15 +89,31 @@ def run(args: argparse.Namespace) -> int:
         return 2
     cluster = DemoCluster(scenario, args.workdir, base_port=args.base_port, listen_host=args.listen_host,
                           use_tmpfs=args.tmpfs)
+    fleet = None
+    if args.fleet is not None:
+        from .fleet import Fleet
+        try:
+            fleet = Fleet(cluster, args.fleet, args.listen_host, args.fleet_port)
+        except ValueError as exc:
+            print(f"fabricscope demo: --fleet: {exc}", file=sys.stderr)
+            return 2
     try:
-        cluster.start()
+        (fleet or cluster).start()
     except (NodeRootError, OSError) as exc:
         print(f"fabricscope demo: cannot start: {exc}", file=sys.stderr)
         return 1
     try:
         if args.targets_file:
-            write_targets_file(args.targets_file, cluster.targets, cluster.scenario.cluster_name)
+            if fleet is not None:
+                fleet.write_targets_file(args.targets_file)
+            else:
+                write_targets_file(args.targets_file, cluster.targets, cluster.scenario.cluster_name)
         print(banner(cluster), flush=True)
+        if fleet is not None:
+            print(f"  + {len(fleet.copy_names)} copies of {scenario.node_name(0)}: "
+                  f"http://{args.listen_host}:{fleet.port}/nodes/<node>/metrics "
+                  f"({fleet.copy_names[0] if fleet.copy_names else '-'} .. "
+                  f"{fleet.copy_names[-1] if fleet.copy_names else '-'})", flush=True)
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -102,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
             stop.wait(step)
             waited += step
     finally:
-        cluster.stop()
+        (fleet or cluster).stop()
     if cluster.ticks_run:
         log.info("ran %d ticks, %.2f ms per tick", cluster.ticks_run,
                  1000 * cluster.tick_seconds_spent / cluster.ticks_run)

@@ -32,6 +32,7 @@ from .configs import (FAST_ALERT_OVERRIDES, alertmanager_config, prometheus_conf
                       write_yaml)
 from .errors import StackError
 from .processes import ManagedProcess, start_alertmanager, start_prometheus
+from .victoria import start_victoria_metrics, start_vmagent, start_vmalert, vmagent_scrape_config, vmalert_rules
 from .sidecar import DEFAULT_SIDECAR_PORT, Periodic, SidecarProcess, alert_printer, mint_key, span_feeder, start_sidecar
 from .webhook import SIDECAR_WEBHOOK_PATH
 
@@ -42,6 +43,7 @@ log = logging.getLogger("fabricscope.stack")
 # Prometheus (9090) or Alertmanager (9093) on the same machine.
 DEFAULT_PROMETHEUS_PORT = 19090
 DEFAULT_ALERTMANAGER_PORT = 19093
+BACKENDS = ("prometheus", "victoriametrics")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,8 +53,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where configs, simulated node trees, TSDB and logs go (default ./var/stack)")
     parser.add_argument("--duration", type=float, default=0.0,
                         help="stop after this many seconds (default 0: run until Ctrl-C / SIGTERM)")
+    parser.add_argument("--backend", choices=BACKENDS, default="prometheus",
+                        help="prometheus (default): one Prometheus scrapes, stores and evaluates the rules; "
+                             "victoriametrics: vmagent scrapes and remote-writes to VictoriaMetrics, vmalert "
+                             "evaluates the same rules (docs/scale.md)")
     parser.add_argument("--prometheus-port", type=int, default=DEFAULT_PROMETHEUS_PORT,
-                        help=f"Prometheus port on 127.0.0.1 (default {DEFAULT_PROMETHEUS_PORT})")
+                        help=f"port on 127.0.0.1 of the Prometheus HTTP API: Prometheus, or VictoriaMetrics with "
+                             f"--backend victoriametrics (default {DEFAULT_PROMETHEUS_PORT})")
     parser.add_argument("--alertmanager-port", type=int, default=DEFAULT_ALERTMANAGER_PORT,
                         help=f"Alertmanager port on 127.0.0.1 (default {DEFAULT_ALERTMANAGER_PORT})")
     parser.add_argument("--sidecar-port", type=int, default=DEFAULT_SIDECAR_PORT,
@@ -110,18 +117,31 @@ class Stack:
     sidecar: SidecarProcess | None = None
     alertmanager: ManagedProcess | None = None
     prometheus: ManagedProcess | None = None
+    # --backend victoriametrics: these three instead of Prometheus.
+    vmalert: ManagedProcess | None = None
+    vmagent: ManagedProcess | None = None
+    victoria_metrics: ManagedProcess | None = None
     feeder: Periodic | None = None
     printer: Periodic | None = None
 
+    def servers(self) -> list[ManagedProcess]:
+        """The server processes that must keep running."""
+        return [part for part in (self.prometheus, self.vmalert, self.vmagent, self.victoria_metrics,
+                                  self.alertmanager, self.sidecar and self.sidecar.process) if part is not None]
+
     def stop(self) -> None:
-        # The span feeder and alert printer first (they call the sidecar), then Prometheus
-        # (it sends to Alertmanager and scrapes the cluster), the cluster last; each step
-        # runs even if an earlier one failed.
+        # The span feeder and alert printer first (they call the sidecar), then what
+        # scrapes and evaluates (it sends to Alertmanager and the store), the store after
+        # its readers and writers, the cluster last; each step runs even if an earlier one
+        # failed.
         for name, stopper in (("span feeder", self.feeder and self.feeder.stop),
                               ("alert printer", self.printer and self.printer.stop),
                               ("prometheus", self.prometheus and self.prometheus.stop),
+                              ("vmalert", self.vmalert and self.vmalert.stop),
+                              ("vmagent", self.vmagent and self.vmagent.stop),
                               ("alertmanager", self.alertmanager and self.alertmanager.stop),
                               ("sidecar", self.sidecar and self.sidecar.stop),
+                              ("victoria-metrics", self.victoria_metrics and self.victoria_metrics.stop),
                               ("demo cluster", self.cluster and self.cluster.stop)):
             if stopper:
                 try:
@@ -140,13 +160,15 @@ def fabricscope_command() -> str:
 def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
     """Start every part into `stack` (so the caller can always stop what did start)."""
     host = "127.0.0.1"
-    for binary in ("prometheus", "prometheus-alertmanager"):
+    victoria = args.backend == "victoriametrics"
+    for binary in (("victoria-metrics", "vmagent", "vmalert") if victoria else ("prometheus",)) + (
+            "prometheus-alertmanager",):
         find_binary(binary)   # fail before anything starts, not halfway through
     missing = [module for module in ("cryptography", "apiflask") if importlib.util.find_spec(module) is None]
     if missing:
         raise StackError(f"the stack runs the query sidecar, which needs {', '.join(missing)}: "
                          "pip install 'fabricscope[sidecar]' (make setup installs it)")
-    ensure_port_free(host, args.prometheus_port, "Prometheus", "--prometheus-port")
+    ensure_port_free(host, args.prometheus_port, "VictoriaMetrics" if victoria else "Prometheus", "--prometheus-port")
     ensure_port_free(host, args.alertmanager_port, "Alertmanager", "--alertmanager-port")
     ensure_port_free(host, args.sidecar_port, "Sidecar", "--sidecar-port")
     chosen = [p for p in (args.prometheus_port, args.alertmanager_port, args.sidecar_port) if p]
@@ -163,7 +185,7 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
         log.warning("no rendered rule files found: Prometheus runs without alerting rules (run `make rules`)")
     # Fresh TSDB, Alertmanager state, sidecar database and keys, and notification log each
     # run: alerts and spans of a previous run must not reappear as if this scenario caused them.
-    for stale in ("prometheus-data", "alertmanager-data"):
+    for stale in ("prometheus-data", "alertmanager-data", "victoria-metrics-data", "vmagent-data"):
         shutil.rmtree(workdir / stale, ignore_errors=True)
     sidecar_dir = workdir / "sidecar"
     for stale in ("sidecar.db", "sidecar.db-wal", "sidecar.db-shm", "keys.yaml"):
@@ -216,14 +238,32 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
         webhook_url, webhook_http_config=webhook_http_config))
     stack.alertmanager = start_alertmanager(am_config, workdir / "alertmanager-data", host, alertmanager_port,
                                             workdir / "alertmanager.log")
-    prom_config = write_yaml(workdir / "prometheus.yml", prometheus_config(
+    scrape = prometheus_config(
         scenario.cluster_name, targets_file, f"{host}:{alertmanager_port}", rules,
         scrape_interval=args.scrape_interval, evaluation_interval=args.scrape_interval,
-        self_address=f"{host}:{prometheus_port}",
+        self_address=None if victoria else f"{host}:{prometheus_port}",
         sidecar_address=stack.sidecar.url.split("://", 1)[1],
-        sidecar_ca=stack.sidecar.certs.ca if stack.sidecar.certs else None))
-    stack.prometheus = start_prometheus(prom_config, workdir / "prometheus-data", host, prometheus_port,
-                                        workdir / "prometheus.log")
+        sidecar_ca=stack.sidecar.certs.ca if stack.sidecar.certs else None)
+    if victoria:
+        dropped = start_victoria_backend(stack, scrape, rules, workdir, host, prometheus_port,
+                                         f"http://{host}:{alertmanager_port}", args.scrape_interval,
+                                         scenario.cluster_name)
+        backend_lines = [
+            f"VictoriaMetrics: {prometheus_url}   (Prometheus API; vmui: {prometheus_url}/vmui)",
+            f"  vmagent:      {stack.vmagent.ready_url.rsplit('/', 1)[0]}   (scrapes, remote-writes; "
+            f"targets: {stack.vmagent.ready_url.rsplit('/', 1)[0]}/targets)",
+            f"  vmalert:      {stack.vmalert.ready_url.rsplit('/', 1)[0]}   (alerts: "
+            f"{stack.vmalert.ready_url.rsplit('/', 1)[0]}/api/v1/alerts)",
+            f"  rules:        {', '.join(str(p) for p in rules) or 'none'}"
+            + (f" (for vmalert without {', '.join(sorted({d.rsplit(': ', 1)[1] for d in dropped}))} on "
+               f"{len(dropped)} rules)" if dropped else "")]
+    else:
+        prom_config = write_yaml(workdir / "prometheus.yml", scrape)
+        stack.prometheus = start_prometheus(prom_config, workdir / "prometheus-data", host, prometheus_port,
+                                            workdir / "prometheus.log")
+        backend_lines = [
+            f"Prometheus:     {prometheus_url}   (alerts: {prometheus_url}/alerts, targets: {prometheus_url}/targets)",
+            f"  rules:        {', '.join(str(p) for p in rules) or 'none'}"]
     stack.feeder = span_feeder(stack.sidecar, demo_key, scenario, stack.cluster.now)
     stack.feeder.start()
     if stack.printer:
@@ -238,8 +278,8 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
         "",
         "Exporters:",
         *(f"  {node:<16} http://{address}/metrics" for node, address in stack.cluster.targets),
-        f"Prometheus:     {prometheus_url}   (alerts: {prometheus_url}/alerts, targets: {prometheus_url}/targets)",
-        f"  rules:        {', '.join(str(p) for p in rules) or 'none'}"
+        *backend_lines[:-1],
+        backend_lines[-1]
         + (" (fast alerts: shortened for: durations; the production rules are "
            f"{', '.join(str(p) for p in rule_files())}, --production-alerts loads them)" if args.fast_alerts else
            " (production for: durations)"),
@@ -272,6 +312,29 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
         "",
     ]
     print("\n".join(banner), file=out, flush=True)
+
+
+def start_victoria_backend(stack: Stack, prom_config: dict, rules: list[Path], workdir: Path, host: str, port: int,
+                           alertmanager_url: str, interval: str, cluster: str) -> list[str]:
+    """VictoriaMetrics on `port`, vmagent scraping what `prom_config` scrapes (and the three
+    servers' own metrics) into it, vmalert evaluating `rules` into it and alerting
+    `alertmanager_url`. Returns what vmalert's copy of the rules dropped."""
+    vm_url = f"http://{host}:{port}"
+    stack.victoria_metrics = start_victoria_metrics(workdir / "victoria-metrics-data", host, port,
+                                                    workdir / "victoria-metrics.log")
+    vmalert_rule_files, dropped = vmalert_rules(rules, workdir / "vmalert-rules")
+    vmalert_port, vmagent_port = free_port(host), free_port(host)
+    scrape = vmagent_scrape_config(prom_config)
+    # The backend's own metrics, as Prometheus scrapes itself: ingestion, rule evaluation.
+    scrape["scrape_configs"] += [{"job_name": job, "static_configs": [{"targets": [f"{host}:{p}"]}]}
+                                 for job, p in (("victoria-metrics", port), ("vmagent", vmagent_port),
+                                                ("vmalert", vmalert_port))]
+    config = write_yaml(workdir / "vmagent.yml", scrape)
+    stack.vmagent = start_vmagent(config, workdir / "vmagent-data", host, vmagent_port, f"{vm_url}/api/v1/write",
+                                  workdir / "vmagent.log")
+    stack.vmalert = start_vmalert(vmalert_rule_files, vm_url, alertmanager_url, host, vmalert_port,
+                                  workdir / "vmalert.log", evaluation_interval=interval, labels={"cluster": cluster})
+    return dropped
 
 
 def example_questions(sidecar_url: str, ca: Path, key: str, node: str) -> list[tuple[str, str]]:
@@ -309,7 +372,7 @@ def run(args: argparse.Namespace) -> int:
         start_stack(args, stack)
         deadline = time.monotonic() + args.duration if args.duration else None
         while not stop.wait(1.0):
-            for part in (stack.prometheus, stack.alertmanager, stack.sidecar.process):
+            for part in stack.servers():
                 if not part.running():
                     raise StackError(f"{part.name} exited unexpectedly; last output:\n{part.log_tail()}")
             if deadline is not None and time.monotonic() >= deadline:

@@ -106,7 +106,8 @@ class Periodic(threading.Thread):
 
     def stop(self) -> None:
         self._stop_event.set()
-        self.join(10)
+        if self.is_alive():          # a stack that failed half-way never started it
+            self.join(10)
 
 
 def span_feeder(sidecar: SidecarProcess, token: str, scenario, scenario_clock: Callable[[], float],
