@@ -91,8 +91,9 @@ class NetdevSection(_Section):
     device_include: Regex | None = None
     device_exclude: Regex | None = None
     ethtool_include: Regex | None = None
+    statistics_exclude: Regex | None = None
 
-    @field_validator("device_include", "device_exclude", "ethtool_include")
+    @field_validator("device_include", "device_exclude", "ethtool_include", "statistics_exclude")
     @classmethod
     def _patterns(cls, value: str | None) -> str | None:
         return value if value is None else _regex(value)

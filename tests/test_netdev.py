@@ -65,7 +65,7 @@ def test_fixture_interfaces_state_speed_and_statistics():
     assert value(registry, "fabric_netdev_rx_dropped_total", interface="eth2") == 345
     assert value(registry, "fabric_netdev_rx_errors_total", interface="eth2") == 12
     assert value(registry, "fabric_netdev_rx_bytes_total", interface="eth2") == 88776655443322
-    assert value(registry, "fabric_netdev_tx_window_errors_total", interface="eth0") == 0
+    assert value(registry, "fabric_netdev_tx_window_errors_total", interface="eth0") is None   # half-duplex: left out
     assert value(registry, "fabric_netdev_default_route", interface="eth0") == 1
     assert value(registry, "fabric_netdev_default_route", interface="eth2") == 0
     assert value(registry, "fabric_netdev_read_errors", interface="eth2", reason="not_a_number") is None
@@ -88,6 +88,12 @@ def test_veth_and_loopback_excluded_by_default_and_flags_override():
     registry = scrape(fixture_ctx(args=only_eth2))
     assert value(registry, "fabric_netdev_up", interface="eth2") == 1
     assert value(registry, "fabric_netdev_up", interface="eth0") is None
+
+
+def test_every_statistics_file_when_asked():
+    registry = scrape(fixture_ctx(config={"netdev": {"statistics_exclude": ""}}))
+    assert value(registry, "fabric_netdev_tx_window_errors_total", interface="eth0") == 0
+    assert value(registry, "fabric_netdev_rx_missed_errors_total", interface="eth2") == 42
 
 
 def test_config_section_include_and_bad_regex_is_a_clear_start_error():

@@ -395,7 +395,8 @@ def values(samples: dict, name: str, **labels) -> list[float]:
 def job_part(args, results: dict, work: Path) -> None:
     config = work / "exporter.yml"
     config.write_text(f"nvlink:\n  sample_interval_seconds: {args.nvlink_interval}\n"
-                      f"  link_sample_interval_seconds: {args.nvlink_link_interval}\n")
+                      f"  link_sample_interval_seconds: {args.nvlink_link_interval}\n"
+                      "  series: full\n")   # the per-GPU sampler figures read below
     ctx = mp.get_context("spawn")
     stop, steps = ctx.Event(), ctx.Value("q", 0)        # steps summed over every rank
     if args.simulate:

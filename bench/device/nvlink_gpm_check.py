@@ -67,7 +67,9 @@ def main() -> int:
     links = tuple(sorted(backend.link_states(gpu)))
     with tempfile.TemporaryDirectory(prefix="fabricscope-gpm-") as tmp:
         config = Path(tmp, "exporter.yml")
-        config.write_text(f"nvlink:\n  sample_interval_seconds: 5\n  link_sample_interval_seconds: {link_interval}\n")
+        # series: full: per-link bytes by direction and the per-GPU figures this check reads.
+        config.write_text(f"nvlink:\n  sample_interval_seconds: 5\n  link_sample_interval_seconds: {link_interval}\n"
+                          "  series: full\n")
         exporter = Exporter("nvlink only", ["nvlink"], Path(tmp), config)
         try:
             exporter.wait_ready()

@@ -33,15 +33,12 @@ from ..parsers.infiniband import InfiniBandDevice, InfiniBandPort, StaticCache, 
 from ..statefile import StateFile, state_metrics
 
 
-# Driver counters (ports/<n>/hw_counters) exported besides those a threshold judges: RoCE
-# congestion (ECN marks, CNPs), receive-buffer drops and transport retries, which the
-# InfiniBand dashboard draws. An mlx5 port has about 30 of them; all of them on every port
+# Driver counters (ports/<n>/hw_counters) exported besides those a threshold judges
+# (local_ack_timeout_err, out_of_sequence, rnr_nak_retry_err, roce_slow_restart): RoCE
+# congestion (ECN marks, CNPs) and receive-buffer drops, which the InfiniBand dashboard draws. An mlx5 port has about 30 of them; all of them on every port
 # would be a sixth of an 8-GPU node's series budget (docs/metrics.md). `hw_counter_include:
 # ""` in the infiniband section exports every one.
-DEFAULT_HW_COUNTER_INCLUDE = (
-    r"^(out_of_buffer|out_of_sequence|packet_seq_err|local_ack_timeout_err|rnr_nak_retry_err"
-    r"|np_cnp_sent|np_ecn_marked_roce_packets|rp_cnp_handled|roce_adp_retrans|roce_slow_restart)$"
-)
+DEFAULT_HW_COUNTER_INCLUDE = r"^(out_of_buffer|out_of_sequence|np_cnp_sent|np_ecn_marked_roce_packets|rp_cnp_handled)$"
 # Port counters (ports/<n>/counters, the standard IBA set) left out by default: the
 # unicast/multicast split of the packet counts (port_rcv_packets / port_xmit_packets stay),
 # VL15 (subnet management) drops and switch relay errors, which an HCA port does not count.

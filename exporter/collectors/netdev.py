@@ -28,6 +28,11 @@ DEFAULT_INCLUDE = r""
 
 MEGABIT_BYTES = 1_000_000 / 8
 
+# statistics/ files left out by default: counters of half-duplex links (collisions,
+# heartbeat, window, aborted) and of compressed (CSLIP/PPP) traffic, which a datacenter NIC
+# never moves; each is a series per interface of a node's budget (docs/metrics.md).
+DEFAULT_STATISTICS_EXCLUDE = r"^(collisions|tx_heartbeat_errors|tx_window_errors|tx_aborted_errors|(rx|tx)_compressed)$"
+
 # Driver counters (ethtool -S) that sysfs statistics/ lacks and a RoCE operator needs:
 # mlx5 buffer/PFC drops and pauses, physical-layer errors, transceiver module events.
 # An allow-list, because an mlx5 port has several hundred, most of them per queue.
@@ -65,6 +70,9 @@ class NetdevCollector(Collector):
                             help="regex: only interfaces whose name matches (default: all)")
         parser.add_argument("--collector.netdev.device-exclude", dest="netdev_device_exclude", default=None,
                             help=f"regex: skip interfaces whose name matches (default {DEFAULT_EXCLUDE!r}; '' keeps all)")
+        parser.add_argument("--collector.netdev.statistics-exclude", dest="netdev_statistics_exclude", default=None,
+                            help="regex: statistics/ files not exported (default: half-duplex and compression "
+                                 "counters; '' exports all)")
         parser.add_argument("--collector.netdev.ethtool-include", dest="netdev_ethtool_include", default=None,
                             help="regex: driver counters (ethtool -S) to export for physical interfaces, read only "
                                  "when --path.sysfs is the host's /sys (default: RoCE drop/pause/PHY/module "
@@ -74,6 +82,7 @@ class NetdevCollector(Collector):
         super().__init__(ctx)
         self.include = _pattern(ctx, "device-include", DEFAULT_INCLUDE)
         self.exclude = _pattern(ctx, "device-exclude", DEFAULT_EXCLUDE)
+        self.statistics_exclude = _pattern(ctx, "statistics-exclude", DEFAULT_STATISTICS_EXCLUDE)
         # An injected sysfs root describes another machine (a fixture, the demo, a host
         # mount in a container): ioctls on this namespace's interfaces would not match it.
         real_sysfs = Path(ctx.sysfs).resolve() == Path("/sys")
@@ -97,7 +106,7 @@ class NetdevCollector(Collector):
                        if device is not None]
             for gone in set(self._files) - {device.name for device in devices}:
                 self._files.pop(gone).close()
-        yield from expose(devices, self._default_route_interfaces())
+        yield from expose(devices, self._default_route_interfaces(), self.statistics_exclude)
         if self.ethtool_include is not None:
             yield from self._ethtool(devices)
 
@@ -142,7 +151,8 @@ class NetdevCollector(Collector):
         return parse_default_route_interfaces(text)
 
 
-def expose(devices: list[NetDevice], default_route: set[str] | None) -> Iterable[Metric]:
+def expose(devices: list[NetDevice], default_route: set[str] | None,
+           statistics_exclude: re.Pattern | None = None) -> Iterable[Metric]:
     info = GaugeMetricFamily("fabric_netdev_info", "Interface attributes; always 1.",
                              labels=["interface", "operstate", "driver", "address_family"])
     up = GaugeMetricFamily("fabric_netdev_up", "1 if the interface operstate is up.", labels=["interface"])
@@ -173,6 +183,8 @@ def expose(devices: list[NetDevice], default_route: set[str] | None) -> Iterable
         if default_route is not None:
             route.add_metric(labels, 1.0 if device.name in default_route else 0.0)
         for stat, value in device.statistics.items():
+            if statistics_exclude is not None and statistics_exclude.search(stat):
+                continue
             family = stats.get(stat)
             if family is None:
                 family = stats[stat] = CounterMetricFamily(

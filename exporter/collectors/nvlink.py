@@ -141,10 +141,6 @@ class NvlinkCollector(Collector):
                                  labels=["gpu", "link"])
         rx = CounterMetricFamily("fabric_nvlink_receive_bytes", _link_bytes_help("received", "RX"),
                                  labels=["gpu", "link"])
-        throughput_method = GaugeMetricFamily("fabric_nvlink_throughput_method", "How the GPU's per-link "
-                                              "throughput is read (always 1): gpm (one GPU Performance Monitoring "
-                                              "sample a link round) or field_values (one driver round trip per "
-                                              "link and direction).", labels=["gpu", "method"])
         errors = CounterMetricFamily("fabric_nvlink_errors", "NVLink data-link error counters of a link; absent "
                                      "where the GPU answers NOT_SUPPORTED, and while 0 unless nvlink.series is "
                                      "full.", labels=["gpu", "link", "type"])
@@ -165,6 +161,11 @@ class NvlinkCollector(Collector):
         # The sampler's own figures: per GPU with nvlink.series: full, else one series per
         # node (summed, or the worst GPU's), which is what a cost or freshness check reads.
         figures = _SamplerFigures(self.full)
+        throughput_method = figures.family(GaugeMetricFamily, "fabric_nvlink_throughput_method", "How the GPUs' "
+                                           "per-link throughput is read: gpm (one GPU Performance Monitoring sample "
+                                           "a link round) or field_values (one driver round trip per link and "
+                                           "direction); the number of GPUs read that way (1 per GPU).", ["method"],
+                                           sum)
         gated = figures.family(GaugeMetricFamily, "fabric_nvlink_gated_error_counters", "Per-link error counters "
                                "the GPU reads only when the DL error total vouching for them moved (crc_flit, replay "
                                "and recovery their own; crc_data the replay total), or every "
@@ -214,7 +215,7 @@ class NvlinkCollector(Collector):
                 age.add_metric([g, LINK_TIER], max(0.0, now - sample.link_started))
                 duration.add(g, [LINK_TIER], sample.link_duration or 0.0)
             if sample.throughput:
-                throughput_method.add_metric([g, sample.throughput], 1.0)
+                throughput_method.add(g, [sample.throughput], 1.0)
             if sample.tx_bytes is not None:
                 gpu_tx.add_metric([g], float(sample.tx_bytes))
             if sample.rx_bytes is not None:
@@ -229,7 +230,7 @@ class NvlinkCollector(Collector):
             per_link = (state, info, link_bytes, tx, rx, errors, gpu_errors)
             for family, samples in zip(per_link, self._link_samples(g, sample, per_link)):
                 family.samples.extend(samples)
-        yield from (gpu_info, state, info, link_bytes, tx, rx, throughput_method, gpu_tx, gpu_rx, errors, gpu_errors,
+        yield from (gpu_info, state, info, link_bytes, tx, rx, gpu_tx, gpu_rx, errors, gpu_errors,
                     read_errors, age, *figures.families(), interval)
 
     def _link_samples(self, g: str, sample, families: tuple[Metric, ...]) -> tuple[list, ...]:
