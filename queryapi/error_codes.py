@@ -30,6 +30,8 @@ EXPANDED = {
 FROM_BODIES = {"meshql_syntax": 422, "meshql_invalid_value": 422}
 
 MEANINGS = {
+    "alertmanager_not_configured": "reconciling needs the sidecar started with --alertmanager-url",
+    "alertmanager_unavailable": "Alertmanager's API did not answer the reconciliation",
     "all_spans_rejected": "every span of the batch failed validation; `detail.rejected` lists each by index",
     "bad_credentials": "the API key is not known (or was revoked)",
     "bad_gzip": "the body says gzip but does not inflate",
