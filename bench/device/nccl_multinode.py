@@ -415,7 +415,7 @@ class Harness:
 
     def render_rules(self) -> list[Path]:
         if self.args.rules_dir:
-            return sorted(Path(self.args.rules_dir).glob("fabricscope-*.yaml"))
+            return sorted(Path(self.args.rules_dir).resolve().glob("fabricscope-*.yaml"))
         sys.path.insert(0, str(ROOT))
         from fabricscope.rules.render import render
         from fabricscope.stack.configs import FAST_ALERT_OVERRIDES
@@ -620,7 +620,10 @@ PLANS = {
     # make test's (tests/test_nccl_multinode.py), with its shortened rule windows and for:
     "debug": (60, 60, [("hang", 30, 10, 1)], 0),
     "test": (10, 10, [("rank", 22, 5, 1), ("node", 25, 5, 1), ("hang", 22, 3, 1)], 0),
-    "device": (75, 30, [("node", 45, 60, 3), ("hang", 55, 25, 1)], 20),
+    # One GPU per node on a 2-GPU host: the late rank is its whole node. The node offset is
+    # the least over 1m, so a fault is held 90 s and the windows get 60 s to clear.
+    "device": (45, 30, [("node", 90, 60, 2), ("hang", 60, 20, 1)], 0),
+    "device-short": (30, 20, [("node", 85, 40, 1), ("hang", 60, 10, 1)], 0),
 }
 
 
@@ -672,6 +675,7 @@ def harness_main(args) -> int:
         if shutil.which(tool) is None:
             print(f"{tool} not found", file=sys.stderr)
             return 2
+    import_exporter()                  # the vendored PyYAML and pyroute2 where the host lacks them
     warm, quiet, faults, final = PLANS[args.plan]
     harness = Harness(args)
     results: dict = {"backend": args.backend, "nodes": harness.nodes, "ranks_per_node": args.ranks_per_node,
@@ -690,6 +694,7 @@ def harness_main(args) -> int:
             results["phases"].append(harness.no_fault(quiet))
         for kind, on, off, repeat in faults:
             results["phases"].append(harness.run_fault(kind, on, off, repeat))
+            write_results(args, harness, results)      # a run cut short keeps what it measured
         if final:
             results["phases"].append(harness.no_fault(final))
         results["clock_estimates"] = harness.clock_estimates()
@@ -706,12 +711,16 @@ def harness_main(args) -> int:
                 results.setdefault("node_logs", {})[node] = log.read_text()[-3000:]
     results["summary"] = summarise(results)
     harness.log("SUMMARY " + json.dumps(results["summary"]))
+    harness.log(f"results in {write_results(args, harness, results)}")
+    return status
+
+
+def write_results(args, harness: "Harness", results: dict) -> Path:
     out = Path(args.out or os.environ.get("OUT") or harness.workdir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "nccl_multinode.json").write_text(json.dumps(results, indent=1))
     (out / "nccl_multinode.log").write_text("\n".join(harness.lines) + "\n")
-    harness.log(f"results in {out}")
-    return status
+    return out
 
 
 def main() -> int:

@@ -61,6 +61,8 @@ WHEELS=$(mktemp -d)
 .venv/bin/python -c 'import sys, zipfile; [z.extractall(sys.argv[2], [n for n in z.namelist() if n.endswith(".so")]) for z in [zipfile.ZipFile(sys.argv[1])]]' \
     "$WHEELS"/pydantic_core-*.whl bench/device/vendor
 rm -rf "$WHEELS"
+# pyroute2 (pure Python, a test dependency): nccl_multinode.py builds its nodes' networks with it.
+cp -r "$(.venv/bin/python -c 'import os, pyroute2; print(os.path.dirname(pyroute2.__file__))')" bench/device/vendor/
 # py-spy, when the venv has it (pip install py-spy): gpu_cost.py --profile samples an exporter.
 if test -x .venv/bin/py-spy; then cp .venv/bin/py-spy bench/device/lib/; fi
 du -sh exporter/bpf/*.bpf.o bench/device/lib bench/device/vendor
