@@ -48,7 +48,7 @@ from fabricscope.demo.plugin import ClusterSpec, NodeSpec  # noqa: E402
 from fabricscope.demo.sim_kmsg import KERN_INFO, KERN_WARNING  # noqa: E402
 from fabricscope.demo.sim_node import SimNode  # noqa: E402
 from fabricscope.stack.binaries import free_port  # noqa: E402
-from measure import percentile  # noqa: E402
+from measure import percentile, stat_cpu_seconds  # noqa: E402
 from nvml_old_path import read_as_the_old_collector  # noqa: E402
 
 def build_node(root: Path, kmsg_lines: int) -> SimNode:
@@ -149,10 +149,13 @@ def compare_with_node_exporter(args: argparse.Namespace, tree: Path) -> int:
             for conn in clients.values():
                 scrape(conn)
         load_before = os.getloadavg()[0]
+        cpu_before = {name: stat_cpu_seconds(f"/proc/{proc.pid}/stat") for name, proc in procs.items()}
         for _ in range(args.scrapes):
             for name, conn in clients.items():
                 elapsed, bodies[name] = scrape(conn)
                 times[name].append(elapsed)
+        cpu = {name: (stat_cpu_seconds(f"/proc/{proc.pid}/stat") - cpu_before[name]) / args.scrapes
+               for name, proc in procs.items()}
         print(f"full-size node: 8 compute HCAs + 1 RoCE NIC, kernel log {args.kmsg_lines} lines, "
               f"{args.scrapes} scrapes each, alternating, same client; load average {load_before:.1f} -> "
               f"{os.getloadavg()[0]:.1f} while scraping")
@@ -160,6 +163,8 @@ def compare_with_node_exporter(args: argparse.Namespace, tree: Path) -> int:
             label = f"node_exporter {node_exporter_version(node_exporter)}" if name == "node_exporter" \
                 else f"fabricscope: {name}"
             report(label, times[name], series_count(bodies[name]), rss_mib(procs[name].pid))
+            print(f"{'':<28} CPU per scrape {cpu[name] * 1e3:.2f} ms (the process's user + system time over the "
+                  f"scrapes; less sensitive to the machine's load than latency)")
         theirs = times["node_exporter"]
         for name in HOST_SETS:
             ratio99 = percentile(times[name], 0.99) / percentile(theirs, 0.99)
