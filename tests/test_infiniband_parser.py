@@ -128,15 +128,18 @@ def test_no_infiniband_class_is_no_devices(tmp_path):
     assert read_infiniband(tmp_path) == []
 
 
-def test_read_small_texts_reports_each_file(tmp_path):
-    from fabricscope.exporter.parsers.files import ReadProblem, read_small_texts
+def test_held_files_report_each_file(tmp_path):
+    from fabricscope.exporter.parsers.files import ReadProblem
+    from fabricscope.exporter.parsers.held import HeldDirectory
 
     (tmp_path / "ok").write_text("17\n")
     (tmp_path / "empty").write_text("")
     (tmp_path / "dir").mkdir()
-    results = dict(read_small_texts(str(tmp_path), ("ok", "empty", "dir", "gone")))
+    held = HeldDirectory(str(tmp_path), ("ok", "empty", "dir", "gone"))
+    results = dict(held.read())
+    held.close()
     assert results["ok"] == "17"
     assert {name: r.reason for name, r in results.items() if isinstance(r, ReadProblem)} == {
         "empty": "empty", "dir": "not_a_file", "gone": "absent"}
-    missing_dir = dict(read_small_texts(str(tmp_path / "nope"), ("a",)))
+    missing_dir = dict(HeldDirectory(str(tmp_path / "nope"), ("a",)).read())
     assert missing_dir["a"].reason == "absent"

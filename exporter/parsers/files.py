@@ -9,7 +9,8 @@ specific and never an exception that would cost the rest of the scrape.
 Only regular files are read (sysfs attributes and procfs files are regular files): a
 FIFO would block the reading thread until a writer appears. Files are opened
 non-blocking and checked on the open descriptor, so whatever sits at the path, nothing
-blocks and only a regular file is read.
+blocks and only a regular file is read. Files read on every scrape are held open between
+scrapes instead (held.py), through the same check.
 """
 from __future__ import annotations
 
@@ -46,13 +47,13 @@ class ReadProblem:
         return f"{self.path}: {self.reason}"
 
 
-def open_regular(path: str | Path, dir_fd: int | None = None) -> int | str:
+def open_regular(path: str | Path) -> int | str:
     """A descriptor open on `path` if it is a regular file, else the reason label.
 
     Opened non-blocking (a FIFO opens at once instead of waiting for a writer) and then
     checked on the descriptor itself, so nothing swapped in can block the read."""
     try:
-        fd = os.open(path, _OPEN_FLAGS, dir_fd=dir_fd)
+        fd = os.open(path, _OPEN_FLAGS)
     except OSError as exc:
         return reason_for(exc)
     try:
@@ -86,10 +87,9 @@ def _read_fd(fd: int, limit: int) -> bytes | str:
         os.close(fd)
 
 
-def _read(path: str | Path, limit: int, dir_fd: int | None = None, directory: str | None = None
-          ) -> str | ReadProblem:
-    fd = open_regular(path, dir_fd)
-    return as_text(fd if fd.__class__ is str else _read_fd(fd, limit), path, directory)
+def _read(path: str | Path, limit: int) -> str | ReadProblem:
+    fd = open_regular(path)
+    return as_text(fd if fd.__class__ is str else _read_fd(fd, limit), path)
 
 
 def as_text(raw: bytes | str, name: str | Path, directory: str | None = None) -> str | ReadProblem:
@@ -183,17 +183,3 @@ def reason_for(exc: OSError) -> str:
     if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
         return "unsupported"
     return "io_error"
-
-
-def read_small_texts(directory: str, names) -> list[tuple[str, str | ReadProblem]]:
-    """read_small_text for many files of one directory: the directory is opened once and
-    each file is opened relative to it, so the kernel does not walk the full (often
-    symlinked) sysfs path again for every counter file."""
-    try:
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return [(name, read_small_text(os.path.join(directory, name))) for name in names]
-    try:
-        return [(name, _read(name, SMALL_FILE_BYTES, dir_fd, directory)) for name in names]
-    finally:
-        os.close(dir_fd)

@@ -83,9 +83,9 @@ class HeldDirectory:
     """The files of one sysfs directory (all of them, those `wanted` says yes to, or the
     `names` given), held open.
 
-    read() answers (name, text or ReadProblem) per file in name order, as
-    files.read_small_texts does; a directory that cannot be listed (other than absent) is
-    one ("", ReadProblem) entry for the directory itself. Not thread-safe: each owner reads
+    read() answers (name, text or ReadProblem) per file in name order; a directory that
+    cannot be listed (other than absent) is one ("", ReadProblem) entry for the directory
+    itself. Not thread-safe: each owner reads
     under its own lock (collectors do)."""
 
     __slots__ = ("path", "names", "wanted", "_held", "_listing", "_stamp", "_parsed")
