@@ -53,11 +53,6 @@ def query(base: str, promql: str) -> list[dict]:
         return json.load(answer)["data"]["result"]
 
 
-def scalar(base: str, promql: str) -> float:
-    result = query(base, promql)
-    return float(result[0]["value"][1]) if result else float("nan")
-
-
 def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -77,16 +72,34 @@ def scrape_metrics(url: str) -> dict[str, float]:
             if line and not line.startswith("#")}
 
 
-def measure(name: str, base: str, pids: list[int], data_dir: Path, minutes: float, interval: float,
-            series_query: str, rate_query: str, groups) -> dict:
+def total(metrics: dict[str, float], name: str) -> float:
+    """The sum of a metric's series in a /metrics page."""
+    return sum(value for key, value in metrics.items() if key == name or key.startswith(name + "{"))
+
+
+def targets_up(base: str) -> float:
+    """Fleet targets whose last scrape succeeded (NaN when the query API does not answer)."""
+    try:
+        result = query(base, 'count(up{job="fabricscope"} == 1)')
+    except (OSError, ValueError, KeyError):
+        return float("nan")
+    return float(result[0]["value"][1]) if result else 0.0
+
+
+def measure(name: str, metrics_url: str, pids: list[int], data_dir: Path, minutes: float, interval: float,
+            series_metric: str, samples_metric: str, groups) -> dict:
+    """Read from the server's own /metrics page, not through its query API: on a loaded
+    host its self-scrapes and queries are the first to fall behind."""
     time.sleep(3 * interval)                    # warm-up: targets found, two rounds scraped
-    disk0, t0 = du(data_dir), time.monotonic()
+    disk0, t0, samples0 = du(data_dir), time.monotonic(), total(scrape_metrics(metrics_url), samples_metric)
     time.sleep(minutes * 60)
+    end = scrape_metrics(metrics_url)
     elapsed = time.monotonic() - t0
-    row = {"backend": name, "series": scalar(base, series_query), "samples_per_second": scalar(base, rate_query),
-           "rss_bytes": sum(rss_bytes(pid) for pid in pids),
-           "disk_bytes_per_day": (du(data_dir) - disk0) / elapsed * 86400, "groups": groups()}
-    return row
+    return {"backend": name, "series": total(end, series_metric),
+            "samples_per_second": (total(end, samples_metric) - samples0) / elapsed,
+            "rss_bytes": sum(rss_bytes(pid) for pid in pids),
+            "disk_bytes_per_day": (du(data_dir) - disk0) / elapsed * 86400, "groups": groups(),
+            "targets_up": targets_up(metrics_url.rsplit("/", 1)[0])}
 
 
 def prometheus_run(args, fleet, targets: Path, work: Path, alertmanager: str) -> dict:
@@ -104,9 +117,9 @@ def prometheus_run(args, fleet, targets: Path, work: Path, alertmanager: str) ->
             every = {r["metric"]["rule_group"]: float(r["value"][1])
                      for r in query(base, "prometheus_rule_group_interval_seconds")}
             return {group.split(";")[-1]: (seconds, every.get(group)) for group, seconds in sorted(last.items())}
-        return measure("Prometheus", base, [prom.process.pid], work / "prometheus-data", args.minutes,
+        return measure("Prometheus", f"{base}/metrics", [prom.process.pid], work / "prometheus-data", args.minutes,
                        seconds(args.scrape_interval), "prometheus_tsdb_head_series",
-                       "rate(prometheus_tsdb_head_samples_appended_total[1m])", groups)
+                       "prometheus_tsdb_head_samples_appended_total", groups)
     finally:
         prom.stop()
 
@@ -138,10 +151,9 @@ def victoria_run(args, fleet, targets: Path, work: Path, alertmanager: str) -> d
                 for group in yaml.safe_load(path.read_text())["groups"]:
                     every[group["name"]] = seconds(group.get("interval", args.scrape_interval))
             return {group: (value, every.get(group)) for group, value in sorted(last.items())}
-        return measure("VictoriaMetrics", base, [vm.process.pid, agent.process.pid, alert.process.pid],
+        return measure("VictoriaMetrics", f"{base}/metrics", [vm.process.pid, agent.process.pid, alert.process.pid],
                        work / "vm-data", args.minutes, seconds(args.scrape_interval),
-                       "sum(vm_cache_entries{type=\"storage/hour_metric_ids\"})",
-                       "sum(rate(vm_rows_inserted_total[1m]))", groups)
+                       'vm_cache_entries{type="storage/hour_metric_ids"}', "vm_rows_inserted_total", groups)
     finally:
         for part in (alert, agent, vm):
             if part is not None:
@@ -194,10 +206,11 @@ def report(rows: list[dict], args) -> None:
                             text=True).stdout.strip()
     print(f"\n{args.nodes} nodes x 8 GPUs, scrape and evaluation every {args.scrape_interval}, "
           f"{args.minutes:g} min measured per backend, commit {commit}, {os.cpu_count()} CPUs (shared)\n")
-    print("| backend | series | samples/s | RSS | disk/day |")
-    print("|---|---:|---:|---:|---:|")
+    print("| backend | targets up | series | samples/s | RSS | disk/day |")
+    print("|---|---:|---:|---:|---:|---:|")
     for row in rows:
-        print(f"| {row['backend']} | {row['series']:,.0f} | {row['samples_per_second']:,.0f} | "
+        print(f"| {row['backend']} | {row['targets_up']:,.0f} of {args.nodes:,} | {row['series']:,.0f} | "
+              f"{row['samples_per_second']:,.0f} | "
               f"{row['rss_bytes'] / 2**30:.2f} GiB | {row['disk_bytes_per_day'] / 2**30:.1f} GiB |")
     print("\n| rule group | " + " | ".join(f"{r['backend']} eval / interval" for r in rows) + " |")
     print("|---|" + "---:|" * len(rows))

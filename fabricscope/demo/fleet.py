@@ -110,12 +110,18 @@ class Fleet:
             def log_message(self, *args) -> None:
                 pass
 
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request, client_address) -> None:
+                # A scraper that gave up (its timeout) resets the connection: not news.
+                log.debug("fleet: request from %s failed", client_address, exc_info=True)
+
         try:
-            self.server = ThreadingHTTPServer((self.listen_host, self.port), Handler)
+            self.server = Server((self.listen_host, self.port), Handler)
         except OSError:
             self.cluster.stop()
             raise
-        self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, name="fleet-http", daemon=True).start()
         log.info("fleet: %d simulated nodes, %d copies of %s on %s:%d", scenario.nodes, len(self.copy_names),
