@@ -179,9 +179,13 @@ class HeldDirectory:
         return entry
 
     def __del__(self) -> None:
-        # Owners close what they hold; this is for one dropped without (as a file object does).
-        if self._held:
-            self.close()
+        # Owners close what they hold; this is for one dropped without (as a file object
+        # does). At interpreter exit the modules it needs may already be gone: nothing to do.
+        try:
+            if self._held:
+                self.close()
+        except Exception:
+            pass
 
     def close(self) -> None:
         """Close every held descriptor (the directory's device is gone or replaced)."""
