@@ -86,8 +86,27 @@ def targets_up(base: str) -> float:
     return float(result[0]["value"][1]) if result else 0.0
 
 
+def live_blast_radius(base: str, scenario, nodes: int) -> dict:
+    """The sidecar's chaos engine on the fleet's generated fat tree, merged with the live
+    metrics through this backend's query API (chaos/live.py), then a rail leaf switch
+    failing: how long the merge and the simulation take, and what it cuts."""
+    from fabricscope.chaos.live import LiveTopology
+    from fabricscope.demo.topology import demo_topology
+
+    fleet_scenario = scenario.with_nodes(nodes)
+    live = LiveTopology(lambda: demo_topology(fleet_scenario), lambda expr: query(base, expr))
+    began = time.perf_counter()
+    engine = live.refresh()
+    merged = time.perf_counter() - began
+    began = time.perf_counter()
+    result = engine.simulate("leaf-su0-r3", "switch_failure", include_jobs=True)
+    return {"merge_seconds": merged, "simulate_seconds": time.perf_counter() - began,
+            "live_error": live.live_error, "affected_devices": result.affected_device_count,
+            "total_devices": result.total_devices, "affected_jobs": result.affected_job_count}
+
+
 def measure(name: str, metrics_url: str, pids: list[int], data_dir: Path, minutes: float, interval: float,
-            series_metric: str, samples_metric: str, groups) -> dict:
+            series_metric: str, samples_metric: str, groups, blast=None) -> dict:
     """Read from the server's own /metrics page, not through its query API: on a loaded
     host its self-scrapes and queries are the first to fall behind."""
     time.sleep(3 * interval)                    # warm-up: targets found, two rounds scraped
@@ -99,7 +118,8 @@ def measure(name: str, metrics_url: str, pids: list[int], data_dir: Path, minute
             "samples_per_second": (total(end, samples_metric) - samples0) / elapsed,
             "rss_bytes": sum(rss_bytes(pid) for pid in pids),
             "disk_bytes_per_day": (du(data_dir) - disk0) / elapsed * 86400, "groups": groups(),
-            "targets_up": targets_up(metrics_url.rsplit("/", 1)[0])}
+            "targets_up": targets_up(metrics_url.rsplit("/", 1)[0]),
+            "blast_radius": blast() if blast else None}
 
 
 def prometheus_run(args, fleet, targets: Path, work: Path, alertmanager: str) -> dict:
@@ -119,7 +139,8 @@ def prometheus_run(args, fleet, targets: Path, work: Path, alertmanager: str) ->
             return {group.split(";")[-1]: (seconds, every.get(group)) for group, seconds in sorted(last.items())}
         return measure("Prometheus", f"{base}/metrics", [prom.process.pid], work / "prometheus-data", args.minutes,
                        seconds(args.scrape_interval), "prometheus_tsdb_head_series",
-                       "prometheus_tsdb_head_samples_appended_total", groups)
+                       "prometheus_tsdb_head_samples_appended_total", groups,
+                       lambda: live_blast_radius(base, fleet.cluster.scenario, args.nodes))
     finally:
         prom.stop()
 
@@ -153,7 +174,8 @@ def victoria_run(args, fleet, targets: Path, work: Path, alertmanager: str) -> d
             return {group: (value, every.get(group)) for group, value in sorted(last.items())}
         return measure("VictoriaMetrics", f"{base}/metrics", [vm.process.pid, agent.process.pid, alert.process.pid],
                        work / "vm-data", args.minutes, seconds(args.scrape_interval),
-                       'vm_cache_entries{type="storage/hour_metric_ids"}', "vm_rows_inserted_total", groups)
+                       'vm_cache_entries{type="storage/hour_metric_ids"}', "vm_rows_inserted_total", groups,
+                       lambda: live_blast_radius(base, fleet.cluster.scenario, args.nodes))
     finally:
         for part in (alert, agent, vm):
             if part is not None:
@@ -222,6 +244,13 @@ def report(rows: list[dict], args) -> None:
             cells.append("-" if last is None else f"{last * 1000:.0f} ms / {every:g} s = {100 * last / every:.1f}%"
                          if every else f"{last * 1000:.0f} ms")
         print(f"| {name} | " + " | ".join(cells) + " |")
+    print("\nLive blast radius (rail leaf leaf-su0-r3 fails; topology merged with the backend's metrics):")
+    for row in rows:
+        b = row.get("blast_radius") or {}
+        print(f"  {row['backend']}: merge {b.get('merge_seconds', float('nan')):.1f} s, simulate "
+              f"{b.get('simulate_seconds', float('nan')) * 1000:.0f} ms, {b.get('affected_devices')} of "
+              f"{b.get('total_devices')} devices and {b.get('affected_jobs')} jobs cut"
+              + (f" (live merge failed: {b['live_error']})" if b.get("live_error") else ""))
     print("\nProjection to 12,500 nodes (100k GPUs), linear in nodes from this run:")
     for row in rows:
         k = 12_500 / args.nodes
