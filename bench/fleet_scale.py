@@ -105,6 +105,32 @@ def live_blast_radius(base: str, scenario, nodes: int) -> dict:
             "total_devices": result.total_devices, "affected_jobs": result.affected_job_count}
 
 
+def expensive_questions(base: str, runs: int = 5, top: int = 3) -> list[tuple[str, float]]:
+    """The sidecar's registered PromQL questions (queryapi/query/queries.yaml, with their
+    default parameters), each asked `runs` times of this backend's query API: the `top`
+    slowest by their p99 (with 5 runs, the slowest run)."""
+    from fabricscope.queryapi.query.registry import default_registry
+
+    registry = default_registry()
+    times: dict[str, list[float]] = {}
+    for name, spec in sorted(registry.queries.items()):
+        if spec.promql is None:
+            continue
+        try:
+            promql = registry.render(name, registry.validate(name, {}))
+        except (ValueError, LookupError):
+            continue                              # needs a parameter without a default
+        for _ in range(runs):
+            began = time.perf_counter()
+            try:
+                query(base, promql)
+            except (OSError, ValueError, KeyError):
+                pass                              # a timeout counts as the time it took
+            times.setdefault(name, []).append(time.perf_counter() - began)
+    p99 = {name: sorted(values)[min(len(values) - 1, int(0.99 * len(values)))] for name, values in times.items()}
+    return sorted(p99.items(), key=lambda item: -item[1])[:top]
+
+
 def measure(name: str, metrics_url: str, pids: list[int], data_dir: Path, minutes: float, interval: float,
             series_metric: str, samples_metric: str, groups, blast=None) -> dict:
     """Read from the server's own /metrics page, not through its query API: on a loaded
@@ -119,7 +145,8 @@ def measure(name: str, metrics_url: str, pids: list[int], data_dir: Path, minute
             "rss_bytes": sum(rss_bytes(pid) for pid in pids),
             "disk_bytes_per_day": (du(data_dir) - disk0) / elapsed * 86400, "groups": groups(),
             "targets_up": targets_up(metrics_url.rsplit("/", 1)[0]),
-            "blast_radius": blast() if blast else None}
+            "blast_radius": blast() if blast else None,
+            "expensive_questions": expensive_questions(metrics_url.rsplit("/", 1)[0])}
 
 
 def prometheus_run(args, fleet, targets: Path, work: Path, alertmanager: str) -> dict:
@@ -251,6 +278,10 @@ def report(rows: list[dict], args) -> None:
               f"{b.get('simulate_seconds', float('nan')) * 1000:.0f} ms, {b.get('affected_devices')} of "
               f"{b.get('total_devices')} devices and {b.get('affected_jobs')} jobs cut"
               + (f" (live merge failed: {b['live_error']})" if b.get("live_error") else ""))
+    print("\nThe sidecar's three most expensive registered questions, p99 of 5 (their PromQL on the backend):")
+    for row in rows:
+        print(f"  {row['backend']}: " + ", ".join(f"{name} {seconds * 1000:,.0f} ms"
+                                                  for name, seconds in row.get("expensive_questions") or []))
     print("\nProjection to 12,500 nodes (100k GPUs), linear in nodes from this run:")
     for row in rows:
         k = 12_500 / args.nodes
