@@ -178,6 +178,8 @@
       microburst: '0s',
       ncclHang: '1m',
       ncclRankStalled: '1m',
+      // Longer than a step's effect lasts (the 5m offset window): a clock that keeps moving.
+      ncclClockUnsettled: '5m',
       straggler: '2m',
       ibPortDown: '1m',
       ibDeviceMissing: '1m',
@@ -213,6 +215,7 @@
       microburstCritical: 'critical',
       ncclHang: 'critical',
       ncclRankStalled: 'warning',
+      ncclClockUnsettled: 'warning',
       ncclRankStalledCritical: 'critical',
       straggler: 'warning',
       ibPortDown: 'critical',

@@ -306,6 +306,19 @@ local util = import 'util.libsonnet';
           ]
         ] + [
           alert(
+            'FabricNcclNodeClockUnsettled',
+            sev.ncclClockUnsettled,
+            // The node's clock offset against Prometheus' keeps moving (stepped forward
+            // again and again, or slewing): its offset estimate is stale, so the late-node
+            // judgement leaves the node out (comm_node:fabric_nccl_arrival_offset_seconds).
+            'node:fabric_nccl_clock_offset_seconds:unsettled > %s' % num(th.ncclClockOffsetMaxStepSeconds),
+            forOf.ncclClockUnsettled,
+            "A node's clock keeps moving against Prometheus': late nodes are not judged on it.",
+            'The clock of {{ $labels.node }} moved {{ $value | humanizeDuration }} against Prometheus\' within '
+            + w.ncclClockOffset + ' (more than ' + num(th.ncclClockOffsetMaxStepSeconds * 1000) + ' ms): '
+            + 'FabricNcclStragglerNode does not judge this node until its clock settles.',
+          ),
+          alert(
             'FabricNcclStragglerNode',
             sev.straggler,
             // Every rank of the node enters late against the comm's earliest rank
