@@ -51,7 +51,6 @@ class NcclCollector(Collector):
         section = ctx.section("nccl")   # validated: exporter/config.py NcclSection
         self.source = ctx.sources.get("nccl")
         clock = getattr(self.source, "clock", time.time)
-        self.clock = clock
         self.tracker = NcclTracker.from_config(section, clock=clock)
         self.histograms = SampleCache()   # per-op histograms that did not move, served again
         ingest = section.get("ingest", False)
@@ -95,10 +94,11 @@ class NcclCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         # First, before any work: the closer to the scrape's start, the tighter the rules'
         # estimate of this node's clock offset (rules/mixin/nccl.libsonnet, "clocks").
-        scraped_at = GaugeMetricFamily("fabric_nccl_scrape_timestamp_seconds", "This node's clock when the "
-                                       "scrape began (UNIX seconds, the clock of the other NCCL timestamps): "
-                                       "against the scrape's own timestamp it gives the node's clock offset.",
-                                       value=self.clock())
+        # The wall clock, also in the demo: its simulated NCCL times run behind it by up to a
+        # tick, the same on every node, and a clock that ticks would look unsettled.
+        scraped_at = GaugeMetricFamily("fabric_nccl_scrape_timestamp_seconds", "This node's wall clock when "
+                                       "the scrape began (UNIX seconds): against the scrape's own timestamp it "
+                                       "gives the node's clock offset.", value=time.time())
         snap = self.tracker.snapshot()
         self.histograms.next_scrape()
         info = GaugeMetricFamily("fabric_nccl_comm_info", "Communicator membership of a local rank; always 1.",
