@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps bpf rules dashboards run test bench clean
+.PHONY: setup system-deps bpf wheel image rules dashboards run test bench clean
 
 setup: system-deps $(STAMP) bpf
 
@@ -14,6 +14,15 @@ setup: system-deps $(STAMP) bpf
 # and loaded at run time through libbpf; nodes need neither clang nor headers.
 bpf: system-deps
 	@if [ -f exporter/bpf/Makefile ]; then $(MAKE) -s -C exporter/bpf; fi
+
+# The wheel a node installs (dist/): built after the BPF objects, so it carries them.
+wheel: bpf $(STAMP)
+	$(PY) -m pip wheel -q --no-deps -w dist .
+
+# The OCI images (exporter/sidecar, Prometheus, Alertmanager) from a debootstrap'ed Debian
+# base, no registry needed; as root (docs/deploy.md).
+image: system-deps
+	python3 deploy/image/build.py
 
 # Render the mixin (jsonnet) to rules/*.yaml and check rules and Alertmanager config.
 rules: $(STAMP)
@@ -52,4 +61,4 @@ bench: setup
 	$(PY) bench/run_all.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info

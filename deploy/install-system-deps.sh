@@ -2,8 +2,8 @@
 # Debian packages the tests and the demo stack need: real Prometheus, promtool,
 # Alertmanager, amtool, node_exporter (benchmark baseline), jsonnet, the eBPF
 # toolchain (clang, bpftool, libbpf), PostgreSQL, VictoriaMetrics with vmagent and vmalert
-# (sidecar tests, the scale-out stack),
-# and headless Chromium (the rendered report's browser test).
+# (sidecar tests, the scale-out stack), headless Chromium (the rendered report's browser
+# test), and the container tools the image and compose tests build and run with.
 # Installs only what is missing; needs root for that.
 set -euo pipefail
 
@@ -33,6 +33,16 @@ have gcc || need+=(gcc)
 have readelf || need+=(binutils)
 have openssl || need+=(openssl)
 have chromium || need+=(chromium)
+# The OCI images (deploy/image/): a Debian base made with debootstrap, built and run with
+# podman/buildah under runc (deploy/image/containers.conf); netavark and aardvark-dns give
+# containers on a bridge names. (podman-compose comes from PyPI with the test extra:
+# Debian's 1.0.3 cannot run network_mode: host services.)
+have debootstrap || need+=(debootstrap)
+have podman || need+=(podman)
+have buildah || need+=(buildah)
+have runc || need+=(runc)
+[ -x /usr/lib/podman/netavark ] || need+=(netavark)
+[ -x /usr/lib/podman/aardvark-dns ] || need+=(aardvark-dns)
 
 if [ ${#need[@]} -eq 0 ]; then
     exit 0

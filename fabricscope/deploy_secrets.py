@@ -9,7 +9,10 @@ Writes, each only if missing (so a restart keeps the key Grafana already uses):
   sidecar-token                                     the key Grafana's Infinity datasource and
                                                     Alertmanager's webhook present (read,write)
 and, every run, alertmanager.yml: the repository's routing with its sidecar webhook
-pointed at the sidecar over TLS with that token.
+pointed at the sidecar over TLS with that token, and its notification templates
+(templates/), so the Alertmanager container needs nothing but this volume.
+Every file is world-readable: Prometheus, Alertmanager and Grafana read them as their own
+unprivileged users; the volume, mounted only into the stack's containers, is the boundary.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
+from .alertmanager import ALERTMANAGER_DIR
 from .devcerts import ensure_dev_certs
 from .stack import SIDECAR_WEBHOOK_PATH, StackError, alertmanager_config, write_yaml
 
@@ -37,12 +41,13 @@ def write_secrets(directory: Path, sidecar_url: str) -> dict[str, Path]:
     if not token_file.exists():
         token = add_key(directory / "keys.yaml", GRAFANA_KEY_ID, ["read", "write"])
         token_file.write_text(token)
-        os.chmod(token_file, 0o640)
-    config = alertmanager_config(sidecar_url.rstrip("/") + SIDECAR_WEBHOOK_PATH)
-    for receiver in config.get("receivers") or []:
-        for webhook in receiver.get("webhook_configs") or []:
-            webhook["http_config"] = {"tls_config": {"ca_file": "/secrets/ca.pem"},
-                                      "authorization": {"credentials_file": "/secrets/sidecar-token"}}
+    os.chmod(token_file, 0o644)
+    templates = directory / "templates"
+    shutil.copytree(ALERTMANAGER_DIR / "templates", templates, dirs_exist_ok=True)
+    config = alertmanager_config(sidecar_url.rstrip("/") + SIDECAR_WEBHOOK_PATH, webhook_http_config={
+        "tls_config": {"ca_file": "/secrets/ca.pem"},
+        "authorization": {"credentials_file": "/secrets/sidecar-token"}})
+    config["templates"] = [str(templates / Path(glob).name) for glob in config["templates"]]
     alertmanager = write_yaml(directory / "alertmanager.yml", config)
     return {"ca": directory / "ca.pem", "token": token_file, "keys": directory / "keys.yaml",
             "alertmanager": alertmanager}

@@ -21,6 +21,7 @@ from tests import procs
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
 COMPOSE = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
+GRAFANA_OVERLAY = yaml.safe_load((DEPLOY / "compose" / "grafana.yaml").read_text())
 EXPORTER_PORT = 19400
 
 
@@ -49,19 +50,25 @@ def test_grafana_datasources_are_the_ones_the_dashboards_default_to():
 def test_dashboards_are_provisioned_from_where_compose_mounts_them():
     provider = yaml.safe_load((DEPLOY / "grafana/provisioning/dashboards/fabricscope.yaml").read_text())
     path = provider["providers"][0]["options"]["path"]
-    mounts = dict(v.rsplit(":", 2)[:2] if v.count(":") == 2 else v.split(":") for v in COMPOSE["services"]["grafana"]["volumes"])
+    mounts = dict(v.rsplit(":", 2)[:2] if v.count(":") == 2 else v.split(":")
+                  for v in GRAFANA_OVERLAY["services"]["grafana"]["volumes"])
     assert (DEPLOY / "compose" / {target: host for host, target in mounts.items()}[path]).resolve() == \
         REPO / "dashboards" / "json"
-    assert COMPOSE["services"]["grafana"]["environment"]["GF_INSTALL_PLUGINS"] == "yesoreyeram-infinity-datasource"
+    assert GRAFANA_OVERLAY["services"]["grafana"]["environment"]["GF_INSTALL_PLUGINS"] == \
+        "yesoreyeram-infinity-datasource"
 
 
 def test_compose_runs_the_whole_stack_from_files_that_exist():
-    assert set(COMPOSE["services"]) == {"exporter", "prometheus", "alertmanager", "sidecar-init", "sidecar", "grafana"}
-    for name, service in COMPOSE["services"].items():
+    assert set(COMPOSE["services"]) == {"exporter", "prometheus", "alertmanager", "sidecar-init", "sidecar"}
+    assert set(GRAFANA_OVERLAY["services"]) == {"grafana"}
+    for name, service in [*COMPOSE["services"].items(), *GRAFANA_OVERLAY["services"].items()]:
         for volume in service.get("volumes", []):
             host = volume.split(":")[0]
             if host.startswith("."):
                 assert (DEPLOY / "compose" / host).exists(), f"{name} mounts missing {host}"
+        build = service.get("build")
+        if build:
+            assert (DEPLOY / "compose" / build["context"] / build["dockerfile"]).is_file(), name
     exporter = COMPOSE["services"]["exporter"]["command"]
     assert exporter[0] == "exporter"
     args = parse(exporter_main.add_arguments, exporter[1:])
@@ -137,3 +144,30 @@ def test_compose_secrets_are_written_once_and_alertmanager_config_passes_amtool(
     config = yaml.safe_load(paths["alertmanager"].read_text())
     webhooks = [w for r in config["receivers"] for w in r.get("webhook_configs") or []]
     assert webhooks and all(w["url"] == "https://sidecar:19500/alerts/webhook" for w in webhooks)
+
+
+def test_compose_exporter_has_the_daemonsets_privileges_and_mounts():
+    """The image test runs the exporter with the DaemonSet's privileges and mounts; compose
+    grants the same (its state volume aside)."""
+    docs = {d["kind"]: d for d in yaml.safe_load_all((DEPLOY / "kubernetes" / "exporter.yaml").read_text())}
+    pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    daemonset = {(host_paths[m["name"]], m["mountPath"], bool(m.get("readOnly")),
+                  m.get("mountPropagation") == "HostToContainer") for m in container["volumeMounts"]}
+    exporter = COMPOSE["services"]["exporter"]
+    compose = set()
+    for volume in exporter["volumes"]:
+        host, target, *options = volume.split(":")
+        options = options[0].split(",") if options else []
+        compose.add((host if host.startswith("/") else "/var/lib/fabricscope-exporter", target, "ro" in options,
+                     "rslave" in options))
+    assert compose == daemonset
+    assert container["securityContext"]["privileged"] is True and exporter["privileged"] is True
+    assert pod["hostPID"] is True and exporter["pid"] == "host"
+    assert pod["hostNetwork"] is True and exporter["network_mode"] == "host"
+    # The same paths on the command line.
+    compose_args = parse(exporter_main.add_arguments, exporter["command"][1:])
+    daemonset_args = parse(exporter_main.add_arguments, container["args"][1:])
+    for path in ("sysfs", "procfs", "rootfs", "kmsg", "state_dir"):
+        assert getattr(compose_args, path) == getattr(daemonset_args, path), path

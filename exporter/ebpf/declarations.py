@@ -83,9 +83,11 @@ def _layout(metric: dict, origin: str) -> BucketLayout:
 
 
 def load_declarations(directory: Path = SOURCE_DIR) -> list[ObjectDecl]:
-    """Every <name>.yaml in `directory` that has a matching <name>.bpf.c, parsed in a
-    short-lived child where one can be forked (exporter/isolated.py): PyYAML does not stay
-    resident in the serving exporter. A bad declaration is a ValueError naming its file."""
+    """Every <name>.yaml in `directory`, parsed in a short-lived child where one can be
+    forked (exporter/isolated.py): PyYAML does not stay resident in the serving exporter.
+    A bad declaration is a ValueError naming its file. The sources need not be there: an
+    installed package carries the declarations and the compiled objects, not the .bpf.c
+    (a declaration whose object is absent is reported by the collector as object_missing)."""
     from ..isolated import IsolatedStepError, in_child
 
     try:
@@ -99,7 +101,5 @@ def _parse_declaration_files(directory: Path) -> list[ObjectDecl]:
 
     decls = []
     for path in sorted(directory.glob("*.yaml")):
-        if not (directory / f"{path.stem}.bpf.c").exists():
-            continue
         decls.append(parse_declaration(yaml.safe_load(path.read_text()), str(path)))
     return decls

@@ -1,0 +1,263 @@
+"""The OCI images as a fleet runs them, built here from a debootstrap'ed Debian base with
+deploy/image/build.py (no registry): one build per test session shared by every test here.
+
+- The runtime image holds the installed package and no compiler or sources.
+- The exporter runs in it with the DaemonSet's privileges and mounts (read from
+  deploy/kubernetes/exporter.yaml, so the two cannot differ): a fake-libnccl rank in a
+  second container, with its own mount namespace, has its collectives counted under its
+  communicator's identity, and loopback TCP fills the RTT histogram.
+- deploy/compose/compose.yaml runs under podman-compose (the test extra's), and a fault
+  written to the kernel log pages through Alertmanager to the sidecar.
+Needs root and podman; where they are missing or podman cannot run, the tests skip on a
+workstation and fail under CI=true. The cold build takes minutes (base ~2 min, the
+fabricscope image ~4 min, Prometheus and Alertmanager ~1 min each on 2 cores): it is
+the product these tests exist to check, so they run it; podman's layer cache and the kept
+base image make a second session's build take seconds.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from fabricscope.exporter.nccl.commid import comm_label, unique_id_hash
+from fabricscope.stack.binaries import free_port
+from tests import procs
+from tests.conftest import could_not_run, missing_tool, require_tool
+from tests.installed import label_values, loopback_traffic, samples, value
+from tests.nccl_fake.build import build_fake_nccl
+from tests.test_nccl_uprobe import salted_unique_id
+
+REPO = Path(__file__).resolve().parent.parent
+IMAGE_DIR = REPO / "deploy" / "image"
+ENGINE_ENV = {**os.environ, "CONTAINERS_CONF": str(IMAGE_DIR / "containers.conf")}
+DAEMONSET = next(d for d in yaml.safe_load_all((REPO / "deploy/kubernetes/exporter.yaml").read_text())
+                 if d["kind"] == "DaemonSet")
+COMPOSE_FILE = REPO / "deploy" / "compose" / "compose.yaml"
+PODMAN_COMPOSE = Path(sys.executable).parent / "podman-compose"      # the test extra's
+COMPOSE_PORTS = {"Prometheus": 19090, "Alertmanager": 19093, "exporter": 19400, "sidecar": 19500}
+# Each test names its containers with this prefix: a crashed run's leftovers are found
+# and removed before the next one starts.
+PREFIX = "fabricscope-test-"
+
+pytestmark = pytest.mark.timeout(2400)   # the shared cold build runs inside the first test
+
+
+def podman(*args: str, timeout: float = 120, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run(["podman", *args], env=ENGINE_ENV, capture_output=True, text=True, timeout=timeout,
+                            **kwargs)
+    if check and result.returncode != 0:
+        pytest.fail(f"podman {' '.join(args)} failed: {(result.stdout + result.stderr)[-3000:]}")
+    return result
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> dict:
+    """deploy/image/build.py's record of the images it built (tags, sizes, seconds)."""
+    if os.geteuid() != 0:
+        could_not_run("needs root: debootstrap, podman build and privileged containers")
+    for tool in ("podman", "buildah", "debootstrap", "runc"):
+        require_tool(tool)
+    if not PODMAN_COMPOSE.exists():
+        missing_tool("podman-compose", "podman-compose (pip, the test extra)")
+    record = tmp_path_factory.mktemp("image") / "build.json"
+    try:
+        built = subprocess.run([sys.executable, str(IMAGE_DIR / "build.py"), "--record", str(record)],
+                               capture_output=True, text=True, timeout=2000)
+    except subprocess.TimeoutExpired:
+        could_not_run("deploy/image/build.py did not finish in 2000 s")
+    if built.returncode != 0:
+        could_not_run(f"the images could not be built: {built.stderr[-3000:]}")
+    found = json.loads(record.read_text())
+    for name, tag in found["tags"].items():
+        probe = podman("run", "--rm", "--entrypoint", "/bin/true", tag, check=False)
+        if probe.returncode != 0:
+            could_not_run(f"podman cannot run {tag}: {probe.stderr[-2000:]}")
+    return found
+
+
+def remove_containers(*names: str) -> None:
+    podman("rm", "-f", "--ignore", *names, timeout=60, check=False)
+
+
+def test_runtime_image_holds_the_package_and_no_compiler_or_sources(images):
+    script = ("for t in clang gcc cc make pip; do command -v $t; done; ls -d /src 2>/dev/null; "
+              "find / -xdev \\( -name '*.bpf.c' -o -name 'vmlinux.h' \\) -print; "
+              "ls /opt/fabricscope/lib/python3*/site-packages/fabricscope/exporter/bpf/")
+    listing = podman("run", "--rm", "--entrypoint", "sh", images["tags"]["fabricscope"], "-c", script).stdout.split()
+    objects = sorted(p.name.replace(".bpf.c", ".bpf.o") for p in (REPO / "exporter" / "bpf").glob("*.bpf.c"))
+    declarations = sorted(p.name for p in (REPO / "exporter" / "bpf").glob("*.yaml"))
+    assert sorted(listing) == sorted(objects + declarations), listing
+    usage = podman("run", "--rm", images["tags"]["fabricscope"], "exporter", "--help").stdout
+    assert "--path.procfs" in usage
+
+
+def daemonset_run_flags(state_dir: Path) -> list[str]:
+    """`podman run` flags giving the container the DaemonSet pod's privileges, namespaces
+    and mounts; the state hostPath becomes `state_dir` (a test must not write the host's)."""
+    pod = DAEMONSET["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    flags = []
+    if container.get("securityContext", {}).get("privileged"):
+        flags.append("--privileged")
+    if pod.get("hostPID"):
+        flags.append("--pid=host")
+    if pod.get("hostNetwork"):
+        flags.append("--network=host")
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    for mount in container["volumeMounts"]:
+        host = host_paths[mount["name"]]
+        if host == "/var/lib/fabricscope-exporter":
+            host = str(state_dir)
+        options = ["ro"] if mount.get("readOnly") else []
+        if mount.get("mountPropagation") == "HostToContainer":
+            options.append("rslave")
+        flags += ["-v", f"{host}:{mount['mountPath']}" + (f":{','.join(options)}" if options else "")]
+    return flags
+
+
+def daemonset_args(node: str, listen: str) -> list[str]:
+    """The DaemonSet's exporter arguments with the node name filled in as the pod's
+    environment would, and the listen address a free one."""
+    [container] = DAEMONSET["spec"]["template"]["spec"]["containers"]
+    args = [a.replace("$(NODE_NAME)", node) for a in container["args"]]
+    return [f"--web.listen-address={listen}" if a.startswith("--web.listen-address=") else a for a in args]
+
+
+def test_exporter_in_the_image_counts_another_containers_nccl_calls_and_loopback_tcp(images, tmp_path):
+    exporter_name, rank_name = PREFIX + "exporter", PREFIX + "nccl-rank"
+    remove_containers(exporter_name, rank_name)
+    port = free_port()
+    (tmp_path / "state").mkdir()
+    podman("run", "-d", "--name", exporter_name, *daemonset_run_flags(tmp_path / "state"),
+           images["tags"]["fabricscope"], *daemonset_args("image-node", f"127.0.0.1:{port}"))
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        def answering():
+            state = podman("inspect", "--format", "{{.State.Status}}", exporter_name).stdout.strip()
+            if state != "running":
+                pytest.fail(f"the exporter container is {state}: {podman('logs', exporter_name).stderr[-3000:]}")
+            try:
+                return samples(url)
+            except requests.ConnectionError:
+                return None
+        before = procs.wait_for(answering, 90, "the exporter in its container to answer")
+        if value(before, "fabric_ebpf_available", node="image-node", reason="ok") != 1:
+            could_not_run(f"no eBPF in the container ({label_values(before, 'fabric_ebpf_available', 'reason')}): "
+                          f"{podman('logs', exporter_name).stderr[-3000:]}")
+
+        # One rank of a two-rank communicator in a container of its own (own mount
+        # namespace): the library is at a path the exporter's container does not have.
+        library, driver = build_fake_nccl(tmp_path)
+        salt, n, count = random.randrange(1, 256), 30, 500
+        rank = subprocess.Popen(["podman", "run", "-i", "--rm", "--name", rank_name, "-e", f"FAKE_NCCL_ID_SALT={salt}",
+                                 "-v", f"{tmp_path}:{tmp_path}:ro", images["tags"]["base"],
+                                 str(driver), "2", "1", str(n), str(count), "3", "16"],
+                                env=ENGINE_ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert rank.stdout.readline().strip() == "ready"
+            pid = int(podman("inspect", "--format", "{{.State.Pid}}", rank_name).stdout)
+            assert os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+            procs.wait_for(lambda: value(samples(url), "fabric_nccl_probe_attached", node="image-node",
+                                         library=str(library)) == 1, 60, "uprobes on the rank container's libnccl")
+            rank.stdin.write("go\n")
+            rank.stdin.flush()
+            assert rank.stdout.readline().strip() == "done"
+            comm = comm_label(unique_id_hash(salted_unique_id(salt)))
+            found = procs.wait_for(
+                lambda: (lambda f: f if value(f, "fabric_nccl_calls_total", node="image-node", comm=comm, rank="1",
+                                              op="AllReduce") == n else None)(samples(url)),
+                30, f"{n} AllReduce calls of comm {comm} rank 1")
+            assert value(found, "fabric_nccl_comm_info", node="image-node", comm=comm, rank="1", nranks="2") == 1
+            assert value(found, "fabric_nccl_bytes_total", node="image-node", comm=comm, rank="1",
+                         op="AllReduce") == n * count * 4
+            rank.stdin.write("exit\n")
+            rank.stdin.flush()
+            assert rank.wait(60) == 0
+        finally:
+            if rank.poll() is None:
+                remove_containers(rank_name)
+                rank.wait(60)
+
+        rtt = lambda f: value(f, "fabric_tcp_rtt_seconds_count", node="image-node") or 0
+        baseline = rtt(samples(url))
+        loopback_traffic()
+        procs.wait_for(lambda: rtt(samples(url)) - baseline >= 20, 30, "20 loopback RTT samples")
+    finally:
+        remove_containers(exporter_name)
+
+
+def compose(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([str(PODMAN_COMPOSE), "-p", COMPOSE_PROJECT, "-f", str(COMPOSE_FILE), *args], env=ENGINE_ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# Its own project name: the volumes a real deployment of this compose file keeps on this
+# host are never touched, and `down -v` removes only this test's.
+COMPOSE_PROJECT = "fabricscope-test"
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_compose_stack_pages_a_fault_written_to_the_kernel_log(images):
+    """podman-compose up: the exporter reads the host's /dev/kmsg; a mlx5 firmware command
+    timeout written there fires FabricKernelLogFatal, Alertmanager routes it to the pager
+    receiver and delivers the copy to the sidecar's webhook (TLS, API key)."""
+    taken = [f"{name} {port}" for name, port in COMPOSE_PORTS.items() if port_in_use(port)]
+    if taken:
+        could_not_run(f"the compose stack's host ports are taken: {', '.join(taken)}")
+    compose("down", "-v", timeout=300)
+    try:
+        up = compose("up", "-d")
+        assert up.returncode == 0, (up.stdout + up.stderr)[-4000:]
+        prometheus = "http://127.0.0.1:19090"
+
+        def scraped():
+            try:
+                targets = requests.get(f"{prometheus}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
+            except (requests.ConnectionError, ValueError):
+                return None
+            return {t["labels"]["job"] for t in targets if t["health"] == "up"} >= {"fabricscope", "fabricscope-sidecar"}
+        procs.wait_for(scraped, 180, f"Prometheus to scrape the exporter and the sidecar "
+                                     f"({compose('logs', timeout=60).stdout[-2000:]})")
+
+        marker = f"fabricscope-compose-test-{random.randrange(1 << 30):x}"
+        with open("/dev/kmsg", "w") as kmsg:
+            kmsg.write(f"<3>mlx5_core 0000:3b:00.0: cmd_work_handler:964:(pid 1): {marker} command timeout\n")
+        alertmanager = "http://127.0.0.1:19093"
+
+        def paged():
+            alerts = requests.get(f"{alertmanager}/api/v2/alerts", timeout=5,
+                                  params={"filter": 'alertname="FabricKernelLogFatal"'}).json()
+            return next((a for a in alerts if a["labels"].get("node") == "compose-host"), None)
+        alert = procs.wait_for(paged, 120, "FabricKernelLogFatal at Alertmanager")
+        assert alert["labels"]["severity"] == "critical" and alert["labels"]["pattern"] == "command_timeout"
+        assert {r["name"] for r in alert["receivers"]} == {"fabricscope-sidecar", "pager"}
+
+        secrets = Path(podman("volume", "inspect", "--format", "{{.Mountpoint}}",
+                              f"{COMPOSE_PROJECT}_fabricscope-secrets").stdout.strip())
+        token = (secrets / "sidecar-token").read_text().strip()
+
+        def delivered():
+            rows = requests.get("https://127.0.0.1:19500/alerts", params={"since_ms": 0}, timeout=5,
+                                verify=str(secrets / "ca.pem"), headers={"Authorization": f"Bearer {token}"}).json()
+            return next((r for r in rows["alerts"] if r["labels"].get("alertname") == "FabricKernelLogFatal"
+                         and r["labels"].get("node") == "compose-host"), None)
+        row = procs.wait_for(delivered, 120, "the notification at the sidecar's webhook")
+        assert row["status"] == "firing" and row["receiver"] == "fabricscope-sidecar"
+    finally:
+        down = compose("down", "-v", timeout=300)
+        assert down.returncode == 0, (down.stdout + down.stderr)[-3000:]
