@@ -30,11 +30,12 @@ import pytest
 import requests
 import yaml
 
-from fabricscope.exporter.nccl.commid import comm_label, unique_id_hash
+from fabricscope.exporter.nccl.commid import comm_label
 from fabricscope.stack.binaries import free_port
 from tests import procs
 from tests.conftest import could_not_run, missing_tool, require_tool
 from tests.installed import label_values, loopback_traffic, samples, value
+from tests.nccl_fake import identity
 from tests.nccl_fake.build import build_fake_nccl
 from tests.test_nccl_uprobe import salted_unique_id
 
@@ -173,7 +174,7 @@ def test_exporter_in_the_image_counts_another_containers_nccl_calls_and_loopback
             rank.stdin.write("go\n")
             rank.stdin.flush()
             assert rank.stdout.readline().strip() == "done"
-            comm = comm_label(unique_id_hash(salted_unique_id(salt)))
+            comm = comm_label(identity.comm_hash(salted_unique_id(salt)))
             found = procs.wait_for(
                 lambda: (lambda f: f if value(f, "fabric_nccl_calls_total", node="image-node", comm=comm, rank="1",
                                               op="AllReduce") == n else None)(samples(url)),
