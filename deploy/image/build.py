@@ -118,7 +118,10 @@ def build_image(containerfile: Path, tag: str, cache: bool = True) -> None:
 def build_all(mirror: str = DEFAULT_MIRROR, rebuild_base: bool = False, only: list[str] | None = None,
               cache: bool = True) -> dict:
     """Build the base (unless present) and the images; what was built, how long it took."""
-    record: dict = {"steps": {}, "sizes": {}, "tags": {}, "cold": rebuild_base and not cache}
+    # The host's 1-minute load average at the start: build times on a shared host say little
+    # without it.
+    record: dict = {"steps": {}, "sizes": {}, "tags": {}, "cold": rebuild_base and not cache,
+                    "load_average": round(os.getloadavg()[0], 1)}
     start = time.monotonic()
     if rebuild_base or not image_exists(BASE_IMAGE):
         build_base(mirror)
@@ -141,13 +144,14 @@ def docs_table(record: dict, command: str) -> str:
     host = f"{os.cpu_count()} CPU cores, {platform.machine()}, Linux {platform.release()}"
     how = ("every step cold: debootstrap from the mirror, every package and wheel downloaded, no cached layer"
            if record["cold"] else "with the base image and podman's layer cache as the host had them")
-    rows = ["| image | tag | size (MB) | build time (s) |", "|---|---|---:|---:|"]
+    rows = ["| image | tag | size (MB, uncompressed) | build time (s) |", "|---|---|---:|---:|"]
     for name in ("base", *images()):
         if name in record["sizes"]:
             seconds = record["steps"].get(name)
             rows.append(f"| {name} | `{record['tags'][name]}` | {record['sizes'][name] / 1e6:.0f} | "
                         f"{'reused' if seconds is None else f'{seconds:.0f}'} |")
-    return "\n".join([f"Measured by `{command}` on {host}, {how}. Total: {record['total_seconds']:.0f} s.",
+    return "\n".join([f"Measured by `{command}` on {host} (1-minute load average {record['load_average']:g} at the "
+                      f"start), {how}. Total: {record['total_seconds']:.0f} s.",
                       "", *rows])
 
 
