@@ -19,20 +19,26 @@
 #define TCP_CLOSE 7
 #define MAP_ID_CONNECT 0
 #define MAP_ID_RETRANS 1
+#define TCPHDR_FIN 0x01
 #define TCPHDR_ACK 0x10
 
 char LICENSE[] SEC("license") = "GPL";
 
-/* Microseconds. RTT excess: 8 buckets per power of two from 8 us to 2^20 us (~1 s), the
- * resolution the microburst rule (p99 > 3x its average) needs. Smoothed RTT (same range)
+/* Microseconds. RTT excess: 8 buckets per power of two from 16 us to 2^19 us (~0.5 s), the
+ * resolution the microburst rule (p99 > 3x its average) needs, over the range it judges
+ * (its floor is 0.5 ms; a p99 past the last bound reads as that bound). Smoothed RTT (8 us to 2^20 us)
  * and connect latency (16 us to 2^23 us, ~8 s, past the SYN retransmit timeouts): one
  * per power of two, no rule takes a ratio of them. The same numbers are in tcp.yaml. */
 DECLARE_HIST(fabric_tcp_rtt_seconds, 0, 3, 20);
-DECLARE_HIST(fabric_tcp_rtt_excess_seconds, 3, 3, 20);
+DECLARE_HIST(fabric_tcp_rtt_excess_seconds, 3, 4, 19);
 DECLARE_HIST(fabric_tcp_connect_latency_seconds, 0, 4, 23);
 DECLARE_MAP_ERRORS(2);
 
-/* RTT samples by (side, possibly delayed ACK): index side * 2 + delayed, see tcp.yaml. */
+/* RTT samples by kind: the index of fabric_tcp_rtt_samples_total (tcp.yaml). */
+#define KIND_SEVERAL_SEGMENTS 0	/* an ACK of more than one segment */
+#define KIND_REPLY 1		/* one segment, ACKed on the server's reply: a client's sample */
+#define KIND_NEXT_REQUEST 2	/* one segment, ACKed on the client's next request: a server's */
+#define KIND_DELAYED_ACK 3	/* one segment, ACKed by a pure ACK, which may have been delayed */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 4);
@@ -84,34 +90,33 @@ static __always_inline int namespace_watched(struct sock *sk)
 
 	if (!on || !*on)
 		return 1;
-	inum = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+	inum = sk->__sk_common.skc_net.net->ns.inum;
 	return bpf_map_lookup_elem(&tcp_netns_watched, &inum) != 0;
 }
+
+/* What the kernel's send-side records say about the oldest unacknowledged segment. Read
+ * in one copy: skb_mstamp_ns and cb[] are neighbours in struct sk_buff. */
+struct rtx_head {
+	__u64 sent_ns;
+	struct tcp_skb_cb cb;
+};
 
 /* The RTT sample the kernel is about to take from this segment's ACK (tcp_ack ->
  * tcp_clean_rtx_queue, which has no tracepoint): now minus the send time of the oldest
  * unacknowledged segment, taken when the ACK acknowledges it and it was never
- * retransmitted or SACKed (Karn). 0: this segment carries no sample. *acked: bytes it
- * acknowledges. Runs before the kernel processes the segment, so snd_una and the
- * retransmit queue are still as they were when the peer sent the ACK. */
-static __always_inline __u64 rtt_sample_us(struct sock *sk, struct tcp_sock *tp,
-					   const struct sk_buff *skb, __u32 *acked)
+ * retransmitted or SACKed (Karn). 0: this segment carries no sample. Runs before the
+ * kernel processes the segment, so snd_una and the retransmit queue are still as they
+ * were when the peer sent the ACK. Few probe reads: each is a helper call, and this runs
+ * on every ACK. */
+static __always_inline __u64 rtt_sample_us(struct sock *sk, struct tcp_sock *tp, __u32 acked)
 {
-	struct tcp_skb_cb *cb = (struct tcp_skb_cb *)&skb->cb[0];
-	struct rb_node *node, *left;
-	struct sk_buff *head;
-	__u32 ack = BPF_CORE_READ(cb, ack_seq), una = tp->snd_una;
-	__u64 now, sent;
+	/* Probe reads: tcp_rtx_queue shares a union with sk_send_head, which the verifier's
+	 * BTF walk does not follow. */
+	struct rb_node *node = BPF_CORE_READ(sk, tcp_rtx_queue.rb_node), *left;
+	struct rtx_head head;
+	__u64 now;
 	int i;
 
-	if (!(BPF_CORE_READ(cb, tcp_flags) & TCPHDR_ACK))
-		return 0;
-	*acked = ack - una;
-	/* Nothing new acknowledged (a pure data segment, a duplicate ACK), or an ACK of
-	 * data never sent, which the kernel ignores. */
-	if ((__s32)(ack - una) <= 0 || (__s32)(ack - tp->snd_nxt) > 0)
-		return 0;
-	node = BPF_CORE_READ(sk, tcp_rtx_queue.rb_node);
 	if (!node)
 		return 0;
 	/* The oldest unacknowledged segment is the leftmost node; an rbtree of 2^16
@@ -122,14 +127,31 @@ static __always_inline __u64 rtt_sample_us(struct sock *sk, struct tcp_sock *tp,
 			break;
 		node = left;
 	}
-	head = container_of(node, struct sk_buff, rbnode);
-	if (BPF_CORE_READ((struct tcp_skb_cb *)&head->cb[0], sacked) & (TCPCB_RETRANS | TCPCB_SACKED_ACKED))
+	/* rbnode is the first member of struct sk_buff (container_of at offset 0). */
+	if (bpf_core_field_offset(struct sk_buff, cb) != bpf_core_field_offset(struct sk_buff, skb_mstamp_ns) + 8 ||
+	    bpf_probe_read_kernel(&head, sizeof(head),
+				  (void *)node + bpf_core_field_offset(struct sk_buff, skb_mstamp_ns)))
 		return 0;
-	sent = BPF_CORE_READ(head, skb_mstamp_ns);
+	if (head.cb.sacked & (TCPCB_RETRANS | TCPCB_SACKED_ACKED))
+		return 0;
 	now = bpf_ktime_get_ns();   /* the clock tcp_clock_ns() reads */
-	if (!sent || now <= sent)
+	if (!head.sent_ns || now <= head.sent_ns)
 		return 0;
-	return (now - sent) / 1000;
+	return (now - head.sent_ns) / 1000;
+}
+
+/* The kernel's FLAG_ACK_MAYBE_DELAYED marks an ACK of one segment, which the peer may have
+ * held back; what that ACK rides on says what held it. */
+static __always_inline __u32 sample_kind(struct sock *sk, struct tcp_sock *tp,
+					 const struct tcp_skb_cb *in, __u32 acked)
+{
+	if (acked > tp->mss_cache)
+		return KIND_SEVERAL_SEGMENTS;
+	if (in->end_seq - in->seq == !!(in->tcp_flags & TCPHDR_FIN))
+		return KIND_DELAYED_ACK;   /* no data: a delayed-ACK timer may have held it */
+	/* On the peer's data. A socket cloned from a listener keeps the listener's backlog
+	 * limit; a connecting socket never listened. */
+	return sk->sk_max_ack_backlog ? KIND_NEXT_REQUEST : KIND_REPLY;
 }
 
 /* Fires on every received segment of an established socket, before the kernel
@@ -139,7 +161,8 @@ SEC("tp_btf/tcp_probe")
 int BPF_PROG(tcp_probe, struct sock *sk, const struct sk_buff *skb)
 {
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
-	__u32 srtt_us, min_us, acked = 0, accepted, delayed, index;
+	struct tcp_skb_cb in;
+	__u32 srtt_us, min_us, acked, kind;
 	__u64 rtt_us;
 
 	if (!tp || !namespace_watched(sk))
@@ -148,20 +171,22 @@ int BPF_PROG(tcp_probe, struct sock *sk, const struct sk_buff *skb)
 	if (srtt_us)
 		fabric_tcp_rtt_seconds_observe(srtt_us);
 
-	rtt_us = rtt_sample_us(sk, tp, skb, &acked);
+	/* This segment's control block (seq, end_seq, flags, ack_seq), one copy. */
+	if (bpf_probe_read_kernel(&in, sizeof(in), (void *)skb + bpf_core_field_offset(struct sk_buff, cb)))
+		return 0;
+	acked = in.ack_seq - tp->snd_una;
+	/* Not an ACK, nothing new acknowledged (a pure data segment, a duplicate ACK), or an
+	 * ACK of data never sent, which the kernel ignores. */
+	if (!(in.tcp_flags & TCPHDR_ACK) || (__s32)acked <= 0 || (__s32)(in.ack_seq - tp->snd_nxt) > 0)
+		return 0;
+	rtt_us = rtt_sample_us(sk, tp, acked);
 	if (!rtt_us)
 		return 0;
-	/* The kernel's FLAG_ACK_MAYBE_DELAYED: an ACK of one segment (typically a lone runt)
-	 * may have been held back by the peer, so the sample may hold the peer's delay. */
-	delayed = acked <= tp->mss_cache;
-	/* The accepting side: a socket cloned from a listener keeps the listener's backlog
-	 * limit; a connecting socket never listened. */
-	accepted = BPF_CORE_READ(sk, sk_max_ack_backlog) != 0;
-	index = accepted * 2 + delayed;
-	counter_add_at(&fabric_tcp_rtt_samples_total, index, 1);
-	/* The accepting side of a request/response exchange gets its ACK on the client's
-	 * next request: the sample is the client's think time, not the network. */
-	if (accepted && delayed)
+	kind = sample_kind(sk, tp, &in, acked);
+	counter_add_at(&fabric_tcp_rtt_samples_total, kind, 1);
+	/* Left out: a server's samples of its client's think time, and pure ACKs of one
+	 * segment, which a delayed-ACK timer may have held. */
+	if (kind == KIND_NEXT_REQUEST || kind == KIND_DELAYED_ACK)
 		return 0;
 	min_us = tp->rtt_min.s[0].v;   /* the kernel's windowed min RTT (5 min); ~0U: none yet */
 	if (min_us == ~0U)

@@ -14,8 +14,10 @@ from typing import Callable
 
 OTHER = "other"
 MMAP_OPS = {0: "mmap", 1: "munmap", 2: "mremap"}
-# tcp.bpf.c counts RTT samples at index side * 2 + maybe_delayed (side 1: accepted socket).
-RTT_SAMPLE_KINDS = {0: "client", 1: "client_maybe_delayed_ack", 2: "server", 3: "server_maybe_delayed_ack"}
+# tcp.bpf.c's RTT sample kinds (the index it counts them at): an ACK of several segments; an
+# ACK of one segment riding on the server's reply (a client's sample), on the client's next
+# request (a server's), or on no data at all (possibly held by a delayed-ACK timer).
+RTT_SAMPLE_KINDS = {0: "several_segments", 1: "reply", 2: "next_request", 3: "delayed_ack"}
 _PRINTABLE = set(string.printable) - set("\t\n\r\x0b\x0c")
 
 

@@ -26,8 +26,8 @@ struct {
 
 /* Every value the uretprobe returns, through the RTT histogram's slot function: the
  * tests compare the kernel's slots with exporter/ebpf/histogram.py. Same layout as
- * fabric_tcp_rtt_seconds in tcp.bpf.c. */
-DECLARE_HIST(returned_values, 3, 3, 20);
+ * fabric_tcp_rtt_excess_seconds in tcp.bpf.c. */
+DECLARE_HIST(returned_values, 3, 4, 19);
 
 struct event {
 	__u32 tgid;

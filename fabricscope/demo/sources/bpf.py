@@ -9,8 +9,8 @@ around 8 µs, steady syscall/ioctl/mmap rates from a "python" training process.
 
 Each RTT sample also feeds fabric_tcp_rtt_excess_seconds (the sample minus its
 connection's min RTT, 25 µs here) and fabric_tcp_rtt_samples_total by kind; a quarter of
-them are a server's ACKs of one segment, which the kernel program counts but leaves out of
-the excess histogram, as it does on a real request/response server.
+them are one-segment ACKs on a client's next request or on no data (possibly delayed),
+which the kernel program counts but leaves out of the excess histogram.
 
 Fault microburst (params: multiplier, default 60; fraction, default 0.05;
 retransmit_factor, default 20): that fraction of RTT samples is multiplied, so the p99 of
@@ -35,9 +35,10 @@ RTT_TAIL_FRACTION = 0.003      # a thin healthy tail...
 RTT_TAIL_FACTOR = 3.0          # ...at a few times the median
 RTT_SAMPLES_PER_SECOND = 400   # sampled: the real tcp_probe sees every segment
 MIN_RTT_US = 25.0              # each connection's min RTT: the excess is measured above it
-# RTT sample kinds as tcp.bpf.c indexes them, with their share of a node's samples.
-RTT_SAMPLE_SHARES = ((0, 0.55), (1, 0.15), (2, 0.05), (3, 0.25))
-SERVER_MAYBE_DELAYED_ACK = 3   # the kind left out of the excess histogram
+# RTT sample kinds as tcp.bpf.c indexes them (several_segments, reply, next_request,
+# delayed_ack), with their share of a node's samples; the last two stay out of the excess.
+RTT_SAMPLE_SHARES = ((0, 0.55), (1, 0.2), (2, 0.15), (3, 0.1))
+LEFT_OUT_KINDS = (2, 3)
 CONNECT_MEDIAN_US = 90.0
 CONNECTS_PER_SECOND = 2.0
 RUNQ_MEDIAN_US = 8.0
@@ -179,7 +180,7 @@ class BpfSimSource:
             self.rtt.observe(rtt)
             kind = self._rtt_sample_kind()
             self.rtt_kinds[kind] += 1
-            if kind != SERVER_MAYBE_DELAYED_ACK:
+            if kind not in LEFT_OUT_KINDS:
                 self.rtt_excess.observe(max(0.0, rtt - MIN_RTT_US))
         self.runs["tcp_probe"] += samples
 
