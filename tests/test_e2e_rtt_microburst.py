@@ -1,0 +1,208 @@
+"""FabricTcpMicroburst on the real kernel: shaped links, real traffic, the exporter's eBPF
+tcp program, Prometheus with the production rules (root; netns, veth, tbf).
+
+Four cases run side by side, each on its own pair of network namespaces (tests/rtt_lab.py)
+with its own exporter watching only them (ebpf.tcp_rtt_network_namespaces), labelled
+node=<case>. Every case has a request/response flow (64 bytes every 10 ms, TCP_NODELAY)
+across a 20 Mbit tbf; the client logs every round trip it sees:
+
+- burst10x: an unpaced bulk flow fills the 80 ms queue from 6:00 to 7:30; the
+  application's p99 rises 10x or more -> the alert fires within 30 s;
+- burst2x: from 6:00 to 7:30, 600-byte messages 100 times a second through a tbf bucket
+  of one packet: a request waits behind one message (0.24 ms) at most; the application's
+  p99 must stay under 3x its baseline -> no alert (on a loaded host it doubled, on a quiet
+  one it did not move: docs/ebpf.md);
+- steady: a bulk flow fills the queue from the start to the end -> no alert;
+- baseline: the request/response flow alone for 10 minutes -> no alert.
+
+The whole run takes about 10.5 minutes of wall time (the 10-minute baseline; the cases
+share it) and little CPU: five small Python processes per case, four exporters and one
+Prometheus. The figures (application RTT against the exporter's p99 per case) go to
+<tmp>/rtt_microburst.json; FABRIC_RTT_REPORT=path writes them there too, for
+bench/rtt_microburst_table.py (the table in docs/ebpf.md).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from bench.measure import percentile
+from fabricscope import stack
+from fabricscope.exporter.ebpf.objects import object_path
+from tests import procs
+from tests.conftest import could_not_run, free_port, require_tool
+from tests.rtt_lab import BulkFlow, Lab, Shaping, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
+
+BURST_START, BURST_END = 360.0, 450.0     # after a 6-minute baseline: the rule's 5m average + 1m window
+RUN_SECONDS = 600.0                       # the baseline case's 10 minutes
+ALERT_WITHIN = 30.0
+SCRAPE = "5s"
+
+CASES = {
+    "burst10x": {"bulk": [BulkFlow(BURST_START, BURST_END)]},
+    "burst2x": {"bulk": [BulkFlow(BURST_START, BURST_END, rate=60_000, chunk=600)],
+                "shaping": Shaping(burst="1600")},
+    "steady": {"bulk": [BulkFlow(0.0, RUN_SECONDS + 30)]},
+    "baseline": {},
+}
+EXCESS_P99 = "node:fabric_tcp_rtt_excess_seconds:p99_1m"
+SRTT_P99 = 'histogram_quantile(0.99, sum by (node, le) (rate(fabric_tcp_rtt_seconds_bucket[1m])))'
+
+
+def _preconditions() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (network namespaces, tbf, eBPF)")
+    for tool in ("ip", "tc"):
+        require_tool(tool, "iproute2")
+    if not object_path("tcp").is_file():
+        could_not_run("exporter/bpf/tcp.bpf.o is not built (make bpf)")
+    probe = subprocess.run(["ip", "netns", "add", "fsrtt-probe"], capture_output=True, text=True)
+    subprocess.run(["ip", "netns", "del", "fsrtt-probe"], capture_output=True)
+    if probe.returncode != 0:
+        could_not_run(f"cannot create a network namespace: {probe.stderr.strip()}")
+
+
+def _start_exporter(lab: Lab, workdir: Path) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    config = workdir / f"{lab.name}-exporter.yml"
+    stack.write_yaml(config, {"ebpf": {"objects": ["tcp"], "tcp_rtt_network_namespaces": lab.namespaces}})
+    log = open(workdir / f"{lab.name}-exporter.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fabricscope.cli", "exporter", f"--web.listen-address=127.0.0.1:{port}",
+         f"--config.file={config}", f"--node-name={lab.name}", f"--path.state={workdir / lab.name}-state",
+         "--collector.ebpf", "--no-collector.infiniband", "--no-collector.kmsg", "--no-collector.nccl",
+         "--no-collector.netdev", "--no-collector.nvlink", "--no-collector.tcp"],
+        stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    return proc, port
+
+
+def _wait_serving(proc: subprocess.Popen, port: int, log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"exporter exited {proc.returncode}:\n{log.read_text()[-2000:]}")
+        try:
+            body = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        except requests.ConnectionError:
+            time.sleep(0.2)
+            continue
+        if 'fabric_ebpf_available{node' in body and 'reason="ok"' in body:
+            return
+        if "fabric_ebpf_available" in body:
+            could_not_run(f"eBPF unavailable in the exporter:\n{log.read_text()[-2000:]}")
+        time.sleep(0.2)
+    pytest.fail(f"exporter on :{port} not serving after 60 s:\n{log.read_text()[-2000:]}")
+
+
+def _firing(prom: procs.Server) -> set[str]:
+    alerts = prom.get("/api/v1/alerts")["data"]["alerts"]
+    return {a["labels"]["node"] for a in alerts
+            if a["labels"].get("alertname") == "FabricTcpMicroburst" and a["state"] == "firing"}
+
+
+def _series(prom: procs.Server, query: str, start: float, end: float) -> dict[str, list[tuple[float, float]]]:
+    result = prom.get("/api/v1/query_range", query=query, start=start, end=end, step="5")["data"]["result"]
+    return {r["metric"].get("node", ""): [(float(t), float(v)) for t, v in r["values"]] for r in result}
+
+
+def _p99_over(points: list[tuple[float, float]], t0: float, since: float, until: float) -> float:
+    """The largest p99_1m recorded in [since, until) seconds from t0 (seconds; nan if none)."""
+    values = [v for t, v in points if since <= t - t0 < until and v == v]
+    return max(values) if values else float("nan")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    _preconditions()
+    workdir = tmp_path_factory.mktemp("rtt")
+    rules = stack.render_rules({}, workdir / "rules")    # production rules, unchanged
+    labs = [Lab(name, index, workdir, **setup) for index, (name, setup) in enumerate(CASES.items(), start=1)]
+    exporters = []
+    try:
+        for lab in labs:
+            lab.up()
+        exporters = [_start_exporter(lab, workdir) for lab in labs]
+        for lab, (proc, port) in zip(labs, exporters):
+            _wait_serving(proc, port, workdir / f"{lab.name}-exporter.log")
+        targets = workdir / "targets.json"
+        targets.write_text(json.dumps([{"targets": [f"127.0.0.1:{port}" for _, port in exporters],
+                                        "labels": {"cluster": "rtt"}}]))
+        config = stack.prometheus_config("rtt", targets, "127.0.0.1:9", rules,
+                                         scrape_interval=SCRAPE, evaluation_interval=SCRAPE)
+        with procs.prometheus(config, workdir / "prom") as prom:
+            t0 = time.time() + 2
+            for lab in labs:
+                lab.start_traffic(t0)
+            first_fired: dict[str, float] = {}
+            while time.time() < t0 + RUN_SECONDS:
+                for node in _firing(prom):
+                    first_fired.setdefault(node, time.time() - t0)
+                problems = [p for lab in labs for p in lab.problems()]
+                assert not problems, problems
+                wait_until(min(time.time() + 2, t0 + RUN_SECONDS))
+            end = time.time()
+            excess = _series(prom, EXCESS_P99, t0, end)
+            srtt = _series(prom, SRTT_P99, t0, end)
+        report = {"first_fired": first_fired, "cases": {}}
+        for lab in labs:
+            phases = {"baseline": (60.0, BURST_START), "burst": (BURST_START, BURST_END)}
+            figures = {}
+            for phase, (since, until) in phases.items():
+                rtts = lab.app_rtts(since, until)
+                figures[phase] = {
+                    "app_p50_s": percentile(rtts, 0.5), "app_p99_s": percentile(rtts, 0.99),
+                    "excess_p99_max_s": _p99_over(excess.get(lab.name, []), t0, since, until),
+                    "srtt_p99_max_s": _p99_over(srtt.get(lab.name, []), t0, since, until),
+                }
+            report["cases"][lab.name] = figures
+        (workdir / "rtt_microburst.json").write_text(json.dumps(report, indent=1))
+        if os.environ.get("FABRIC_RTT_REPORT"):
+            Path(os.environ["FABRIC_RTT_REPORT"]).write_text(json.dumps(report, indent=1))
+        print(json.dumps(report, indent=1))
+        yield report
+    finally:
+        for proc, _port in exporters:
+            proc.terminate()
+        for proc, _port in exporters:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for lab in labs:
+            lab.down()
+
+
+def _app_ratio(case: dict) -> float:
+    return case["burst"]["app_p99_s"] / case["baseline"]["app_p99_s"]
+
+
+def test_a_burst_that_raises_application_latency_tenfold_alerts_within_30_s(run):
+    case = run["cases"]["burst10x"]
+    assert _app_ratio(case) >= 10, f"the burst did not raise the application's p99 10x: {case}"
+    fired = run["first_fired"].get("burst10x")
+    assert fired is not None, f"FabricTcpMicroburst never fired: {case}"
+    assert BURST_START <= fired <= BURST_START + ALERT_WITHIN, f"fired at {fired:.0f} s, burst at {BURST_START:.0f} s"
+
+
+def test_a_burst_that_only_doubles_application_latency_does_not_alert(run):
+    case = run["cases"]["burst2x"]
+    assert _app_ratio(case) < 3, f"the light burst raised the application's p99 3x or more: {case}"
+    assert "burst2x" not in run["first_fired"], case
+
+
+def test_a_steady_bulk_flow_does_not_alert(run):
+    assert "steady" not in run["first_fired"], run["cases"]["steady"]
+
+
+def test_request_response_alone_for_ten_minutes_does_not_alert(run):
+    assert "baseline" not in run["first_fired"], run["cases"]["baseline"]
