@@ -136,7 +136,7 @@ class HttpServer:
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=1)
+            await asyncio.wait(list(self._tasks), timeout=0.5)
 
     def _accept(self, sock: socket.socket) -> None:
         """Accept what is waiting. A connection over its address's share (or the total) is

@@ -52,6 +52,11 @@ class SidecarConfig(BaseModel):
     # The TLS handshake, request line and headers must arrive within this many seconds,
     # each later read too; a connection idle this long is closed (fabricscope/httpserver.py).
     client_timeout_seconds: float = Field(10.0, gt=0, le=300)
+    # What one client address may hold (fabricscope/httpadmission.py): connections, and
+    # requests in progress (0: half the threads). Behind a load balancer every request
+    # comes from its address: raise both to what the balancer sends one replica.
+    max_connections_per_source: int = Field(64, ge=1)
+    max_requests_per_source: int = Field(0, ge=0)
     slo_default_ms: float = Field(DEFAULT_SLO_MS, gt=0)
     # (service, operation) -> ms, from TRACING_SLO_<service>_<operation>; see slo_for().
     slo_overrides: dict[str, float] = Field(default_factory=dict)

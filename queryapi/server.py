@@ -122,6 +122,9 @@ def serve(app, config: SidecarConfig) -> int:
         server = HttpServer(app, config.host, config.port, name="sidecar", threads=config.threads,
                             timeout=config.client_timeout_seconds,
                             max_body_bytes=config.max_body_bytes, ssl_context=context,
+                            max_connections=max(512, config.max_connections_per_source),
+                            max_connections_per_source=config.max_connections_per_source,
+                            max_requests_per_source=config.max_requests_per_source or None,
                             pools=pool_sizes(config.threads), route=make_route(app),
                             error_body=server_error_body).start()
     except (ConfigError, OSError) as exc:
@@ -141,6 +144,7 @@ def serve(app, config: SidecarConfig) -> int:
     try:
         stop.wait()
     finally:
+        state.request_stop()
         server.stop()
         state.close()
     return 0

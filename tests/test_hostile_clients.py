@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import http.client
 import os
 import signal
 import ssl
@@ -27,7 +28,7 @@ import pytest
 from fabricscope.stack import free_port
 from fabricscope.stack.sidecar import start_sidecar
 from tests import procs
-from tests.hostile import ATTACKER, KINDS, Attack, p90, silent_sockets, timed_get, worst
+from tests.hostile import ATTACKER, CLIENT, KINDS, Attack, p90, silent_sockets, timed_get, worst
 from tests.sidecar_helpers import bearer, make_keys
 
 FIXTURE = Path(__file__).parent / "fixtures" / "node"
@@ -200,9 +201,18 @@ def test_with_prometheus_paused_a_request_that_does_not_need_it_answers_at_once(
             stuck = pool.map(prometheus_backed, range(8))   # one key, all waiting on Prometheus
             time.sleep(1.0)
             answers = [target.get("/ai/query/catalog", bearer(tokens["admin"])) for _ in range(10)]
+            # Another key's Prometheus-backed request, from another address: its own turn,
+            # a 504 that does not name the internal Prometheus address.
+            conn = http.client.HTTPConnection("127.0.0.1", target.port, timeout=30, source_address=(CLIENT, 0))
+            conn.request("GET", "/api/v1/cluster/outlier-ranks", headers=bearer(tokens["admin"]))
+            timed_out = conn.getresponse()
+            body = timed_out.read().decode()
+            conn.close()
             statuses = list(stuck)
     finally:
         os.kill(pid, signal.SIGCONT)
+    assert timed_out.status == 504 and '"prometheus_timeout"' in body, body
+    assert prometheus.url.split("//")[1] not in body, body
     assert all(status == 200 for status, _ in answers), answers
     assert worst(answers) <= 0.1, answers
     # The stuck ones end in Prometheus's timeout (504), or wait their turn and are refused
@@ -304,3 +314,15 @@ def test_sigterm_with_a_correlation_backlog_and_prometheus_paused_ends_within_5s
     # Right after: the same port and database.
     again = start_sidecar(tmp_path, "127.0.0.1", port, prometheus.url, tmp_path / "keys.yaml", tls=False)
     again.stop()
+
+
+def test_the_open_metrics_page_names_no_key_ids(sidecar_with_prometheus):
+    import requests
+
+    sidecar, target, tokens, _ = sidecar_with_prometheus
+    with ThreadPoolExecutor(8) as pool:            # faster than the key's 50 a second, past its burst
+        limited = [status for status, _ in pool.map(
+            lambda _: target.get("/ai/query/catalog", bearer(tokens["reader"])), range(400))]
+    assert 429 in limited
+    metrics = requests.get(sidecar.url + "/metrics", timeout=10).text
+    assert "fabric_sidecar_rate_limited_total" in metrics and "reader" not in metrics

@@ -41,8 +41,8 @@ class SidecarProcess:
         return ssl.create_default_context(cafile=str(self.certs.ca)) if self.certs else None
 
 
-def sidecar_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "fabricscope.cli", "sidecar", *args]
+def sidecar_argv(*args: str, python: str = sys.executable) -> list[str]:
+    return [python, "-m", "fabricscope.cli", "sidecar", *args]
 
 
 def mint_key(keys_file: Path, key_id: str, scopes: str) -> str:
@@ -56,7 +56,7 @@ def mint_key(keys_file: Path, key_id: str, scopes: str) -> str:
 
 def start_sidecar(workdir: Path, host: str, port: int, prometheus_url: str, keys_file: Path,
                   extra_args: list[str] | None = None, tls: bool = True, env: dict[str, str] | None = None,
-                  timeout: float = 60.0) -> SidecarProcess:
+                  timeout: float = 60.0, python: str = sys.executable) -> SidecarProcess:
     workdir = Path(workdir)
     args = ["--host", host, "--port", str(port), "--prometheus-url", prometheus_url,
             "--keys-file", str(keys_file), "--database", str(workdir / "sidecar.db"),
@@ -72,7 +72,7 @@ def start_sidecar(workdir: Path, host: str, port: int, prometheus_url: str, keys
         args.append("--insecure-no-tls")
     scheme = "https" if tls else "http"
     url = f"{scheme}://{host}:{port}"
-    process = ManagedProcess("sidecar", sidecar_argv(*args), f"{url}/api/versions", workdir / "sidecar.log",
+    process = ManagedProcess("sidecar", sidecar_argv(*args, python=python), f"{url}/api/versions", workdir / "sidecar.log",
                              ssl_context=context, env=env)
     process.start(timeout)
     return SidecarProcess(process, url, certs, Path(keys_file))
