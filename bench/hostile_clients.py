@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import gzip
 import json
 import os
 import shutil
@@ -32,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.hostile import ATTACKER, KINDS, Attack, silent_sockets, timed_get  # noqa: E402
+from tests.hostile import ATTACKER, KINDS, Attack, otlp_export, silent_sockets, timed_get  # noqa: E402
 
 FIXTURE = REPO / "tests" / "fixtures" / "node"
 COLLECTORS = ["infiniband", "netdev", "tcp"]
@@ -177,17 +176,6 @@ def flood_row(server: Server, results: dict) -> None:
         f"{served.count(200)} of 6 answered 200 ({', '.join(str(s) for s in served)})"
 
 
-def otlp_body(spans: int) -> bytes:
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-    request = ExportTraceServiceRequest()
-    scope = request.resource_spans.add().scope_spans.add()
-    now = time.time_ns()
-    for _ in range(spans):
-        span = scope.spans.add()
-        span.start_time_unix_nano, span.end_time_unix_nano = now - 1_000_000, now
-    return gzip.compress(request.SerializeToString())
-
-
 def sidecar_work_rows(python: str, work: Path, results: dict) -> None:
     import requests
 
@@ -221,7 +209,7 @@ def sidecar_work_rows(python: str, work: Path, results: dict) -> None:
                 list(pool.map(lambda _: sidecar.get("/ai/query/catalog", bearer(tokens["admin"])), range(400)))
             metrics = requests.get(sidecar_url(sidecar) + "/metrics", timeout=10).text
             results["sidecar: /metrics (open) names key ids after 429s"] = "yes" if 'key_id="admin"' in metrics else "no"
-            body = otlp_body(150_000)
+            body = otlp_export(150_000)
             peak = [base_rss]
 
             def send(_):

@@ -159,3 +159,19 @@ def worst(samples: list[tuple[int | None, float]]) -> float:
 def p90(samples: list[tuple[int | None, float]]) -> float:
     times = sorted(seconds if status is not None else float("inf") for status, seconds in samples)
     return times[max(0, -(-len(times) * 9 // 10) - 1)]
+
+
+def otlp_export(spans: int) -> bytes:
+    """A gzipped OTLP/protobuf trace export of `spans` spans, as small as a span gets (no
+    ids, no name): the count, not the size, is what the server must bound."""
+    import gzip
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    request = ExportTraceServiceRequest()
+    scope = request.resource_spans.add().scope_spans.add()
+    now = time.time_ns()
+    for _ in range(spans):
+        span = scope.spans.add()
+        span.start_time_unix_nano, span.end_time_unix_nano = now - 1_000_000, now
+    return gzip.compress(request.SerializeToString())

@@ -10,7 +10,6 @@ silent sockets.
 from __future__ import annotations
 
 import base64
-import gzip
 import http.client
 import os
 import signal
@@ -28,7 +27,7 @@ import pytest
 from fabricscope.stack import free_port
 from fabricscope.stack.sidecar import start_sidecar
 from tests import procs
-from tests.hostile import ATTACKER, CLIENT, KINDS, Attack, p90, silent_sockets, timed_get, worst
+from tests.hostile import ATTACKER, CLIENT, KINDS, Attack, otlp_export, p90, silent_sockets, timed_get, worst
 from tests.sidecar_helpers import bearer, make_keys
 
 FIXTURE = Path(__file__).parent / "fixtures" / "node"
@@ -227,24 +226,11 @@ def rss_bytes(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def otlp_request(spans: int) -> bytes:
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-    request = ExportTraceServiceRequest()
-    scope = request.resource_spans.add().scope_spans.add()
-    now = time.time_ns()
-    for _ in range(spans):
-        # As small as a span gets (no ids, no name): the count, not the size, is at issue.
-        span = scope.spans.add()
-        span.start_time_unix_nano, span.end_time_unix_nano = now - 1_000_000, now
-    return gzip.compress(request.SerializeToString())
-
-
 def test_an_otlp_export_over_the_span_cap_is_refused_and_memory_stays_bounded(sidecar_with_prometheus):
     import requests
 
     sidecar, target, tokens, _ = sidecar_with_prometheus
-    body = otlp_request(150_000)
+    body = otlp_export(150_000)
     assert len(body) < 2 << 20
     baseline = rss_bytes(target.process.pid)
 
