@@ -2,8 +2,9 @@
 TLS and plaintext: attackers connect from 127.0.0.1, the normal client from 127.0.0.2
 (tests/hostile.py). Each test is one row of docs/security.md.
 
-Timing: the attack rows measure how long the normal client waits, so they are marked
-`timing` (run alone after the parallel pass). The whole file takes about 90 s on two
+Timing: the rows that bound how long something takes (the normal client under attack,
+a request while Prometheus is paused, SIGTERM) are marked `timing` (run alone after the
+parallel pass). The whole file takes about 90 s on two
 cores: four servers, each attacked for a few seconds by 800 connections and by 1,000
 silent sockets.
 """
@@ -186,6 +187,7 @@ def sidecar_with_prometheus(tmp_path_factory):
             sidecar.stop()
 
 
+@pytest.mark.timing
 def test_with_prometheus_paused_a_request_that_does_not_need_it_answers_at_once(sidecar_with_prometheus):
     sidecar, target, tokens, prometheus = sidecar_with_prometheus
     assert target.get("/ai/query/catalog", bearer(tokens["admin"]))[0] == 200     # warm: no first-call cost
@@ -269,6 +271,7 @@ def test_a_billion_laughs_keys_file_is_one_short_error_and_the_old_keys_stay(sid
     assert "aliases" in errors[0]
 
 
+@pytest.mark.timing
 def test_sigterm_with_a_correlation_backlog_and_prometheus_paused_ends_within_5s_and_a_restart_starts(
         sidecar_with_prometheus, tmp_path):
     import requests
