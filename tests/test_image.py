@@ -9,10 +9,10 @@ deploy/image/build.py (no registry): one build per test session shared by every 
 - deploy/compose/compose.yaml runs under podman-compose (the test extra's), and a fault
   written to the kernel log pages through Alertmanager to the sidecar.
 Needs root and podman; where they are missing or podman cannot run, the tests skip on a
-workstation and fail under CI=true. The cold build takes minutes (base ~2 min, the
-fabricscope image ~4 min, Prometheus and Alertmanager ~1 min each on 2 cores): it is
-the product these tests exist to check, so they run it; podman's layer cache and the kept
-base image make a second session's build take seconds.
+workstation and fail under CI=true. The cold build takes about 6 minutes on 2 cores (the
+table in docs/deploy.md, written by build.py): it is the product these tests exist to
+check, so they run it. The kept base image and podman's layer cache make a later build
+take seconds while the packaged sources are unchanged, about 4 minutes when they changed.
 """
 from __future__ import annotations
 
