@@ -91,7 +91,12 @@ def start_exporter(workdir: Path, tls: bool) -> Target:
     log = open(workdir / "exporter.log", "w")
     process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     target = Target(f"exporter-{'tls' if tls else 'plain'}", port, context, "/metrics", headers, process, workdir)
-    wait_until_served(target)
+    try:
+        wait_until_served(target)
+    except BaseException:
+        process.kill()                              # never left running when it did not come up
+        process.wait(10)
+        raise
     return target
 
 
