@@ -132,7 +132,7 @@ def expensive_questions(base: str, runs: int = 5, top: int = 3) -> list[tuple[st
 
 
 def measure(name: str, metrics_url: str, pids: list[int], data_dir: Path, minutes: float, interval: float,
-            series_metric: str, samples_metric: str, groups, blast=None) -> dict:
+            series_metric: str, samples_metric: str, groups, blast=None, questions: bool = True) -> dict:
     """Read from the server's own /metrics page, not through its query API: on a loaded
     host its self-scrapes and queries are the first to fall behind."""
     time.sleep(3 * interval)                    # warm-up: targets found, two rounds scraped
@@ -146,7 +146,7 @@ def measure(name: str, metrics_url: str, pids: list[int], data_dir: Path, minute
             "disk_bytes_per_day": (du(data_dir) - disk0) / elapsed * 86400, "groups": groups(),
             "targets_up": targets_up(metrics_url.rsplit("/", 1)[0]),
             "blast_radius": blast() if blast else None,
-            "expensive_questions": expensive_questions(metrics_url.rsplit("/", 1)[0])}
+            "expensive_questions": expensive_questions(metrics_url.rsplit("/", 1)[0]) if questions else None}
 
 
 def prometheus_run(args, fleet, targets: Path, work: Path, alertmanager: str) -> dict:
@@ -167,7 +167,7 @@ def prometheus_run(args, fleet, targets: Path, work: Path, alertmanager: str) ->
         return measure("Prometheus", f"{base}/metrics", [prom.process.pid], work / "prometheus-data", args.minutes,
                        seconds(args.scrape_interval), "prometheus_tsdb_head_series",
                        "prometheus_tsdb_head_samples_appended_total", groups,
-                       lambda: live_blast_radius(base, fleet.cluster.scenario, args.nodes))
+                       lambda: live_blast_radius(base, fleet.cluster.scenario, args.nodes), args.questions)
     finally:
         prom.stop()
 
@@ -202,7 +202,7 @@ def victoria_run(args, fleet, targets: Path, work: Path, alertmanager: str) -> d
         return measure("VictoriaMetrics", f"{base}/metrics", [vm.process.pid, agent.process.pid, alert.process.pid],
                        work / "vm-data", args.minutes, seconds(args.scrape_interval),
                        'vm_cache_entries{type="storage/hour_metric_ids"}', "vm_rows_inserted_total", groups,
-                       lambda: live_blast_radius(base, fleet.cluster.scenario, args.nodes))
+                       lambda: live_blast_radius(base, fleet.cluster.scenario, args.nodes), args.questions)
     finally:
         for part in (alert, agent, vm):
             if part is not None:
@@ -224,6 +224,8 @@ def main() -> int:
     parser.add_argument("--scrape-interval", default="30s")
     parser.add_argument("--backends", default="prometheus,victoriametrics")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument("--no-questions", dest="questions", action="store_false",
+                        help="skip the registered questions (~45 queries x 5: minutes on a loaded host)")
     args = parser.parse_args()
     scenario = load_scenario({"seed": 7, "tick_seconds": 1, "faults": [],
                               "cluster": {"name": "fleet", "nodes": 1, "gpus_per_node": 8, "hcas_per_node": 8}})
