@@ -21,11 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fabricscope.chaos.blast import BlastRadiusEngine  # noqa: E402
-from fabricscope.chaos.generator import FatTreeSpec, generate_fat_tree  # noqa: E402
-from fabricscope.chaos.model import SWITCH_KINDS  # noqa: E402
-from fabricscope.chaos.reference import NetworkxBlastRadius  # noqa: E402
-from measure import percentile  # noqa: E402
+from fabricscope.chaos.blast import BlastRadiusEngine
+from fabricscope.chaos.generator import FatTreeSpec, generate_fat_tree
+from fabricscope.chaos.model import SWITCH_KINDS
+from fabricscope.chaos.reference import NetworkxBlastRadius
+from measure import percentile
 
 TARGET_P99_MS = {16384: 50.0, 102400: 500.0}
 TARGET_RATIO = 10.0

@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fabricscope.demo.cluster import DemoEngine  # noqa: E402
-from fabricscope.demo.scenario import default_scenario_path, load_scenario  # noqa: E402
+from fabricscope.demo.cluster import DemoEngine
+from fabricscope.demo.scenario import default_scenario_path, load_scenario
 
 
 def measure(workdir: Path, use_tmpfs: bool, ticks: int, start_at: float, with_sources: bool = True) -> dict:

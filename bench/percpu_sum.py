@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fabricscope.exporter.ebpf.libbpf import BpfMap  # noqa: E402
+from fabricscope.exporter.ebpf.libbpf import BpfMap
 
 
 def a_map(ncpus: int, value_size: int) -> BpfMap:

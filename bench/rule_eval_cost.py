@@ -34,10 +34,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fabricscope import stack  # noqa: E402
-from fabricscope.httpserver import HttpServer, respond  # noqa: E402
-from fabricscope.exporter.ebpf.declarations import load_declarations  # noqa: E402
-from fabricscope.exporter.ebpf.histogram import bucket_bounds  # noqa: E402
+from fabricscope import stack
+from fabricscope.httpserver import HttpServer, respond
+from fabricscope.exporter.ebpf.declarations import load_declarations
+from fabricscope.exporter.ebpf.histogram import bucket_bounds
 
 RULES = stack.rule_files()
 CLUSTER = "bench"

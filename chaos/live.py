@@ -269,7 +269,7 @@ class LiveTopology:
                 try:
                     self.report = enrich(topology, self._query)
                     self.live_error = None
-                except Exception as exc:  # Prometheus down: keep simulating on what we had
+                except Exception as exc:  # noqa: BLE001 - Prometheus down: keep simulating on what we had
                     self.live_error = f"{type(exc).__name__}: {exc}"
                     log.warning("live topology refresh failed, keeping version %s: %s",
                                 self._engine.version if self._engine else "(inventory)", self.live_error)

@@ -19,11 +19,11 @@ import matplotlib
 
 matplotlib.use("Agg")   # before pyplot: headless, whatever $DISPLAY says
 
-import matplotlib.dates as mdates  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
+import matplotlib.dates as mdates
+import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter
 
-from .units import format_value  # noqa: E402
+from .units import format_value
 
 DPI = 100
 PIXELS_PER_GRID_COLUMN = 50

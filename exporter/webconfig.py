@@ -24,7 +24,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import re
 import ssl
 import threading
 import time
@@ -33,7 +32,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Literal
 
 from .isolated import IsolatedStepError, in_child
 from .parsers.files import UnreadableFile, read_file_bytes

@@ -188,4 +188,4 @@ def _install_error_mappings(app: APIFlask) -> None:
         return errors.error_body(error), 503
 
 
-__all__ = ["create_app", "BLUEPRINTS", "OPEN"]
+__all__ = ["create_app", "AREAS", "OPEN"]

@@ -16,7 +16,7 @@ from typing import NoReturn
 
 import pytest
 
-from fabricscope.stack.binaries import free_port  # noqa: F401  (tests import it from here)
+from fabricscope.stack.binaries import free_port
 
 
 @pytest.fixture

@@ -52,7 +52,7 @@ def test_every_node_serves_its_own_metrics(cluster):
         names = {name for name, _ in samples}
         nodes = {dict(labels).get("node") for _, labels in samples}
         assert nodes == {node}, f"{address} must label every series with its own node only"
-        failed = [dict(l)["collector"] for (n, l), v in samples.items()
+        failed = [dict(labels)["collector"] for (n, labels), v in samples.items()
                   if n == "fabric_scrape_collector_success" and v != 1]
         assert failed == [], f"collectors failed on {node}: {failed}"
         present = {"fabric_exporter_build_info", "fabric_scrape_collector_success"}

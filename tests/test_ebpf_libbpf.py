@@ -7,7 +7,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import shutil
 import struct
 import subprocess
 from pathlib import Path
@@ -297,7 +296,6 @@ def test_closed_object_refuses_reads(bpf_objects):
 # ---- malformed ELF files: a per-file, counted refusal ------------------------------------
 
 def _libc_bytes() -> bytes:
-    import ctypes.util
     for candidate in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6",
                       "/lib/aarch64-linux-gnu/libc.so.6", "/usr/lib/aarch64-linux-gnu/libc.so.6"):
         if Path(candidate).is_file():

@@ -48,7 +48,7 @@ def lab(tmp_path):
     lab.down()
 
 
-def test_request_response_server_samples_stay_out_of_the_excess_and_other_namespaces_are_not_counted(collector, lab):
+def test_request_response_server_samples_stay_out_of_the_excess_and_other_namespaces_are_not_counted(collector, lab):  # noqa: F811 - the fixture imported above
     c = collector({"tcp_rtt_network_namespaces": lab.namespaces})
     before = _counts(c)
     lab.start_traffic(time.time())

@@ -4,7 +4,6 @@ from __future__ import annotations
 import base64
 import subprocess
 import sys
-from pathlib import Path
 
 import bcrypt
 import pytest

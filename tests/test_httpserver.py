@@ -131,7 +131,7 @@ def test_chunked_bodies_with_trailers_leave_the_connection_ready_for_the_next_re
                 reply += chunk
             assert reply.startswith(b"HTTP/1.1 200"), reply
         started = time.monotonic()
-        sock.sendall(f"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nok".encode())
+        sock.sendall("POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nok".encode())
         reply = sock.recv(65536)
         # Answered at once on the same connection: no CRLF left over to be read as a request.
         assert reply.startswith(b"HTTP/1.1 200") and time.monotonic() - started < 2, reply

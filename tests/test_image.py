@@ -19,11 +19,9 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -190,7 +188,8 @@ def test_exporter_in_the_image_counts_another_containers_nccl_calls_and_loopback
                 remove_containers(rank_name)
                 rank.wait(60)
 
-        rtt = lambda f: value(f, "fabric_tcp_rtt_seconds_count", node="image-node") or 0
+        def rtt(f):
+            return value(f, "fabric_tcp_rtt_seconds_count", node="image-node") or 0
         baseline = rtt(samples(url))
         loopback_traffic()
         procs.wait_for(lambda: rtt(samples(url)) - baseline >= 20, 30, "20 loopback RTT samples")

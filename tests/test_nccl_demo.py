@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import random
-import statistics
 from pathlib import Path
 
 import pytest
@@ -109,7 +108,8 @@ def test_without_faults_no_rank_lags_and_nodes_share_one_step_clock():
 def test_nccl_hang_peers_wait_in_the_collective_and_the_stopped_rank_is_the_culprit():
     spec = cluster()
     hang = Fault("nccl_hang", None, 5.0, 20.0, target={"rank": 1})
-    faults = lambda t: [hang] if hang.start <= t < hang.end else []
+    def faults(t):
+        return [hang] if hang.start <= t < hang.end else []
     source, collector, registry = node_exporter(spec, node_index=0)
     run(source, 8.0, faults)
     comm = demo_nccl.job_comm(spec)

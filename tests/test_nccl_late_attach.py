@@ -363,9 +363,10 @@ def test_an_exporter_restarted_while_a_rank_is_late_to_every_step_shows_that_ran
         named_within(second, job, nranks)
         wait_until(lambda: second.samples().get(series("fabric_nccl_comm_identities", source="memory", reason="",
                                                        join="saved"), 0) >= nranks, "ranks joined on saved marks")
-        lag = lambda: {r: (second.samples().get(series("fabric_nccl_arrival_lag_seconds_sum", comm=job.comm, rank=str(r))),
-                           second.samples().get(series("fabric_nccl_arrival_lag_seconds_count", comm=job.comm, rank=str(r))))
-                       for r in range(nranks)}
+        def lag():
+            return {r: (second.samples().get(series("fabric_nccl_arrival_lag_seconds_sum", comm=job.comm, rank=str(r))),
+                                   second.samples().get(series("fabric_nccl_arrival_lag_seconds_count", comm=job.comm, rank=str(r))))
+                               for r in range(nranks)}
         wait_until(lambda: all((c or 0) >= 20 for _, c in lag().values()), "joined arrivals after the restart")
         start = lag()
         time.sleep(3)

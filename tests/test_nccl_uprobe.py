@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -249,9 +248,9 @@ class Rank:
 def test_uprobes_count_every_call_of_processes_started_after_the_exporter(uprobe_exporter, fake_nccl):
     base, collector = uprobe_exporter
     library, driver = fake_nccl
-    n, m, k, l = 40, 1000, 7, 333
+    n, m, k, sendcount = 40, 1000, 7, 333
     salt = random.randrange(1, 256)
-    ranks = [Rank(driver, 2, rank, n, m, k, l, env={"FAKE_NCCL_ID_SALT": str(salt)}) for rank in (0, 1)]
+    ranks = [Rank(driver, 2, rank, n, m, k, sendcount, env={"FAKE_NCCL_ID_SALT": str(salt)}) for rank in (0, 1)]
     pids = {r.proc.pid for r in ranks}
     wait_for(lambda: traced(collector, pids), "both ranks traced")
     # Traced means probed: the library's probes are in place before the ranks start.
@@ -265,12 +264,13 @@ def test_uprobes_count_every_call_of_processes_started_after_the_exporter(uprobe
              "the last call of rank 1")
     samples = scrape(base)
     for rank in ("0", "1"):
-        s = lambda name, op: samples.get(series(name, comm=comm, rank=rank, op=op))
+        def s(name, op):
+            return samples.get(series(name, comm=comm, rank=rank, op=op))
         assert samples[series("fabric_nccl_comm_info", comm=comm, rank=rank, nranks="2")] == 1
         assert s("fabric_nccl_calls_total", "AllReduce") == n
         assert s("fabric_nccl_bytes_total", "AllReduce") == n * m * 4           # float32
         assert s("fabric_nccl_calls_total", "AllGather") == k
-        assert s("fabric_nccl_bytes_total", "AllGather") == k * l * 1           # int8, per-rank sendcount
+        assert s("fabric_nccl_bytes_total", "AllGather") == k * sendcount * 1           # int8, per-rank sendcount
         assert s("fabric_nccl_bytes_total", "Reduce") == 10 * 8                 # comm passed on the stack
         assert s("fabric_nccl_bytes_total", "Broadcast") == 3 * 2               # bfloat16
         assert s("fabric_nccl_bytes_total", "Send") == 5 * 8
@@ -407,7 +407,8 @@ def run_job(base, collector, driver, tmp_path, nranks, nsteps, delays=None):
         for rank in range(nranks):
             job.expect(rank, "done")
         comm = job.comm
-        count = lambda r: scrape(base).get(series("fabric_nccl_arrival_lag_seconds_count", comm=comm, rank=str(r)))
+        def count(r):
+            return scrape(base).get(series("fabric_nccl_arrival_lag_seconds_count", comm=comm, rank=str(r)))
         wait_for(lambda: all(count(r) == nsteps for r in range(nranks)), "every step's lag of every rank")
         samples = scrape(base)
         job.finish()

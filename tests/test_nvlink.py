@@ -111,7 +111,8 @@ def test_nvlink_down_fault_errors_rise_first_then_link_goes_inactive():
     source, registry = demo()
     fault = Fault("nvlink_down", "gpu-node-0", 10.0, 40.0, target={"gpu": 2, "link": 5},
                   params={"precursor_seconds": 5})
-    faults = lambda t: [fault] if fault.start <= t < fault.end else []
+    def faults(t):
+        return [fault] if fault.start <= t < fault.end else []
     for t in range(0, 10):
         source.step(float(t), faults(float(t)))
     assert get(registry, "fabric_nvlink_errors_total", gpu="2", link="5", type="crc_flit") == 0

@@ -57,4 +57,4 @@ def test_an_unreadable_keys_file_stops_start_up_with_one_line(tmp_path, content)
                                          str(tmp_path / "db.sqlite"), "--port", "0"),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith(f"fabricscope sidecar: ") and str(keys) in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("fabricscope sidecar: ") and str(keys) in result.stderr

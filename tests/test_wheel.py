@@ -178,7 +178,8 @@ def test_installed_exporter_loads_ebpf_and_fills_the_tcp_rtt_histogram(installed
     if value(before, "fabric_ebpf_available", node="wheel-node", reason="ok") != 1:
         reasons = label_values(before, "fabric_ebpf_available", "reason")
         could_not_run(f"the installed exporter has no eBPF ({reasons}): {log.read_text()[-2000:]}")
-    rtt = lambda found: value(found, "fabric_tcp_rtt_seconds_count", node="wheel-node") or 0
+    def rtt(found):
+        return value(found, "fabric_tcp_rtt_seconds_count", node="wheel-node") or 0
     loopback_traffic()
     procs.wait_for(lambda: rtt(samples(url)) - rtt(before) >= 20, 30, "20 loopback RTT samples")
 
@@ -197,8 +198,9 @@ def test_installed_exporter_counts_a_fake_libnccl_process_calls(installed_export
         for r in ranks:
             r.expect("done")
         comm = comm_label(identity.comm_hash(salted_unique_id(salt)))
-        calls = lambda found, rank: value(found, "fabric_nccl_calls_total", node="wheel-node", comm=comm,
-                                          rank=str(rank), op="AllReduce")
+        def calls(found, rank):
+            return value(found, "fabric_nccl_calls_total", node="wheel-node", comm=comm,
+                                                  rank=str(rank), op="AllReduce")
         found = procs.wait_for(lambda: (lambda f: f if all(calls(f, r) == n for r in (0, 1)) else None)(samples(url)),
                                30, f"{n} AllReduce calls per rank of comm {comm}")
         assert value(found, "fabric_nccl_bytes_total", node="wheel-node", comm=comm, rank="0", op="AllReduce") \

@@ -69,7 +69,7 @@ def timed(function, *args) -> tuple[float, float, object]:
     wall, cpu = time.perf_counter(), time.thread_time()
     try:
         result = function(*args)
-    except Exception as exc:                   # NOT_SUPPORTED etc.: the cost still counts
+    except Exception as exc:  # noqa: BLE001 - NOT_SUPPORTED etc.: the cost still counts
         result = exc
     return time.perf_counter() - wall, time.thread_time() - cpu, result
 
@@ -598,7 +598,7 @@ def in_job_call_costs(simulate: bool) -> dict:
         handle = nvml.nvmlDeviceGetHandleByIndex(gpu.index)
         try:
             supported = bool(nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
-        except Exception as exc:               # bindings or driver without GPM
+        except Exception as exc:  # noqa: BLE001 - bindings or driver without GPM
             supported = f"{type(exc).__name__}: {exc}"
         rows["gpm_supported"] = supported
         if supported is True:

@@ -300,7 +300,7 @@ def shift_timestamps(body: str, skew: float) -> str:
 
 
 class _ProxyHandler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         try:
             body = urllib.request.urlopen(self.server.upstream, timeout=5).read().decode()
         except OSError as exc:

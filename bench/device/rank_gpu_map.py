@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nccl_straggler import (free_port, import_exporter, label, pick, ready_for_uprobes, scrape,  # noqa: E402
+from nccl_straggler import (free_port, import_exporter, label, pick, ready_for_uprobes, scrape,
                             wait_until_traced)
 
 # Ranks in the job, one GPU each: 4 by default; FABRIC_BENCH_WORLD on a host with fewer GPUs.
@@ -99,7 +99,7 @@ def nvml_indices() -> dict[str, int]:
         import pynvml
 
         pynvml.nvmlInit()
-    except Exception as exc:                      # no GPU here (fake backend)
+    except Exception as exc:  # noqa: BLE001 - no GPU here (fake backend)
         print(f"NVML: {exc}")
         return {}
     out = {}

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from ..framework import Collector, register
 from ..kmsg_patterns import KNOWN_XIDS, PATTERNS, xid_label, xid_severity

@@ -128,7 +128,7 @@ class _Lib:
             if self.capture is not None and len(self.capture) < 2000:   # bounded: verifier logs are long
                 self.capture.append(line)
             log.log(_LOG_LEVELS.get(level, logging.DEBUG), "%s", line)
-        except Exception:  # never let an exception unwind into C
+        except Exception:  # noqa: BLE001 - never let an exception unwind into C
             pass
         return 0
 

@@ -123,7 +123,7 @@ class ProcessTracker:
         for tgid in sorted(waiting)[:room]:
             try:
                 tracked_map.update(struct.pack("<I", tgid), struct.pack("<I", 1))
-            except Exception as exc:   # map full (the kernel added one meanwhile) or closed
+            except Exception as exc:  # noqa: BLE001 - map full (the kernel added one meanwhile) or closed
                 log.warning("cannot track process %d: %s", tgid, exc)
                 continue
             waiting.discard(tgid)

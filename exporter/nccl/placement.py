@@ -205,7 +205,7 @@ class RankPlacement:
         for gpu in backend.gpus():
             try:
                 processes = backend.running_processes(gpu)
-            except Exception as exc:                       # one GPU unreadable: the others still answer
+            except Exception as exc:  # noqa: BLE001 - one GPU unreadable: the others still answer
                 log.debug("running processes of GPU %d: %s", gpu.index, exc)
                 continue
             for pid, used in processes:

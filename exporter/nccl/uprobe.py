@@ -675,7 +675,7 @@ class UprobeSource:
             ending = self._reader.take_ended()    # destroyed before this read: it is their last
             pids = self._reader.read(drain_events=self._ring.consume)
             self._reader.end_comms(ending)
-        except Exception as exc:            # a read failure must not end tracing
+        except Exception as exc:  # noqa: BLE001 - a read failure must not end tracing
             log.warning("cannot read the NCCL accounting maps: %s", exc)
             return
         with self._lock:
@@ -736,7 +736,7 @@ class UprobeSource:
                 self._watch_lost_map = self._watch_obj.map("proc_events_lost")
             value = self._watch_lost_map.lookup(b"\0" * 4)
             lost = struct.unpack("<Q", value)[0] if value else 0
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a counter read must not stop the watcher
             log.debug("cannot read proc_events_lost: %s", exc)
         if lost > self._watch_lost or self.watch.overflowed:
             log.warning("process hints lost (%d dropped in the kernel, queue overflowed: %s): full rescan",
@@ -799,7 +799,7 @@ class UprobeSource:
             log.info("traced process %d exited", pid)
         try:
             self._reader.forget_processes(pids)
-        except Exception as exc:            # stale entries age out of the LRU maps anyway
+        except Exception as exc:  # noqa: BLE001 - stale entries age out of the LRU maps anyway
             log.debug("cannot delete the kernel entries of processes %s: %s", sorted(pids), exc)
         with self._lock:
             self._exited += len(pids)
@@ -956,7 +956,7 @@ class UprobeSource:
                     if lost > self._lost_logged:
                         log.warning("NCCL ring buffer full: %d event(s) dropped in the kernel so far", lost)
                         self._lost_logged = lost
-                except Exception as exc:        # reading a counter must not fail the scrape
+                except Exception as exc:  # noqa: BLE001 - reading a counter must not fail the scrape
                     log.debug("cannot read nccl_problems: %s", exc)
             libraries = {lib.ref.path: bool(lib.links) for lib in self._libraries.values()}
             events, invalid = self._handler.counts() if self._handler else (0, {})

@@ -184,7 +184,7 @@ class HeldDirectory:
         try:
             if self._held:
                 self.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - a finaliser must never raise
             pass
 
     def close(self) -> None:

@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from .cluster import DemoCluster
-from .main import write_targets_file
+from .targets import write_targets_file
 
 log = logging.getLogger("fabricscope.demo.fleet")
 
@@ -93,7 +93,7 @@ class Fleet:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_GET(self) -> None:   # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 parts = self.path.split("/")
                 index = fleet._index.get(parts[2]) if len(parts) == 4 and parts[1] == "nodes" \
                     and parts[3] == "metrics" else None

@@ -2,18 +2,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import signal
 import sys
 import threading
-from pathlib import Path
-
-from fabricscope.atomicfile import write_atomically
 
 from .cluster import DemoCluster
 from .scenario import ScenarioError, default_scenario_path, load_scenario
 from .sim_node import NodeRootError
+from .targets import file_sd_groups, write_targets_file  # noqa: F401  (imported from here by the stack and tests)
 
 log = logging.getLogger("fabricscope.demo")
 DEFAULT_BASE_PORT = 19410   # outside the 9100-9999 range the Prometheus port registry has allocated
@@ -42,21 +39,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "linked from --workdir, because disk renames make ticks slow)")
     parser.add_argument("--log.level", dest="log_level", default="info",
                         choices=["debug", "info", "warning", "error"])
-
-
-def file_sd_groups(targets: list[tuple[str, str]], cluster_name: str) -> list[dict]:
-    """Prometheus file_sd JSON: one group per node so each target carries its node label."""
-    return [{"targets": [address], "labels": {"node": node, "cluster": cluster_name}}
-            for node, address in targets]
-
-
-def write_targets_file(path: str | Path, targets: list[tuple[str, str]], cluster_name: str,
-                       groups: list[dict] | None = None) -> Path:
-    """Atomically, so a Prometheus watching the file never reads half of it; world-readable,
-    so a Prometheus running as its own user can read it. `groups`: file_sd groups already
-    made (a fleet's) instead of `targets`."""
-    groups = file_sd_groups(targets, cluster_name) if groups is None else groups
-    return write_atomically(path, json.dumps(groups, indent=2) + "\n", mode=0o644)
 
 
 def banner(cluster: DemoCluster) -> str:

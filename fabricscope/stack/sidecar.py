@@ -82,10 +82,10 @@ def https_json(url: str, token: str, context: ssl.SSLContext | None, payload: An
                timeout: float = 10.0) -> Any:
     """GET (or POST `payload` as JSON) with the API key; the decoded answer."""
     data = None if payload is None else json.dumps(payload).encode()
-    request = urllib.request.Request(url, data=data, method="GET" if data is None else "POST",
+    request = urllib.request.Request(url, data=data, method="GET" if data is None else "POST",  # noqa: S310 - our own sidecar
                                      headers={"Authorization": f"Bearer {token}",
                                               "Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+    with urllib.request.urlopen(request, timeout=timeout, context=context) as response:  # noqa: S310 - our own sidecar
         return json.loads(response.read())
 
 

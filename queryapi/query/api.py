@@ -65,7 +65,7 @@ def _run(function, *args) -> Any:
     endpoints return (classify). An unexpected exception stays one: the sidecar's 500."""
     try:
         return function(*args)
-    except Exception as exc:  # noqa: BLE001 - mapped below, or re-raised
+    except Exception as exc:
         error = classify(exc)
         if error.code == "internal_error":
             raise

@@ -144,7 +144,7 @@ class OllamaClient(ChatClient):
         body = json.dumps({"model": self.config.model, "stream": False, "format": "json",
                            "options": {"temperature": 0},
                            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]})
-        request = urllib.request.Request(self.config.base_url.rstrip("/") + "/api/chat", data=body.encode(),
+        request = urllib.request.Request(self.config.base_url.rstrip("/") + "/api/chat", data=body.encode(),  # noqa: S310 - configured http(s) URL
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=self.config.timeout) as response:  # noqa: S310 (configured URL)
             return json.loads(response.read(1 << 20))["message"]["content"]
@@ -209,7 +209,7 @@ class Refiner:
         started = time.monotonic()
         try:
             text = self.client().complete(SYSTEM_PROMPT + self._catalog_text, user)
-        except Exception as exc:  # any provider failure: network, timeout, HTTP error, SDK error
+        except Exception as exc:  # noqa: BLE001 - any provider failure: network, timeout, HTTP error, SDK error
             with self._lock:
                 self._failed_at = time.monotonic()
             log.warning("LLM provider %s failed, using the deterministic match: %s", self.config.provider, exc)

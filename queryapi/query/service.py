@@ -68,7 +68,7 @@ class QueryService:
             for sample in state.prom.query(JOBS_PROMQL, timeout=state.config.prometheus_timeout_seconds):
                 if sample.labels.get("job_id") and sample.labels.get("comm"):
                     names["jobs"].setdefault(sample.labels["job_id"], sample.labels["comm"])
-        except Exception as exc:  # Prometheus down: patterns still work, its names are not recognised
+        except Exception as exc:  # noqa: BLE001 - Prometheus down: patterns still work, its names are not recognised
             log.warning("cannot read names from Prometheus: %s", exc)
         chaos = getattr(state, "chaos", None)
         if chaos is not None:
@@ -78,7 +78,7 @@ class QueryService:
             names["pdus"] = [n for n, kind in topology.graph.nodes(data="kind") if kind == "pdu"]
         try:
             names["services"] = state.storage.recent_services(int((time.time() - SERVICES_WINDOW) * 1000))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the span store down: its names are not recognised
             log.warning("cannot read service names from the span store: %s", exc)
         vocabulary = Vocabulary(names["hosts"], names["devices"], racks=names["racks"], pdus=names["pdus"],
                                 services=names["services"], clusters=names["clusters"], jobs=names["jobs"])
@@ -148,7 +148,7 @@ class QueryService:
             body["session_renewed"] = conversation.renewed
         try:
             self._execute(state, body, caller)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - classified below into the tool error shape
             # The turn is stored; the error names the session so the client can follow up.
             error = classify(exc)
             error.detail = {**error.detail, "session_id": conversation.session_id, "query_name": body["query_name"],

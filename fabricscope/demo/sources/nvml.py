@@ -124,7 +124,7 @@ def _gpu_bus_ids(node: NodeSpec) -> list[str]:
         from ..sim_topology import build_topology
 
         bdfs = list(build_topology(node.gpus, node.hcas).gpu_bdfs)
-    except Exception:                     # the topology model changed: keep the demo running
+    except Exception:  # noqa: BLE001 - the topology model changed: keep the demo running
         bdfs = []
     out = []
     for gpu in range(node.gpus):
