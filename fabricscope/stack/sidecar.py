@@ -124,24 +124,30 @@ def span_feeder(sidecar: SidecarProcess, token: str, scenario, scenario_clock: C
     return Periodic("span-feeder", interval, step)
 
 
+HELD = "held by Alertmanager, not notified"
+
+
 def alert_printer(sidecar: SidecarProcess, token: str, show: Callable[[str], None],
                   interval: float = 1.0) -> Periodic:
-    """Prints each alert the sidecar records, once per change of status (not per repeat)."""
+    """Prints each alert the sidecar records, once per change of status or receiver (not per
+    repeat). An alert the sidecar learnt of from Alertmanager's API before any notification
+    (its reconciliation: inhibited, silenced or not yet sent) has no receiver yet: it is shown
+    as held, and shown again when the notification brings its receiver."""
     from .webhook import ReceivedNotification, format_notification
 
     context = sidecar.ssl_context()
-    seen: dict[tuple[str, str], str] = {}
+    seen: dict[tuple[str, str], tuple[str, str]] = {}
     since = [int(time.time() * 1000)]
 
     def step() -> None:
         rows = https_json(f"{sidecar.url}/alerts?since_ms={since[0] - 5000}", token, context)["alerts"]
         for row in sorted(rows, key=lambda r: r["last_received_ms"]):
             key = (row["fingerprint"], row["starts_at"])
-            if seen.get(key) == row["status"]:
+            if seen.get(key) == (row["status"], row["receiver"]):
                 continue
-            seen[key] = row["status"]
+            seen[key] = (row["status"], row["receiver"])
             since[0] = max(since[0], row["last_received_ms"])
             alert = {"status": row["status"], "labels": row["labels"], "annotations": row["annotations"]}
             show(format_notification(ReceivedNotification(row["last_received_ms"] / 1000,
-                                                          {"receiver": row["receiver"], "alerts": [alert]})))
+                                                          {"receiver": row["receiver"] or HELD, "alerts": [alert]})))
     return Periodic("alert-printer", interval, step)
