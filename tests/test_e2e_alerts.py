@@ -98,11 +98,8 @@ class Run:
 
 def expectations(comm: str) -> list[Expected]:
     return [
-        # A flap's page is its first down, the port's link_downed breach; the flap alert
-        # joins that incident without paging again (docs/alertmanager.md, Lifecycles).
-        Expected(LINK_FLAP, "FabricInfinibandFatalCounterBreach",
-                 {"node": "gpu-node-1", "device": "mlx5_1", "port": "1", "counter": "link_downed",
-                  "cluster": CLUSTER}),
+        Expected(LINK_FLAP, "FabricInfinibandLinkFlap",
+                 {"node": "gpu-node-1", "device": "mlx5_1", "port": "1", "cluster": CLUSTER}),
         Expected(LINK_DOWN, "FabricInfinibandPortDown",
                  {"node": "gpu-node-0", "device": "mlx5_0", "port": "1", "cluster": CLUSTER}),
         Expected(MICROBURST, "FabricTcpMicroburst", {"node": "gpu-node-2", "cluster": CLUSTER}),

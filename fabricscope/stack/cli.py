@@ -33,6 +33,7 @@ from .configs import (FAST_ALERT_OVERRIDES, alertmanager_config, prometheus_conf
 from .errors import StackError
 from .processes import ManagedProcess, start_alertmanager, start_prometheus
 from .victoria import start_victoria_metrics, start_vmagent, start_vmalert, vmagent_scrape_config, vmalert_rules
+from .timescale import scale_route_timing, scale_rule_overrides, scale_scenario
 from .sidecar import DEFAULT_SIDECAR_PORT, Periodic, SidecarProcess, alert_printer, mint_key, span_feeder, start_sidecar
 from .webhook import SIDECAR_WEBHOOK_PATH
 
@@ -76,19 +77,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "intervals, same thresholds and windows, so each demo fault alerts while it lasts")
     alerts.add_argument("--production-alerts", dest="fast_alerts", action="store_false",
                         help="load the committed rule files (production for: durations) instead")
-    parser.add_argument("--scrape-interval", default="5s",
-                        help="Prometheus scrape and rule evaluation interval (default 5s)")
+    parser.add_argument("--scrape-interval", default=None,
+                        help="Prometheus scrape and rule evaluation interval (default 5s; 1s with --time-scale)")
+    parser.add_argument("--time-scale", type=float, default=1.0, metavar="K",
+                        help="a compressed clock: the scenario's timeline, the rules' windows, for: durations "
+                             "and intervals, and Alertmanager's group timings run K times faster (thresholds "
+                             "unchanged; docs/stack.md). Default 1")
+    parser.add_argument("--receivers-url", default=None,
+                        help="also post the pager and ticket receivers' notifications (integration-less by "
+                             "default) to this webhook URL, to see what would page")
     parser.add_argument("--log.level", dest="log_level", default="warning",
                         choices=["debug", "info", "warning", "error"])
 
 
-def load_stack_scenario(path: str | None, nodes: int | None):
-    """The scenario to run, resized to --nodes when given."""
+def load_stack_scenario(path: str | None, nodes: int | None, time_scale: float = 1.0):
+    """The scenario to run, resized to --nodes when given, on the --time-scale clock."""
+    from fabricscope import yamlsafe
     from fabricscope.demo.scenario import ScenarioError, default_scenario_path, load_scenario
 
     source = Path(path) if path else default_scenario_path()
     try:
-        scenario = load_scenario(source)
+        if time_scale != 1:
+            try:
+                raw = yamlsafe.load(source.read_text())
+            except (OSError, ValueError) as exc:
+                raise ScenarioError(f"{source}: {exc}") from None
+            if not isinstance(raw, dict):
+                raise ScenarioError(f"{source}: not a scenario mapping")
+            scenario = load_scenario(scale_scenario(raw, time_scale))
+        else:
+            scenario = load_scenario(source)
         if nodes is not None:
             resized = scenario.with_nodes(nodes)
             dropped = len(scenario.faults) - len(resized.faults)
@@ -174,10 +192,17 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
     chosen = [p for p in (args.prometheus_port, args.alertmanager_port, args.sidecar_port) if p]
     if len(set(chosen)) != len(chosen):
         raise StackError("--prometheus-port, --alertmanager-port and --sidecar-port must differ")
-    scenario = load_stack_scenario(args.scenario, args.nodes)
+    if not args.time_scale >= 1:
+        raise StackError(f"--time-scale must be >= 1, got {args.time_scale:g}")
+    if args.scrape_interval is None:
+        args.scrape_interval = "1s" if args.time_scale > 1 else "5s"
+    scenario = load_stack_scenario(args.scenario, args.nodes, args.time_scale)
     workdir = Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    if args.fast_alerts:
+    if args.time_scale != 1:
+        rules = render_rules(scale_rule_overrides(FAST_ALERT_OVERRIDES if args.fast_alerts else {}, args.time_scale),
+                             workdir / "rules")
+    elif args.fast_alerts:
         rules = render_rules(FAST_ALERT_OVERRIDES, workdir / "rules")
     else:
         rules = rule_files()
@@ -217,7 +242,8 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
     stack.sidecar = start_sidecar(sidecar_dir, host, args.sidecar_port or free_port(host), prometheus_url, keys_file,
                                   extra_args=["--chaos-topology", str(topology_file), "--chaos-refresh-seconds", "15",
                                               "--alertmanager-url", f"http://{host}:{alertmanager_port}",
-                                              "--alertmanager-reconcile-seconds", "15"])
+                                              "--alertmanager-reconcile-seconds",
+                                              f"{max(1.0, 15 / args.time_scale):g}"])
 
     webhook_url, webhook_http_config = args.webhook_url, None
     if not webhook_url:
@@ -234,8 +260,14 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
 
         stack.printer = alert_printer(stack.sidecar, demo_key, show)
 
-    am_config = write_yaml(workdir / "alertmanager.yml", alertmanager_config(
-        webhook_url, webhook_http_config=webhook_http_config))
+    am_routing = alertmanager_config(webhook_url, webhook_http_config=webhook_http_config)
+    if args.receivers_url:
+        for receiver in am_routing["receivers"]:
+            if receiver["name"] in ("pager", "ticket") and not receiver.get("webhook_configs"):
+                receiver["webhook_configs"] = [{"url": args.receivers_url, "send_resolved": True}]
+    if args.time_scale != 1:
+        am_routing = scale_route_timing(am_routing, args.time_scale)
+    am_config = write_yaml(workdir / "alertmanager.yml", am_routing)
     stack.alertmanager = start_alertmanager(am_config, workdir / "alertmanager-data", host, alertmanager_port,
                                             workdir / "alertmanager.log")
     scrape = prometheus_config(

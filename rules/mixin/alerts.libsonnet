@@ -214,13 +214,29 @@ local util = import 'util.libsonnet';
             // counts nothing new: FabricInfinibandCounterSaturated tickets it, and leaving
             // it out here lets a later link flap on that port page on its own (a raised
             // link_downed breach keeps the flap alert down: FabricInfinibandLinkFlap).
+            // A breach raised while its port is down is that port-down incident's (the
+            // down itself moves link_downed). It waits while the port-down alert is
+            // pending (its for: restarts, so the port-down alert fires first and
+            // Alertmanager silences the breach behind it), and for signalRecent after
+            // the port-down alert resolved it is kept down here, so it neither pages the
+            // moment that silence lifts nor before the repair (counters cleared) clears it.
             |||
               fabric_infiniband_port_counter_breached{severity="fatal"} == 1
               unless on (%(port)s, counter)
               (
                 %(saturated)s
               )
-            ||| % { port: port, saturated: indent(saturatedCounters) },
+              unless on (%(port)s)
+              (
+                ALERTS{alertname="FabricInfinibandPortDown", alertstate="pending"}
+                or
+                (
+                  max_over_time(ALERTS{alertname="FabricInfinibandPortDown", alertstate="firing"}[%(recent)s])
+                  unless on (%(port)s)
+                  ALERTS{alertname="FabricInfinibandPortDown", alertstate="firing"}
+                )
+              )
+            ||| % { port: port, saturated: indent(saturatedCounters), recent: w.signalRecent },
             forOf.ibFatalCounter,
             'An InfiniBand/RoCE port counter crossed a fatal threshold.',
             'Counter {{ $labels.counter }} on {{ $labels.device }}:{{ $labels.port }} ({{ $labels.node }}) breached its fatal threshold.',
@@ -264,16 +280,23 @@ local util = import 'util.libsonnet';
             sev.ibFlap,
             // Three downs in the flap window start it; a down in the recent window keeps
             // it: it resolves signalRecent after the last down, not a whole window later.
-            // The port's first down already paged as its link_downed breach (the same
-            // incident): while that breach is raised, and for signalRecent after, the
-            // flap is not a page of its own. A breach on a counter stopped at 255 is not
-            // raised (see FabricInfinibandFatalCounterBreach), so later flaps still page.
+            // One page per incident: where the port's link_downed breach already paged
+            // (a first down that stayed up long enough), the flap is not a page of its
+            // own while that breach fires and for signalRecent after; once the flap alert
+            // fires, a breach that fires later does not take it down (Alertmanager
+            // silences the breach behind it). While the port is down the breach waits
+            // (FabricInfinibandFatalCounterBreach), so a fast flap pages as this alert. A
+            // breach on a counter stopped at 255 is never raised, so later flaps page.
             |||
               %(flaps)s >= %(n)s
               and on (%(port)s)
               %(recent)s > 0
               unless on (%(port)s)
-              max_over_time(ALERTS{alertname="FabricInfinibandFatalCounterBreach", counter="link_downed"}[%(keep)s])
+              (
+                max_over_time(ALERTS{alertname="FabricInfinibandFatalCounterBreach", counter="link_downed", alertstate="firing"}[%(keep)s])
+                unless on (%(port)s)
+                ALERTS{alertname="FabricInfinibandLinkFlap", alertstate="firing"}
+              )
             ||| % {
               keep: w.signalRecent,
               port: port,
