@@ -37,7 +37,7 @@ def table(rec: timeline.Recording, result: timeline.Analysis) -> list[str]:
     pages = sum(len(p) for o in result.faults for p in o.pages.values())
     tickets = sum(1 for o in result.faults for n in o.notified if n[1] == timeline.TICKET)
     lines = [
-        f"One pass of `{rec.scenario.source}` ({rec.duration:g} scenario seconds, {clock} clock, "
+        f"One pass of `{_relative(rec.scenario.source)}` ({rec.duration:g} scenario seconds, {clock} clock, "
         f"fast alerts; measured on a {_cores()}-core machine shared with other work). Times are scenario "
         "seconds after the fault's start (notifications) or end (resolution in Alertmanager, notified or not).",
         "",
@@ -68,6 +68,11 @@ def table(rec: timeline.Recording, result: timeline.Analysis) -> list[str]:
         "of its end.",
     ]
     return lines
+
+
+def _relative(source) -> str:
+    path = Path(str(source))
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(source)
 
 
 def _cores() -> int:
