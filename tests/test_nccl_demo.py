@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,26 @@ def test_long_pause_between_ticks_stays_cheap():
     source.step(3600.0, [])                    # an hour in one tick: skips ahead
     calls = sum(op.calls for op in collector.tracker.snapshot().ops)
     assert calls <= 4 * (demo_nccl.MAX_CATCH_UP_CALLS + 2)
+
+
+def test_a_live_node_between_ticks_or_a_late_tick_reads_no_hang():
+    """Live (no fixed epoch) the simulation issues calls at its ticks; a scrape between
+    them, or while a busy machine delays the next, must not read the call in flight as
+    hung (the wall clock here read `fabric_nccl_hanging 1` on half a demo's scrapes)."""
+    spec = cluster(seed=12)
+    source = demo_nccl.NcclSimSource(spec.nodes[0], spec, random.Random(5))
+    load_collector_modules()
+    ctx = Context(node=spec.nodes[0].name, sources={"nccl": source})
+    [collector] = build_collectors(ctx, ["nccl"])
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ScrapeCollector([collector], node=""))
+    began = time.monotonic()
+    for tick in range(9):           # ticks of 0.25 s on the wall clock, as DemoCluster steps
+        time.sleep(max(0.0, began + tick * 0.25 - time.monotonic()))
+        source.step(tick * 0.25, [])
+    time.sleep(0.75)                # the next tick, late by half a second
+    comm = demo_nccl.job_comm(spec)
+    for rank in range(4):
+        assert value(registry, "fabric_nccl_hanging", comm=comm, rank=str(rank), op="AllReduce") == 0
+        assert value(registry, "fabric_nccl_inflight_elapsed_seconds", comm=comm, rank=str(rank),
+                     op="AllReduce") <= 2 * demo_nccl.PERIOD

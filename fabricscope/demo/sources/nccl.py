@@ -38,10 +38,6 @@ RANK_PID_BASE = 4100
 # One wall-clock origin per simulated cluster, shared by its nodes' sources: a job's
 # ranks are compared across nodes by their entry times.
 _EPOCHS: dict[tuple[str, int], float] = {}
-# The wall-clock time of scenario second 0 of each live cluster, set by the first node
-# source to step, shared by its nodes (see NcclSimSource.clock): id(cluster spec) ->
-# (the spec, kept so that its id is not reused, the origin).
-_ORIGINS: dict[int, tuple[object, float]] = {}
 
 
 def job_comm(cluster: ClusterSpec) -> str:
@@ -92,10 +88,6 @@ class NcclSimSource:
         self.rng = rng
         # Simulated seconds are mapped onto wall-clock time from this instant.
         self.epoch = _EPOCHS.setdefault((cluster.name, cluster.seed), time.time()) if epoch is None else epoch
-        # A live cluster (no epoch given) reads its node clock from the wall clock (see
-        # clock()); with an epoch given it stays exactly on the simulated ticks.
-        self._live = epoch is None
-        self._cluster = cluster
         self.now = 0.0
         self.tracker = None
         self._serial = 0
@@ -113,24 +105,16 @@ class NcclSimSource:
         return [(self.comm, rank, self.nranks, rank_pid(local)) for local, rank in enumerate(self.ranks)]
 
     def clock(self) -> float:
-        """Wall-clock time of the simulation: what 'now' means to the tracker, and the
-        node clock the exporter reports at each scrape. Live, it is the wall clock (from
-        the cluster's scenario second 0, shared by its nodes), as on a real node: the
-        simulated time only moves at ticks, and a tick thread slowed by a busy machine
-        runs late, so a clock read from it would lag each node's scrapes by a different
-        and changing amount, which the rules' clock-offset estimate reads as skew between
-        nodes (hundreds of ms measured at 1 s scrapes), and a node as late by that much."""
-        if self._live:
-            entry = _ORIGINS.get(id(self._cluster))
-            if entry is not None and entry[0] is self._cluster:
-                return self.epoch + time.time() - entry[1]
+        """What 'now' means to the tracker: the simulated instant up to which calls have
+        been issued. The simulation issues calls at its ticks, so a clock running on with
+        the wall between ticks (or while a busy machine delays one) would age the call in
+        flight past its hang threshold with no call missing: measured, half of a 2-node
+        demo's scrapes read `fabric_nccl_hanging 1` at a 0.5 s tick with the wall clock
+        here. The node clock the rules read for offsets is the scrape's wall clock
+        (fabric_nccl_scrape_timestamp_seconds), not this one."""
         return self.epoch + self.now
 
     def step(self, now: float, faults: list[Fault]) -> None:
-        if self._live:
-            entry = _ORIGINS.get(id(self._cluster))
-            if entry is None or entry[0] is not self._cluster:
-                _ORIGINS[id(self._cluster)] = (self._cluster, time.time() - now)
         self.now = max(self.now, now)
         if self.tracker is None:
             return
