@@ -1,7 +1,7 @@
 """What a newcomer's `make run` pages, and when: runs the stack (the default scenario,
 fast alerts, as `fabricscope stack` does) for one pass of the timeline and prints, per
 scripted fault, what it notified and when, what paged, and when its alerts resolved
-after it ended (fabricscope/stack/timeline.py records and attributes them).
+after it ended (demo/stack/timeline.py records and attributes them).
 
     .venv/bin/python bench/demo_timeline.py [--duration 1800] [--time-scale 1] [--write-doc docs/demo.md]
 
@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fabricscope.stack import timeline  # noqa: E402
+from fabricscope.demo.stack import timeline  # noqa: E402
 
 BEGIN, END = "<!-- timeline:begin (bench/demo_timeline.py --write-doc) -->", "<!-- timeline:end -->"
 

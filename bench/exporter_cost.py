@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from exporter_process import ALL, ExporterProcess, measured_window  # noqa: E402
-from fabricscope.stack import free_port  # noqa: E402
+from fabricscope.demo.stack import free_port  # noqa: E402
 from tests.nccl_fake.build import build_fake_nccl, build_step_driver  # noqa: E402
 
 COLLECTOR_SETS = {

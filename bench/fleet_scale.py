@@ -39,9 +39,9 @@ sys.path.insert(0, str(REPO))
 from fabricscope.demo.cluster import DemoCluster  # noqa: E402
 from fabricscope.demo.fleet import Fleet  # noqa: E402
 from fabricscope.demo.scenario import load_scenario  # noqa: E402
-from fabricscope.stack import alertmanager_config, free_port, prometheus_config, rule_files, write_yaml  # noqa: E402
-from fabricscope.stack.processes import start_alertmanager, start_prometheus  # noqa: E402
-from fabricscope.stack.victoria import (start_victoria_metrics, start_vmagent, start_vmalert,  # noqa: E402
+from fabricscope.demo.stack import alertmanager_config, free_port, prometheus_config, rule_files, write_yaml  # noqa: E402
+from fabricscope.demo.stack.processes import start_alertmanager, start_prometheus  # noqa: E402
+from fabricscope.demo.stack.victoria import (start_victoria_metrics, start_vmagent, start_vmalert,  # noqa: E402
                                         vmagent_scrape_config, vmalert_rules)
 
 HOST = "127.0.0.1"

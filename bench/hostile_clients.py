@@ -119,7 +119,7 @@ def start_exporter(python: str, work: Path, tls: bool) -> Server:
 
 
 def start_sidecar(python: str, work: Path, tls: bool, prometheus_url: str, keys: bool = True) -> tuple[Server, dict]:
-    from fabricscope.stack.sidecar import start_sidecar as start
+    from fabricscope.demo.stack.sidecar import start_sidecar as start
     from tests.sidecar_helpers import make_keys
     work.mkdir(parents=True, exist_ok=True)
     tokens = make_keys(work / "keys.yaml") if keys else {}

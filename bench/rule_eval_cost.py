@@ -34,7 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fabricscope import stack
+from fabricscope.demo import stack
 from fabricscope.httpserver import HttpServer, respond
 from fabricscope.exporter.ebpf.declarations import load_declarations
 from fabricscope.exporter.ebpf.histogram import bucket_bounds

@@ -16,7 +16,7 @@ fabricscope set against node_exporter).
 With --gpu, it instead measures the in-process exporter with every collector, the GPU-side
 ones fed by the demo's simulated NVML, eBPF maps and NCCL stream for one 8-GPU node. The
 simulated NVML costs what an H200 costs per call, as CPU (0.79 ms an error counter, 0.82 ms
-each per-link field value; fabricscope/demo/sources/nvml.py). The nvlink collector samples
+each per-link field value; demo/sources/nvml.py). The nvlink collector samples
 it in its own threads, the gpu tier (link states) every --nvlink-interval
 seconds while the scrapes run, the link tier (per-link counters) every
 --nvlink-link-interval seconds. Beside the scrape figures it prints what the same node's
@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 from fabricscope.demo.plugin import ClusterSpec, NodeSpec  # noqa: E402
 from fabricscope.demo.sim_kmsg import KERN_INFO, KERN_WARNING  # noqa: E402
 from fabricscope.demo.sim_node import SimNode  # noqa: E402
-from fabricscope.stack.binaries import free_port  # noqa: E402
+from fabricscope.demo.stack.binaries import free_port  # noqa: E402
 from measure import percentile, stat_cpu_seconds  # noqa: E402
 from nvml_old_path import read_as_the_old_collector  # noqa: E402
 

@@ -31,11 +31,11 @@ import requests
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fabricscope import stack  # noqa: E402
+from fabricscope.demo import stack  # noqa: E402
 from fabricscope.queryapi.keys import add_key  # noqa: E402
 from fabricscope.queryapi.prom import PrometheusClient  # noqa: E402
 from fabricscope.queryapi.tracing.correlate import correlate_one  # noqa: E402
-from fabricscope.stack.sidecar import start_sidecar  # noqa: E402
+from fabricscope.demo.stack.sidecar import start_sidecar  # noqa: E402
 from measure import percentile, stat_cpu_seconds  # noqa: E402
 
 NODES = [f"gpu-node-{i}" for i in range(64)]

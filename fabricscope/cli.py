@@ -24,7 +24,7 @@ def _demo() -> ModuleType:
 
 
 def _stack() -> ModuleType:
-    from fabricscope.stack import cli
+    from fabricscope.demo.stack import cli
     return cli
 
 

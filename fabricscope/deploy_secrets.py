@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 
 from .alertmanager import ALERTMANAGER_DIR
 from .devcerts import ensure_dev_certs
-from .stack import SIDECAR_WEBHOOK_PATH, StackError, alertmanager_config, write_yaml
+from fabricscope.demo.stack import SIDECAR_WEBHOOK_PATH, StackError, alertmanager_config, write_yaml
 
 GRAFANA_KEY_ID = "grafana"
 

@@ -51,5 +51,5 @@ Reaching the rest of the sidecar
   `sidecar().metrics.registry` in `setup()`.
 - Tests: `create_app({"insecure_no_tls": True, "database": str(tmp_path / "db"),
   "keys_file": ...})` and `app.test_client()`; real-process tests use
-  fabricscope.stack.sidecar.start_sidecar (TLS with the demo CA).
+  fabricscope.demo.stack.sidecar.start_sidecar (TLS with the demo CA).
 """

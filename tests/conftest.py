@@ -16,7 +16,7 @@ from typing import NoReturn
 
 import pytest
 
-from fabricscope.stack.binaries import free_port
+from fabricscope.demo.stack.binaries import free_port
 
 
 @pytest.fixture

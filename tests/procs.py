@@ -2,7 +2,7 @@
 temporary storage directory, ready (/-/ready answered) before the test body runs, and
 always torn down, including when the test fails.
 
-The process handling itself is fabricscope.stack's (the same code `fabricscope stack`
+The process handling itself is fabricscope.demo.stack's (the same code `fabricscope stack`
 runs); this module only adds pytest-friendly context managers and skip-when-missing.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Callable, ContextManager, Iterator
 import pytest
 import requests
 
-from fabricscope import stack
+from fabricscope.demo import stack
 
 HOST = "127.0.0.1"
 

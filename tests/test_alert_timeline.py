@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from fabricscope.stack import timeline
+from fabricscope.demo.stack import timeline
 from tests import procs
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fabricscope import stack
+from fabricscope.demo import stack
 from tests import procs
 
 REPO = Path(__file__).resolve().parent.parent

@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
 # Modules whose job is to put components together (the document says why).
-COMPOSITION_ROOTS = re.compile(r"^fabricscope\.(cli|deploy_\w+|\w+\.cli|stack(\..+)?)$")
+COMPOSITION_ROOTS = re.compile(r"^fabricscope\.(cli|deploy_\w+|\w+\.cli|demo\.stack(\..+)?)$")
 
 
 def package_files() -> dict[str, Path]:

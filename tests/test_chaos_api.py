@@ -8,7 +8,7 @@ import pytest
 
 from fabricscope.queryapi.app import create_app
 from fabricscope.queryapi.config import ConfigError
-from fabricscope.stack import free_port
+from fabricscope.demo.stack import free_port
 from tests.procs import wait_for
 from tests.sidecar_helpers import bearer, make_keys
 
@@ -274,7 +274,7 @@ def test_real_sidecar_process_simulates_and_keeps_results_across_a_restart(tmp_p
     process, and a result outlives the process."""
     import requests
 
-    from fabricscope.stack.sidecar import start_sidecar
+    from fabricscope.demo.stack.sidecar import start_sidecar
 
     inventory = tmp_path / "cluster.yaml"
     inventory.write_text(INVENTORY)

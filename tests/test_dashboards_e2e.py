@@ -29,7 +29,8 @@ import pytest
 import requests
 import yaml
 
-from fabricscope import cli, stack
+from fabricscope import cli
+from fabricscope.demo import stack
 from fabricscope.dashboards import model
 from fabricscope.demo.main import write_targets_file
 from tests import procs
@@ -126,7 +127,7 @@ def post_spans(run: Run, sequence: int) -> None:
 def run(tmp_path_factory):
     from fabricscope.demo import cluster as cluster_mod, scenario as scenario_mod
     from fabricscope.devcerts import ensure_dev_certs
-    from fabricscope.stack.sidecar import mint_key, start_sidecar
+    from fabricscope.demo.stack.sidecar import mint_key, start_sidecar
 
     procs.require_binary("prometheus")
     work = tmp_path_factory.mktemp("dash-e2e")

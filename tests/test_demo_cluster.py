@@ -159,7 +159,7 @@ def test_default_demo_starts_fast(tmp_path):
     """`make run` must show data quickly: the full default cluster serves a scrape within
     a few seconds of start (reported, not asserted as a timing)."""
     began = time.perf_counter()
-    with DemoCluster(load_scenario(REPO / "fabricscope/demo/scenarios/default.yaml"), tmp_path / "demo") as running:
+    with DemoCluster(load_scenario(REPO / "demo/scenarios/default.yaml"), tmp_path / "demo") as running:
         samples = scrape(running.targets[-1][1])
         elapsed = time.perf_counter() - began
     assert sample(samples, "fabric_exporter_build_info", node="gpu-node-3", version=__import__("fabricscope.exporter", fromlist=["_"]).__version__)

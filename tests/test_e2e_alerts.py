@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from fabricscope import stack
+from fabricscope.demo import stack
 from tests import procs
 
 pytestmark = pytest.mark.slow

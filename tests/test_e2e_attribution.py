@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from fabricscope import stack
+from fabricscope.demo import stack
 from tests import procs
 
 pytestmark = pytest.mark.slow

@@ -34,7 +34,7 @@ import pytest
 import requests
 
 from bench.measure import percentile
-from fabricscope import stack
+from fabricscope.demo import stack
 from fabricscope.exporter.ebpf.objects import object_path
 from tests import procs
 from tests.conftest import could_not_run, free_port, require_tool

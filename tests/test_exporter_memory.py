@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from fabricscope.stack import free_port
+from fabricscope.demo.stack import free_port
 
 # Runs `fabricscope exporter` as its command line does; SIGUSR1 makes it write the names of
 # the modules it has imported (the handler runs on the main thread, which waits for SIGTERM).

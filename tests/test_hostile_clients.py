@@ -25,8 +25,8 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from fabricscope.stack import free_port
-from fabricscope.stack.sidecar import start_sidecar
+from fabricscope.demo.stack import free_port
+from fabricscope.demo.stack.sidecar import start_sidecar
 from tests import procs
 from tests.hostile import ATTACKER, CLIENT, KINDS, Attack, otlp_export, p90, silent_sockets, timed_get, worst
 from tests.sidecar_helpers import bearer, make_keys

@@ -29,7 +29,7 @@ import requests
 import yaml
 
 from fabricscope.exporter.nccl.commid import comm_label
-from fabricscope.stack.binaries import free_port
+from fabricscope.demo.stack.binaries import free_port
 from tests import procs
 from tests.conftest import could_not_run, missing_tool, require_tool
 from tests.installed import label_values, loopback_traffic, samples, value

@@ -22,13 +22,13 @@ import requests
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from fabricscope import stack
+from fabricscope.demo import stack
 from fabricscope.demo import cluster as cluster_mod, scenario as scenario_mod
 from fabricscope.demo.main import write_targets_file
 from fabricscope.demo.sources.nccl import job_comm
 from fabricscope.queryapi.promql import quote
 from fabricscope.queryapi.query.registry import default_registry
-from fabricscope.stack.sidecar import start_sidecar
+from fabricscope.demo.stack.sidecar import start_sidecar
 from tests import procs
 from tests.sidecar_helpers import bearer, make_keys, seed_span
 

@@ -9,7 +9,7 @@ import pytest
 
 from fabricscope import cli
 from fabricscope.dashboards import model, render, report, units
-from fabricscope.stack import free_port
+from fabricscope.demo.stack import free_port
 
 
 def run(capsys, *args: str) -> tuple[int, str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fabricscope import stack
+from fabricscope.demo import stack
 from fabricscope.rules import render as render_module
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,9 +9,9 @@ import time
 import pytest
 import requests
 
-from fabricscope import stack
+from fabricscope.demo import stack
 from fabricscope.devcerts import ensure_dev_certs
-from fabricscope.stack.sidecar import start_sidecar
+from fabricscope.demo.stack.sidecar import start_sidecar
 from tests import procs
 from tests.sidecar_helpers import bearer, make_keys
 

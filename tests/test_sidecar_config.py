@@ -46,7 +46,7 @@ def test_an_unreadable_keys_file_stops_start_up_with_one_line(tmp_path, content)
     import os
     import subprocess
 
-    from fabricscope.stack.sidecar import sidecar_argv
+    from fabricscope.demo.stack.sidecar import sidecar_argv
 
     keys = tmp_path / "keys.yaml"
     if content is None:

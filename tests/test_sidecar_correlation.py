@@ -12,9 +12,9 @@ import uuid
 import pytest
 import requests
 
-from fabricscope import stack
+from fabricscope.demo import stack
 from fabricscope.demo.main import write_targets_file
-from fabricscope.stack.sidecar import start_sidecar
+from fabricscope.demo.stack.sidecar import start_sidecar
 from tests import procs
 from tests.sidecar_helpers import bearer, make_keys, seed_span
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fabricscope import stack
-from fabricscope.stack.sidecar import start_sidecar
+from fabricscope.demo import stack
+from fabricscope.demo.stack.sidecar import start_sidecar
 from tests import procs
 from tests.sidecar_helpers import make_keys
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from fabricscope.stack.sidecar import sidecar_argv, start_sidecar
-from fabricscope.stack import free_port
+from fabricscope.demo.stack.sidecar import sidecar_argv, start_sidecar
+from fabricscope.demo.stack import free_port
 from fabricscope.queryapi.keys import add_key
 from tests.procs import wait_for
 from tests.sidecar_helpers import bearer, make_keys, seed_span

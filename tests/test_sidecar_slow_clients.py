@@ -15,8 +15,8 @@ import time
 import pytest
 import requests
 
-from fabricscope.stack import free_port
-from fabricscope.stack.sidecar import sidecar_argv, start_sidecar
+from fabricscope.demo.stack import free_port
+from fabricscope.demo.stack.sidecar import sidecar_argv, start_sidecar
 from tests.sidecar_helpers import make_keys
 
 CLIENT_TIMEOUT = 2      # --client-timeout: the server gives up on a slow client after this

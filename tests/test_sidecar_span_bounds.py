@@ -7,7 +7,7 @@ import time
 import pytest
 
 from fabricscope.queryapi.app import create_app
-from fabricscope.stack import free_port
+from fabricscope.demo.stack import free_port
 from tests.sidecar_helpers import bearer, make_keys, seed_span
 
 

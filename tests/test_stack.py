@@ -23,7 +23,8 @@ import yaml
 from fabricscope.demo.main import write_targets_file
 from fabricscope.demo.scenario import load_scenario
 from fabricscope.demo.topology import demo_job_name
-from fabricscope import cli, stack
+from fabricscope import cli
+from fabricscope.demo import stack
 from tests import procs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -375,7 +376,7 @@ def test_stack_stops_everything_when_prometheus_dies(tmp_path):
 def test_fast_alerts_are_the_default_and_production_alerts_an_explicit_choice():
     import argparse
 
-    from fabricscope.stack.cli import add_arguments
+    from fabricscope.demo.stack.cli import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

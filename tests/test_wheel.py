@@ -23,7 +23,7 @@ import requests
 import yaml
 
 from fabricscope.exporter.nccl.commid import comm_label
-from fabricscope.stack.binaries import free_port
+from fabricscope.demo.stack.binaries import free_port
 from tests import procs
 from tests.conftest import could_not_run
 from tests.installed import label_values, loopback_traffic, samples, value
@@ -73,7 +73,7 @@ from fabricscope.rules import rule_files
 from fabricscope.alertmanager import ALERTMANAGER_CONFIG, ALERTMANAGER_DIR
 from fabricscope.exporter.ebpf.objects import object_path, SOURCE_DIR
 from fabricscope.demo.scenario import default_scenario_path
-from fabricscope.stack.configs import alertmanager_config
+from fabricscope.demo.stack.configs import alertmanager_config
 print(json.dumps({
     "package": fabricscope.exporter.__file__,
     "rules": [str(p) for p in rule_files()],

@@ -418,7 +418,7 @@ class Harness:
             return sorted(Path(self.args.rules_dir).resolve().glob("fabricscope-*.yaml"))
         sys.path.insert(0, str(ROOT))
         from fabricscope.rules.render import render
-        from fabricscope.stack.configs import FAST_ALERT_OVERRIDES
+        from fabricscope.demo.stack.configs import FAST_ALERT_OVERRIDES
 
         return render(json.loads(self.args.overrides) if self.args.overrides else FAST_ALERT_OVERRIDES,
                       self.workdir / "rules")

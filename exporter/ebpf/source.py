@@ -1,7 +1,7 @@
 """The interface the ebpf collector reads: raw kernel-shaped maps, whoever holds them.
 
 KernelMapSource (kernel_source.py) holds real BPF objects; the demo's BpfSimSource
-(fabricscope/demo/sources/bpf.py) holds the same structures in memory. Both hand back
+(demo/sources/bpf.py) holds the same structures in memory. Both hand back
 raw bytes laid out exactly as the kernel lays them out, so one conversion serves both.
 """
 from __future__ import annotations

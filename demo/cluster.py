@@ -30,7 +30,7 @@ from .sim_files import claim_tmpfs_home, tmpfs_home
 from .sim_node import SimNode, prepare_root
 from .sim_sources import NodeSources, discover_source_modules
 
-# The demo's NVML only sleeps through its calls (fabricscope/demo/sources/nvml.py), and its
+# The demo's NVML only sleeps through its calls (demo/sources/nvml.py), and its
 # scenarios run minutes, with dashboards over 15 s windows: per-link NVLink counters are
 # read every 10 s there, not every 120 s as on a real node (docs/nvlink.md).
 DEMO_EXPORTER_CONFIG = {"nvlink": {"link_sample_interval_seconds": 10}}

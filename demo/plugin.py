@@ -1,7 +1,7 @@
 """The contract between the demo's scenario engine and its simulated sources.
 
-The engine (fabricscope/demo/) owns the clock, the cluster shape and the scripted faults.
-Each module in fabricscope/demo/sources/ that defines `make_source(node, cluster, rng)`
+The engine (demo/) owns the clock, the cluster shape and the scripted faults.
+Each module in demo/sources/ that defines `make_source(node, cluster, rng)`
 contributes one simulated backend per node; the engine puts it in the node exporter's
 `Context.sources[source.key]` and calls `step()` on every tick with the faults active on
 that node. Collectors use `ctx.sources.get(key)` in place of the host's real source, so a
@@ -59,5 +59,5 @@ class SimSource(Protocol):
 
 
 def make_source(node: NodeSpec, cluster: ClusterSpec, rng: random.Random) -> SimSource:  # pragma: no cover
-    """Signature every fabricscope/demo/sources/<name>.py module provides."""
+    """Signature every demo/sources/<name>.py module provides."""
     raise NotImplementedError

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..atomicfile import write_atomically
+from fabricscope.atomicfile import write_atomically
 from .binaries import ensure_port_free, find_binary, free_port
 from .configs import (FAST_ALERT_OVERRIDES, alertmanager_config, prometheus_config, render_rules, rule_files,
                       write_yaml)
@@ -37,7 +37,7 @@ from .timescale import scale_route_timing, scale_rule_overrides, scale_scenario
 from .sidecar import DEFAULT_SIDECAR_PORT, Periodic, SidecarProcess, alert_printer, mint_key, span_feeder, start_sidecar
 from .webhook import SIDECAR_WEBHOOK_PATH
 
-log = logging.getLogger("fabricscope.stack")
+log = logging.getLogger("fabricscope.demo.stack")
 
 # Defaults outside 9100-9999 (allocated on the Prometheus default-port wiki), next to the
 # exporter's 19400 and the sidecar's 19500, so the stack never collides with a real

@@ -1,4 +1,4 @@
-"""Discovery and isolation of the demo's simulated sources (fabricscope/demo/sources/*.py).
+"""Discovery and isolation of the demo's simulated sources (demo/sources/*.py).
 
 A source module that fails to import, to build, or to step is logged and set aside; the
 rest of the node (and the cluster) keeps running, exactly like a failing collector.

@@ -44,7 +44,7 @@ FAULTS = [
     {"kind": "straggler_rank", "node": 0, "at": "10s", "target": {"rank": 5}},
 ]
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 BEGIN, END = "<!-- series-per-collector: begin -->", "<!-- series-per-collector: end -->"
 
 

@@ -9,7 +9,7 @@ an Intel E810 on another; neither shares a switch with a GPU.
 Two sockets in NPS2 mode give four NUMA nodes: GPUs 0-3 on node 0, GPUs 4-7 on node 2,
 the management NIC on node 1 and the storage NIC on node 3.
 
-Bus numbers agree with the simulated NVML (fabricscope/demo/sources/nvml.py): GPU g at
+Bus numbers agree with the simulated NVML (demo/sources/nvml.py): GPU g at
 0000:<0x18 + 0x10*g>:00.0 and its HCA one bus below, the four NVSwitches at c0-c3.
 """
 from __future__ import annotations

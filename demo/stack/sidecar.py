@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:     # the cryptography package comes with the sidecar extra; `stack --help` needs none
-    from ..devcerts import DevCerts
+    from fabricscope.devcerts import DevCerts
 from .errors import StackError
 from .processes import ManagedProcess
 
-log = logging.getLogger("fabricscope.stack.sidecar")
+log = logging.getLogger("fabricscope.demo.stack.sidecar")
 
 DEFAULT_SIDECAR_PORT = 19500
 
@@ -64,7 +64,7 @@ def start_sidecar(workdir: Path, host: str, port: int, prometheus_url: str, keys
     certs = None
     context = None
     if tls:
-        from ..devcerts import ensure_dev_certs
+        from fabricscope.devcerts import ensure_dev_certs
         certs = ensure_dev_certs(workdir / "tls")
         args += ["--tls-cert", str(certs.cert), "--tls-key", str(certs.key)]
         context = ssl.create_default_context(cafile=str(certs.ca))
@@ -113,7 +113,7 @@ class Periodic(threading.Thread):
 def span_feeder(sidecar: SidecarProcess, token: str, scenario, scenario_clock: Callable[[], float],
                 interval: float = 2.0, per_batch: int = 20) -> Periodic:
     """Posts the demo's synthetic spans (fabricscope.demo.spans) to the sidecar."""
-    from ..demo.spans import SyntheticSpans
+    from ..spans import SyntheticSpans
 
     source = SyntheticSpans(scenario)
     context = sidecar.ssl_context()

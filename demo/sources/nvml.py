@@ -1,7 +1,7 @@
 """Simulated NVML: HGX-style GPUs, each with 18 NVLinks into four NVSwitches.
 
 Implements exporter.nvml.NvmlBackend, so the nvlink collector reads it exactly as it reads
-the real NVML. Link traffic follows the simulated NCCL job (fabricscope/demo/sources/nccl.py):
+the real NVML. Link traffic follows the simulated NCCL job (demo/sources/nccl.py):
 each rank's ring-AllReduce bytes are spread over its active links, and stop while an
 nccl_hang fault holds the job.
 
@@ -241,7 +241,7 @@ class NvmlSimSource:
         return list(self._gpus)
 
     def running_processes(self, gpu: GpuInfo) -> list[tuple[int, int | None]]:
-        """The demo job's rank process of this GPU (fabricscope/demo/sources/nccl.py)."""
+        """The demo job's rank process of this GPU (demo/sources/nccl.py)."""
         self._call(gpu, "nvmlDeviceGetComputeRunningProcesses", 0.0)
         return [(rank_pid(gpu.index), RANK_MEMORY_BYTES)]
 

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from fabricscope.httpserver import HttpServer, read_body, respond
 
-log = logging.getLogger("fabricscope.stack.webhook")
+log = logging.getLogger("fabricscope.demo.stack.webhook")
 
 SIDECAR_WEBHOOK_PATH = "/alerts/webhook"
 

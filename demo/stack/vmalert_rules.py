@@ -1,6 +1,6 @@
 """The committed rules as the packaged vmalert accepts them (docs/scale.md):
 
-    .venv/bin/python -m fabricscope.stack.vmalert_rules --out /etc/vmalert/rules
+    .venv/bin/python -m fabricscope.demo.stack.vmalert_rules --out /etc/vmalert/rules
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from .victoria import vmalert_rules
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m fabricscope.stack.vmalert_rules --out DIR [RULE_FILE...]`: the rule files
+    """`python -m fabricscope.demo.stack.vmalert_rules --out DIR [RULE_FILE...]`: the rule files
     (by default the committed rules/*.yaml) as vmalert accepts them, for a production vmalert."""
     import argparse
     import sys
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         written, dropped = vmalert_rules(args.rules or rule_files(), args.out)
     except StackError as exc:
-        print(f"fabricscope.stack.vmalert_rules: {exc}", file=sys.stderr)
+        print(f"fabricscope.demo.stack.vmalert_rules: {exc}", file=sys.stderr)
         return 2
     for path in written:
         print(path)
