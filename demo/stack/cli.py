@@ -175,13 +175,60 @@ def fabricscope_command() -> str:
     return shlex.quote(str(script)) if script.exists() else "fabricscope"
 
 
+@dataclass
+class StackRun:
+    """What the parts of one `fabricscope stack` run are told about each other."""
+    args: argparse.Namespace
+    scenario: Any
+    workdir: Path
+    host: str
+    rules: list[Path]
+    prometheus_port: int = 0
+    alertmanager_port: int = 0
+    keys_file: Path | None = None
+    demo_key: str = ""
+    demo_key_file: Path | None = None
+    alertmanager_key: str = ""
+    topology_file: Path | None = None
+    webhook_url: str = ""
+
+    @property
+    def prometheus_url(self) -> str:
+        return f"http://{self.host}:{self.prometheus_port}"
+
+    @property
+    def alertmanager_url(self) -> str:
+        return f"http://{self.host}:{self.alertmanager_port}"
+
+    @property
+    def victoria(self) -> bool:
+        return self.args.backend == "victoriametrics"
+
+
 def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
     """Start every part into `stack` (so the caller can always stop what did start)."""
     host = "127.0.0.1"
+    check_prerequisites(args, host)
+    scenario = load_stack_scenario(args.scenario, args.nodes, args.time_scale)
+    workdir = fresh_workdir(Path(args.workdir).resolve())
+    run = StackRun(args, scenario, workdir, host, stack_rules(args, workdir))
+    start_cluster_and_sidecar(run, stack)
+    start_alertmanager_part(run, stack, out)
+    backend_lines = start_backend(run, stack)
+    stack.feeder = span_feeder(stack.sidecar, run.demo_key, scenario, stack.cluster.now)
+    stack.feeder.start()
+    if stack.printer:
+        stack.printer.start()
+    print("\n".join(banner(run, stack, backend_lines)), file=out, flush=True)
+
+
+def check_prerequisites(args: argparse.Namespace, host: str) -> None:
+    """Binaries, sidecar dependencies, ports and options: fail before anything starts, not
+    halfway through. Fills in the scrape interval's default."""
     victoria = args.backend == "victoriametrics"
     for binary in (("victoria-metrics", "vmagent", "vmalert") if victoria else ("prometheus",)) + (
             "prometheus-alertmanager",):
-        find_binary(binary)   # fail before anything starts, not halfway through
+        find_binary(binary)
     missing = [module for module in ("cryptography", "apiflask") if importlib.util.find_spec(module) is None]
     if missing:
         raise StackError(f"the stack runs the query sidecar, which needs {', '.join(missing)}: "
@@ -196,9 +243,24 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
         raise StackError(f"--time-scale must be >= 1, got {args.time_scale:g}")
     if args.scrape_interval is None:
         args.scrape_interval = "1s" if args.time_scale > 1 else "5s"
-    scenario = load_stack_scenario(args.scenario, args.nodes, args.time_scale)
-    workdir = Path(args.workdir).resolve()
+
+
+def fresh_workdir(workdir: Path) -> Path:
+    """The workdir without a previous run's TSDB, Alertmanager state, sidecar database and
+    keys, and notification log: alerts and spans of a previous run must not reappear as if
+    this scenario caused them."""
     workdir.mkdir(parents=True, exist_ok=True)
+    for stale in ("prometheus-data", "alertmanager-data", "victoria-metrics-data", "vmagent-data"):
+        shutil.rmtree(workdir / stale, ignore_errors=True)
+    for stale in ("sidecar.db", "sidecar.db-wal", "sidecar.db-shm", "keys.yaml"):
+        (workdir / "sidecar" / stale).unlink(missing_ok=True)
+    (workdir / "notifications.log").unlink(missing_ok=True)
+    return workdir
+
+
+def stack_rules(args: argparse.Namespace, workdir: Path) -> list[Path]:
+    """The rule files to load: rendered with fast alerts and/or the compressed clock, or
+    the committed production files."""
     if args.time_scale != 1:
         rules = render_rules(scale_rule_overrides(FAST_ALERT_OVERRIDES if args.fast_alerts else {}, args.time_scale),
                              workdir / "rules")
@@ -208,49 +270,48 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
         rules = rule_files()
     if not rules:
         log.warning("no rendered rule files found: Prometheus runs without alerting rules (run `make rules`)")
-    # Fresh TSDB, Alertmanager state, sidecar database and keys, and notification log each
-    # run: alerts and spans of a previous run must not reappear as if this scenario caused them.
-    for stale in ("prometheus-data", "alertmanager-data", "victoria-metrics-data", "vmagent-data"):
-        shutil.rmtree(workdir / stale, ignore_errors=True)
-    sidecar_dir = workdir / "sidecar"
-    for stale in ("sidecar.db", "sidecar.db-wal", "sidecar.db-shm", "keys.yaml"):
-        (sidecar_dir / stale).unlink(missing_ok=True)
-    (workdir / "notifications.log").unlink(missing_ok=True)
+    return rules
 
+
+def start_cluster_and_sidecar(run: StackRun, stack: Stack) -> None:
+    """The demo cluster, the keys, and the sidecar (which reconciles its alert records with
+    Alertmanager's API, on a port chosen now: Alertmanager starts after it)."""
     from fabricscope.demo.cluster import DemoCluster
-    from fabricscope.demo.main import write_targets_file
+    from fabricscope.demo.topology import write_demo_inventory
 
-    stack.cluster = DemoCluster(scenario, workdir / "cluster", base_port=0, listen_host=host)
+    args, host = run.args, run.host
+    stack.cluster = DemoCluster(run.scenario, run.workdir / "cluster", base_port=0, listen_host=host)
     stack.cluster.start()
-    targets_file = write_targets_file(workdir / "targets.json", stack.cluster.targets, scenario.cluster_name)
-
-    prometheus_port = args.prometheus_port or free_port(host)
-    prometheus_url = f"http://{host}:{prometheus_port}"
-    keys_file = sidecar_dir / "keys.yaml"
-    demo_key = mint_key(keys_file, "demo", "admin")
+    run.prometheus_port = args.prometheus_port or free_port(host)
+    run.alertmanager_port = args.alertmanager_port or free_port(host)
+    sidecar_dir = run.workdir / "sidecar"
+    run.keys_file = sidecar_dir / "keys.yaml"
+    run.demo_key = mint_key(run.keys_file, "demo", "admin")
     # For `fabricscope report --sidecar-token-file` (a key is never put on a command line).
-    demo_key_file = sidecar_dir / "demo-key"
-    write_atomically(demo_key_file, demo_key, mode=0o600)
-    alertmanager_key = mint_key(keys_file, "alertmanager", "write")
+    run.demo_key_file = sidecar_dir / "demo-key"
+    write_atomically(run.demo_key_file, run.demo_key, mode=0o600)
+    run.alertmanager_key = mint_key(run.keys_file, "alertmanager", "write")
     # The sidecar simulates failures on the demo cluster's generated topology, merged with
     # the demo's live metrics (link and NVLink faults, the NCCL job) every 15 s.
-    from fabricscope.demo.topology import write_demo_inventory
-    topology_file = write_demo_inventory(scenario, sidecar_dir / "topology.yaml")
-    # The sidecar reconciles its alert records with Alertmanager's API (an alert resolved
-    # while inhibited sends no resolution); Alertmanager starts after it, on this port.
-    alertmanager_port = args.alertmanager_port or free_port(host)
-    stack.sidecar = start_sidecar(sidecar_dir, host, args.sidecar_port or free_port(host), prometheus_url, keys_file,
-                                  extra_args=["--chaos-topology", str(topology_file), "--chaos-refresh-seconds", "15",
-                                              "--alertmanager-url", f"http://{host}:{alertmanager_port}",
+    run.topology_file = write_demo_inventory(run.scenario, sidecar_dir / "topology.yaml")
+    stack.sidecar = start_sidecar(sidecar_dir, host, args.sidecar_port or free_port(host), run.prometheus_url,
+                                  run.keys_file,
+                                  extra_args=["--chaos-topology", str(run.topology_file), "--chaos-refresh-seconds",
+                                              "15", "--alertmanager-url", run.alertmanager_url,
                                               "--alertmanager-reconcile-seconds",
                                               f"{max(1.0, 15 / args.time_scale):g}"])
 
-    webhook_url, webhook_http_config = args.webhook_url, None
-    if not webhook_url:
-        webhook_url = stack.sidecar.url + SIDECAR_WEBHOOK_PATH
-        webhook_http_config = {"authorization": {"type": "Bearer", "credentials": alertmanager_key},
+
+def start_alertmanager_part(run: StackRun, stack: Stack, out) -> None:
+    """Alertmanager, its webhook posting to the sidecar (whose notifications the stack
+    prints and logs) unless --webhook-url names another receiver."""
+    args = run.args
+    run.webhook_url, webhook_http_config = args.webhook_url, None
+    if not run.webhook_url:
+        run.webhook_url = stack.sidecar.url + SIDECAR_WEBHOOK_PATH
+        webhook_http_config = {"authorization": {"type": "Bearer", "credentials": run.alertmanager_key},
                                "tls_config": {"ca_file": str(stack.sidecar.certs.ca)}}
-        notifications_log = workdir / "notifications.log"
+        notifications_log = run.workdir / "notifications.log"
 
         def show(text: str) -> None:
             out.write(text + "\n")
@@ -258,52 +319,59 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
             with open(notifications_log, "a") as handle:
                 handle.write(text + "\n")
 
-        stack.printer = alert_printer(stack.sidecar, demo_key, show)
+        stack.printer = alert_printer(stack.sidecar, run.demo_key, show)
 
-    am_routing = alertmanager_config(webhook_url, webhook_http_config=webhook_http_config)
+    am_routing = alertmanager_config(run.webhook_url, webhook_http_config=webhook_http_config)
     if args.receivers_url:
         for receiver in am_routing["receivers"]:
             if receiver["name"] in ("pager", "ticket") and not receiver.get("webhook_configs"):
                 receiver["webhook_configs"] = [{"url": args.receivers_url, "send_resolved": True}]
     if args.time_scale != 1:
         am_routing = scale_route_timing(am_routing, args.time_scale)
-    am_config = write_yaml(workdir / "alertmanager.yml", am_routing)
-    stack.alertmanager = start_alertmanager(am_config, workdir / "alertmanager-data", host, alertmanager_port,
-                                            workdir / "alertmanager.log")
+    am_config = write_yaml(run.workdir / "alertmanager.yml", am_routing)
+    stack.alertmanager = start_alertmanager(am_config, run.workdir / "alertmanager-data", run.host,
+                                            run.alertmanager_port, run.workdir / "alertmanager.log")
+
+
+def start_backend(run: StackRun, stack: Stack) -> list[str]:
+    """Prometheus, or VictoriaMetrics with vmagent and vmalert, scraping the cluster and the
+    stack's servers and evaluating the rules; the banner's lines about it."""
+    from fabricscope.demo.main import write_targets_file
+
+    args, host, workdir, rules = run.args, run.host, run.workdir, run.rules
+    targets_file = write_targets_file(workdir / "targets.json", stack.cluster.targets, run.scenario.cluster_name)
     scrape = prometheus_config(
-        scenario.cluster_name, targets_file, f"{host}:{alertmanager_port}", rules,
+        run.scenario.cluster_name, targets_file, f"{host}:{run.alertmanager_port}", rules,
         scrape_interval=args.scrape_interval, evaluation_interval=args.scrape_interval,
-        self_address=None if victoria else f"{host}:{prometheus_port}",
+        self_address=None if run.victoria else f"{host}:{run.prometheus_port}",
         sidecar_address=stack.sidecar.url.split("://", 1)[1],
         sidecar_ca=stack.sidecar.certs.ca if stack.sidecar.certs else None)
-    if victoria:
-        dropped = start_victoria_backend(stack, scrape, rules, workdir, host, prometheus_port,
-                                         f"http://{host}:{alertmanager_port}", args.scrape_interval,
-                                         scenario.cluster_name)
-        backend_lines = [
-            f"VictoriaMetrics: {prometheus_url}   (Prometheus API; vmui: {prometheus_url}/vmui)",
-            f"  vmagent:      {stack.vmagent.ready_url.rsplit('/', 1)[0]}   (scrapes, remote-writes; "
-            f"targets: {stack.vmagent.ready_url.rsplit('/', 1)[0]}/targets)",
-            f"  vmalert:      {stack.vmalert.ready_url.rsplit('/', 1)[0]}   (alerts: "
-            f"{stack.vmalert.ready_url.rsplit('/', 1)[0]}/api/v1/alerts)",
-            f"  rules:        {', '.join(str(p) for p in rules) or 'none'}"
+    rule_list = ', '.join(str(p) for p in rules) or 'none'
+    if run.victoria:
+        dropped = start_victoria_backend(stack, scrape, rules, workdir, host, run.prometheus_port,
+                                         run.alertmanager_url, args.scrape_interval, run.scenario.cluster_name)
+        vmagent_url = stack.vmagent.ready_url.rsplit('/', 1)[0]
+        vmalert_url = stack.vmalert.ready_url.rsplit('/', 1)[0]
+        return [
+            f"VictoriaMetrics: {run.prometheus_url}   (Prometheus API; vmui: {run.prometheus_url}/vmui)",
+            f"  vmagent:      {vmagent_url}   (scrapes, remote-writes; targets: {vmagent_url}/targets)",
+            f"  vmalert:      {vmalert_url}   (alerts: {vmalert_url}/api/v1/alerts)",
+            f"  rules:        {rule_list}"
             + (f" (for vmalert without {', '.join(sorted({d.rsplit(': ', 1)[1] for d in dropped}))} on "
                f"{len(dropped)} rules)" if dropped else "")]
-    else:
-        prom_config = write_yaml(workdir / "prometheus.yml", scrape)
-        stack.prometheus = start_prometheus(prom_config, workdir / "prometheus-data", host, prometheus_port,
-                                            workdir / "prometheus.log")
-        backend_lines = [
-            f"Prometheus:     {prometheus_url}   (alerts: {prometheus_url}/alerts, targets: {prometheus_url}/targets)",
-            f"  rules:        {', '.join(str(p) for p in rules) or 'none'}"]
-    stack.feeder = span_feeder(stack.sidecar, demo_key, scenario, stack.cluster.now)
-    stack.feeder.start()
-    if stack.printer:
-        stack.printer.start()
+    prom_config = write_yaml(workdir / "prometheus.yml", scrape)
+    stack.prometheus = start_prometheus(prom_config, workdir / "prometheus-data", host, run.prometheus_port,
+                                        workdir / "prometheus.log")
+    return [f"Prometheus:     {run.prometheus_url}   (alerts: {run.prometheus_url}/alerts, targets: "
+            f"{run.prometheus_url}/targets)",
+            f"  rules:        {rule_list}"]
 
-    sidecar_url, ca = stack.sidecar.url, stack.sidecar.certs.ca
-    alertmanager_url = f"http://{host}:{alertmanager_port}"
-    banner = [
+
+def banner(run: StackRun, stack: Stack, backend_lines: list[str]) -> list[str]:
+    """What the stack prints once every part runs: where each is, what to try."""
+    args, scenario, workdir = run.args, run.scenario, run.workdir
+    sidecar_url, ca, demo_key = stack.sidecar.url, stack.sidecar.certs.ca, run.demo_key
+    return [
         "",
         f"fabricscope stack: cluster {scenario.cluster_name!r}, {scenario.nodes} nodes x "
         f"{scenario.gpus_per_node} GPUs, scenario {scenario.source}",
@@ -315,26 +383,26 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
         + (" (fast alerts: shortened for: durations; the production rules are "
            f"{', '.join(str(p) for p in rule_files())}, --production-alerts loads them)" if args.fast_alerts else
            " (production for: durations)"),
-        f"Alertmanager:   {alertmanager_url}",
+        f"Alertmanager:   {run.alertmanager_url}",
         f"Sidecar:        {sidecar_url}   (TLS, CA {ca}; OpenAPI: {sidecar_url}/api/v1/openapi.json)",
-        f"  API key:      {demo_key}   (scope admin; keys in {keys_file})",
+        f"  API key:      {demo_key}   (scope admin; keys in {run.keys_file})",
         f"  try:          curl --cacert {ca} -H 'Authorization: Bearer {demo_key}' {sidecar_url}/tracing/correlations",
         "  spans:        synthetic requests every 2s; paths crossing a faulted node run over their SLO",
         "  ask:          (registered queries only, docs/query.md; fabricscope query \"...\" does the same)",
         *(f"    {question}\n      {command}" for question, command in
           example_questions(sidecar_url, ca, demo_key, scenario.node_name(min(1, scenario.nodes - 1)))),
         f"  chaos:        what a demo leaf switch takes down, then the result (SIMULATION_ID from the first "
-        f"answer; docs/chaos.md, topology {topology_file}):",
+        f"answer; docs/chaos.md, topology {run.topology_file}):",
         *(f"      {command}" for command in chaos_example(sidecar_url, ca, demo_key, scenario)),
-        f"Notifications:  {webhook_url}" + ("" if args.webhook_url else
-                                            f"  (recorded by the sidecar, printed below and in "
-                                            f"{workdir / 'notifications.log'})"),
+        f"Notifications:  {run.webhook_url}" + ("" if args.webhook_url else
+                                                f"  (recorded by the sidecar, printed below and in "
+                                                f"{workdir / 'notifications.log'})"),
         f"Workdir:        {workdir}  (configs, logs, TSDB)",
         "",
         "Report (the dashboards drawn to PNG and one HTML page; run it while the stack runs):",
-        f"  {fabricscope_command()} report --prometheus-url {prometheus_url} --from now-30m --to now "
+        f"  {fabricscope_command()} report --prometheus-url {run.prometheus_url} --from now-30m --to now "
         f"--scrape-interval {args.scrape_interval} --out {workdir / 'report'} "
-        f"--sidecar-url {stack.sidecar.url} --sidecar-token-file {demo_key_file}"
+        f"--sidecar-url {stack.sidecar.url} --sidecar-token-file {run.demo_key_file}"
         + (f" --sidecar-ca {stack.sidecar.certs.ca}" if stack.sidecar.certs else ""),
         "",
         "Fault timeline (seconds since start" + (f", repeating every {scenario.repeat:g}s):" if scenario.repeat else "):"),
@@ -343,7 +411,6 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
         "Ctrl-C stops everything." if not args.duration else f"Stopping after {args.duration:g}s.",
         "",
     ]
-    print("\n".join(banner), file=out, flush=True)
 
 
 def start_victoria_backend(stack: Stack, prom_config: dict, rules: list[Path], workdir: Path, host: str, port: int,
