@@ -36,9 +36,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fabricscope.exporter.ebpf import objects
-from fabricscope.exporter.ebpf.declarations import load_declarations
-from fabricscope.exporter.ebpf.kernel_source import KernelMapSource
+from fabricscope.exporter.bpf_loader import objects
+from fabricscope.exporter.bpf_loader.declarations import load_declarations
+from fabricscope.exporter.bpf_loader.kernel_source import KernelMapSource
 
 ECHO_SERVER = """
 import resource, socket, struct

@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fabricscope.exporter.ebpf import objects  # noqa: E402
+from fabricscope.exporter.bpf_loader import objects  # noqa: E402
 from fabricscope.exporter.nccl.tracker import NcclTracker  # noqa: E402
 from fabricscope.exporter.nccl.uprobe import UprobeSource  # noqa: E402
 from tests.nccl_fake.build import build_fake_nccl  # noqa: E402

@@ -1,5 +1,5 @@
 """Summing a per-CPU BPF map value in user space, by CPU count: what an eBPF scrape pays
-per lookup on a many-core host (exporter/ebpf/libbpf.py BpfMap._sum).
+per lookup on a many-core host (exporter/bpf_loader/libbpf.py BpfMap._sum).
 
 Per-CPU maps answer one value per possible CPU; the exporter sums them as u64 arrays. The
 figures: µs per lookup for a counter (1 slot) and a histogram (40 slots) at 2, 64, 128 and
@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fabricscope.exporter.ebpf.libbpf import BpfMap
+from fabricscope.exporter.bpf_loader.libbpf import BpfMap
 
 
 def a_map(ncpus: int, value_size: int) -> BpfMap:

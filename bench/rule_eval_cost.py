@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fabricscope.demo import stack
 from fabricscope.httpserver import HttpServer, respond
-from fabricscope.exporter.ebpf.declarations import load_declarations
-from fabricscope.exporter.ebpf.histogram import bucket_bounds
+from fabricscope.exporter.bpf_loader.declarations import load_declarations
+from fabricscope.exporter.bpf_loader.histogram import bucket_bounds
 
 RULES = stack.rule_files()
 CLUSTER = "bench"

@@ -125,7 +125,7 @@ class EbpfSection(_Section):
     @field_validator("objects")
     @classmethod
     def _known_objects(cls, objects: list[str] | None) -> list[str] | None:
-        from .ebpf.declarations import load_declarations
+        from .bpf_loader.declarations import load_declarations
 
         known = sorted(d.object for d in load_declarations())
         for name in objects or ():

@@ -35,7 +35,7 @@ import requests
 
 from bench.measure import percentile
 from fabricscope.demo import stack
-from fabricscope.exporter.ebpf.objects import object_path
+from fabricscope.exporter.bpf_loader.objects import object_path
 from tests import procs
 from tests.conftest import could_not_run, free_port, require_tool
 from tests.rtt_lab import BulkFlow, Lab, Shaping, wait_until

@@ -15,10 +15,10 @@ from prometheus_client import CollectorRegistry
 from fabricscope.exporter.context import Context
 from fabricscope.demo.plugin import ClusterSpec, Fault, NodeSpec
 from fabricscope.demo.sources import bpf as sim_bpf
-from fabricscope.exporter.ebpf import decoders, histogram, processes
-from fabricscope.exporter.ebpf.counters import LabelCounters
-from fabricscope.exporter.ebpf.declarations import load_declarations, parse_declaration
-from fabricscope.exporter.ebpf.families import MapConverter
+from fabricscope.exporter.bpf_loader import decoders, histogram, processes
+from fabricscope.exporter.bpf_loader.counters import LabelCounters
+from fabricscope.exporter.bpf_loader.declarations import load_declarations, parse_declaration
+from fabricscope.exporter.bpf_loader.families import MapConverter
 from fabricscope.exporter.framework import COLLECTORS, load_collector_modules
 from fabricscope.exporter.main import start_exporter
 
@@ -88,7 +88,7 @@ def test_declared_layouts_match_the_bpf_sources():
     beside it; a mismatch would put every sample in the wrong bucket."""
     import re
 
-    from fabricscope.exporter.ebpf.objects import SOURCE_DIR
+    from fabricscope.exporter.bpf_loader.objects import SOURCE_DIR
 
     in_c = {}
     for source in SOURCE_DIR.glob("*.bpf.c"):

@@ -21,7 +21,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from fabricscope.exporter.context import Context
-from fabricscope.exporter.ebpf import objects
+from fabricscope.exporter.bpf_loader import objects
 from fabricscope.exporter.framework import COLLECTORS, load_collector_modules
 from tests.conftest import could_not_run, require_tool
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fabricscope.exporter.ebpf import elfsym, objects, reasons
-from fabricscope.exporter.ebpf.reasons import BpfUnavailable, reason_for_errno
+from fabricscope.exporter.bpf_loader import elfsym, objects, reasons
+from fabricscope.exporter.bpf_loader.reasons import BpfUnavailable, reason_for_errno
 from tests.conftest import could_not_run, require_tool
 
 BTF = Path("/sys/kernel/btf/vmlinux")
@@ -44,7 +44,7 @@ def selftest_object(bpf_objects) -> Path:
 
 @pytest.fixture
 def selftest(selftest_object):
-    from fabricscope.exporter.ebpf.libbpf import BpfObject
+    from fabricscope.exporter.bpf_loader.libbpf import BpfObject
     obj = BpfObject.load(selftest_object)
     yield obj
     obj.close()
@@ -114,14 +114,14 @@ def test_elf_rejects_non_elf(tmp_path):
 # ---- the real loader -------------------------------------------------------------
 
 def test_missing_object_is_object_missing(tmp_path):
-    from fabricscope.exporter.ebpf.libbpf import BpfObject
+    from fabricscope.exporter.bpf_loader.libbpf import BpfObject
     with pytest.raises(BpfUnavailable) as info:
         BpfObject.load(tmp_path / "absent.bpf.o")
     assert info.value.reason == reasons.OBJECT_MISSING
 
 
 def test_garbage_object_is_bad_object(tmp_path):
-    from fabricscope.exporter.ebpf.libbpf import BpfObject
+    from fabricscope.exporter.bpf_loader.libbpf import BpfObject
     bad = tmp_path / "bad.bpf.o"
     bad.write_bytes(b"\x7fELF" + b"\0" * 60 + b"garbage")
     with pytest.raises(BpfUnavailable) as info:
@@ -131,7 +131,7 @@ def test_garbage_object_is_bad_object(tmp_path):
 
 @needs_bpf
 def test_verifier_rejection_is_load_failed_with_the_log(tmp_path, bpf_objects):
-    from fabricscope.exporter.ebpf.libbpf import BpfObject
+    from fabricscope.exporter.bpf_loader.libbpf import BpfObject
     require_tool("clang")
     src = tmp_path / "reject.bpf.c"
     # Reads a map value without the NULL check the verifier insists on.
@@ -178,8 +178,8 @@ def test_kernel_histogram_slots_match_the_user_space_layout(selftest):
     """The kernel's loglin_slot() (fabric.h) and BucketLayout.slot_for agree on every
     bucket edge: values returned by labs() are counted by the selftest's histogram, which
     has the RTT excess layout."""
-    from fabricscope.exporter.ebpf.histogram import KernelHistogram, parse_hist
-    from fabricscope.exporter.ebpf.declarations import load_declarations
+    from fabricscope.exporter.bpf_loader.histogram import KernelHistogram, parse_hist
+    from fabricscope.exporter.bpf_loader.declarations import load_declarations
 
     layout = next(m.layout for d in load_declarations() for m in d.metrics if m.name == "fabric_tcp_rtt_excess_seconds")
     values = [0, 1, 7, 8, 9, 16, 17, 18, 19, 100, 1000, 1024, 1025, 123_456, 2 ** 20, 2 ** 20 + 1, 2 ** 40]
@@ -233,7 +233,7 @@ def test_map_update_delete_and_iteration(selftest):
 def test_batched_items_match_iteration_across_several_batches(selftest, monkeypatch, name):
     """items() sweeps with BPF_MAP_LOOKUP_BATCH; with 4 entries a batch, a full map takes 16
     calls, and it must answer what key-by-key iteration answers (per-CPU values summed or split)."""
-    from fabricscope.exporter.ebpf import libbpf
+    from fabricscope.exporter.bpf_loader import libbpf
     monkeypatch.setattr(libbpf, "BATCH_ENTRIES", 4)
     bpf_map = selftest.map(name)
     for k in range(bpf_map.max_entries):
@@ -268,7 +268,7 @@ def test_full_map_is_map_full(selftest):
 
 @needs_bpf
 def test_program_stats_count_runs_while_enabled(bpf_objects):
-    from fabricscope.exporter.ebpf.libbpf import BpfObject, enable_bpf_stats
+    from fabricscope.exporter.bpf_loader.libbpf import BpfObject, enable_bpf_stats
     stats = enable_bpf_stats()
     try:
         with BpfObject.load(bpf_objects / "sched.bpf.o") as obj:
@@ -284,7 +284,7 @@ def test_program_stats_count_runs_while_enabled(bpf_objects):
 
 @needs_bpf
 def test_closed_object_refuses_reads(bpf_objects):
-    from fabricscope.exporter.ebpf.libbpf import BpfObject
+    from fabricscope.exporter.bpf_loader.libbpf import BpfObject
     obj = BpfObject.load(bpf_objects / "sched.bpf.o")
     counter = obj.map("fabric_sched_context_switches_total")
     obj.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 import struct
 
-from fabricscope.exporter.ebpf.processes import ProcessTracker
+from fabricscope.exporter.bpf_loader.processes import ProcessTracker
 
 
 class SmallMap:

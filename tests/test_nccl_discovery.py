@@ -107,7 +107,7 @@ def fake_nccl(tmp_path_factory):
 def hinted_exporter(port, tmp_path):
     if os.geteuid() != 0:
         pytest.skip("needs root: uprobes and tracepoints load BPF programs")
-    from fabricscope.exporter.ebpf import objects, reasons
+    from fabricscope.exporter.bpf_loader import objects, reasons
     from fabricscope.exporter.main import start_exporter
 
     problem = reasons.preflight()

@@ -296,7 +296,7 @@ def named_within(exporter: ExporterProcess, job: RunningJob, nranks: int, deadli
 def root_bpf():
     if os.geteuid() != 0:
         pytest.skip("needs root: uprobes load BPF programs")
-    from fabricscope.exporter.ebpf import objects, reasons
+    from fabricscope.exporter.bpf_loader import objects, reasons
 
     problem = reasons.preflight()
     if problem:

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.timing
 def run(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("needs root: namespaces, veth pairs and uprobes")
-    from fabricscope.exporter.ebpf import objects, reasons
+    from fabricscope.exporter.bpf_loader import objects, reasons
 
     problem = reasons.preflight()
     if problem:

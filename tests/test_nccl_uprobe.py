@@ -165,7 +165,7 @@ def test_fake_library_exports_the_probed_functions(fake_nccl):
 # ---- root: the real BPF path ---------------------------------------------------------------
 
 def bpf_object() -> Path:
-    from fabricscope.exporter.ebpf import objects
+    from fabricscope.exporter.bpf_loader import objects
 
     path = objects.object_path("nccl")
     ok, output = objects.build()                 # make: rebuilt only when a source is newer
@@ -178,7 +178,7 @@ def bpf_object() -> Path:
 def uprobe_exporter(port, tmp_path):
     if os.geteuid() != 0:
         pytest.skip("needs root: uprobes load BPF programs")
-    from fabricscope.exporter.ebpf import reasons
+    from fabricscope.exporter.bpf_loader import reasons
     from fabricscope.exporter.main import start_exporter
 
     problem = reasons.preflight()

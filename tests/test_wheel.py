@@ -71,7 +71,7 @@ def test_cli_and_exporter_run_from_the_installed_wheel(installed):
 import json, fabricscope, fabricscope.exporter
 from fabricscope.rules import rule_files
 from fabricscope.alertmanager import ALERTMANAGER_CONFIG, ALERTMANAGER_DIR
-from fabricscope.exporter.ebpf.objects import object_path, SOURCE_DIR
+from fabricscope.exporter.bpf_loader.objects import object_path, SOURCE_DIR
 from fabricscope.demo.scenario import default_scenario_path
 from fabricscope.demo.stack.configs import alertmanager_config
 print(json.dumps({

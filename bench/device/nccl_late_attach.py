@@ -48,7 +48,7 @@ COMPUTE_SECONDS = 0.005
 def serve(port: int, state: str) -> None:
     import_exporter()
     from fabricscope.exporter.context import Context
-    from fabricscope.exporter.ebpf import objects
+    from fabricscope.exporter.bpf_loader import objects
     from fabricscope.exporter.main import start_exporter
 
     ctx = Context(state_dir=Path(state), node=socket.gethostname(),

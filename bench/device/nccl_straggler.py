@@ -414,7 +414,7 @@ def main() -> int:
         return 2
     import_exporter()
     from fabricscope.exporter.context import Context
-    from fabricscope.exporter.ebpf import objects
+    from fabricscope.exporter.bpf_loader import objects
     from fabricscope.exporter.main import start_exporter
 
     cfg = rule_config()

@@ -140,7 +140,7 @@ def main() -> int:
     t0 = time.time()
     import_exporter()
     from fabricscope.exporter.context import Context
-    from fabricscope.exporter.ebpf import objects
+    from fabricscope.exporter.bpf_loader import objects
     from fabricscope.exporter.main import start_exporter
     from fabricscope.exporter.nccl.placement import device_minors
 

@@ -25,8 +25,8 @@ import random
 import struct
 import threading
 
-from fabricscope.exporter.ebpf.declarations import load_declarations
-from fabricscope.exporter.ebpf.histogram import BucketLayout, KernelHistogram, encode_hist
+from fabricscope.exporter.bpf_loader.declarations import load_declarations
+from fabricscope.exporter.bpf_loader.histogram import BucketLayout, KernelHistogram, encode_hist
 from ..plugin import ClusterSpec, Fault, NodeSpec
 
 RTT_MEDIAN_US = 40.0

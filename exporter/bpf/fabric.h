@@ -4,7 +4,7 @@
  * log-linear slot function: every power of two above 2^min_exp is split into 2^sub_bits
  * equal-width buckets, up to 2^max_exp; slot 0 holds v <= 2^min_exp and the last slot
  * the overflow. Every bound is an integer, so user space turns each slot into a
- * Prometheus bucket with no loss (exporter/ebpf/histogram.py mirrors loglin_slot; the
+ * Prometheus bucket with no loss (exporter/bpf_loader/histogram.py mirrors loglin_slot; the
  * three layout numbers are repeated in the program's <name>.yaml, and a test checks
  * that they agree). Factor-2 buckets are too coarse for a "p99 > 3x average" rule;
  * 8 per power of two are not. `sum` is in the same unit as the values. Per-CPU: no

@@ -28,12 +28,12 @@ from typing import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..ebpf import reasons
-from ..ebpf.declarations import load_declarations
-from ..ebpf.families import MapConverter
+from ..bpf_loader import reasons
+from ..bpf_loader.declarations import load_declarations
+from ..bpf_loader.families import MapConverter
 from ..framework import Collector, register
 
-log = logging.getLogger("fabricscope.exporter.ebpf")
+log = logging.getLogger("fabricscope.exporter.bpf_loader")
 
 # Loaded when the config names no `objects`: the program whose cost on the realistic mix
 # of bench/ebpf_overhead.py (bulk loopback TCP, a data-loader syscall loop) stays within
@@ -89,8 +89,8 @@ class EbpfCollector(Collector):
         return [d for d in decls if d.object in set(wanted)]
 
     def _kernel_source(self, config: dict):
-        from ..ebpf.kernel_source import KernelMapSource
-        from ..ebpf.processes import ProcessTracker
+        from ..bpf_loader.kernel_source import KernelMapSource
+        from ..bpf_loader.processes import ProcessTracker
 
         object_dir = getattr(self.ctx.args, "ebpf_object_dir", None) or config.get("object_dir")
         majors = config.get("gpu_device_majors")

@@ -21,7 +21,7 @@ from typing import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from ..ebpf import elfsym
+from ..bpf_loader import elfsym
 from ..framework import Collector, SampleCache, register
 from ..nccl.ingest import IngestRoutes
 from ..nccl.placement import RankPlacement, RankProcess

@@ -22,7 +22,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from ..ebpf import elfsym
+from ..bpf_loader import elfsym
 
 ACCESSORS = ("ncclCommUserRank", "ncclCommCount", "ncclCommCuDevice")
 # A displacement below this is a small constant, not one of these fields (commHash sits

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..ebpf.elfsym import SHT_DYNSYM, open_elf
+from ..bpf_loader.elfsym import SHT_DYNSYM, open_elf
 
 # libnccl.so, libnccl.so.2, libnccl.so.2.21.5
 NCCL_LIBRARY = re.compile(r"/libnccl\.so(\.\d+)*$")

@@ -550,8 +550,8 @@ class UprobeSource:
             return self._unavailable("unsupported_arch", f"NCCL uprobes decode x86-64 arguments; this is "
                                                          f"{platform.machine()}")
         try:
-            from ..ebpf import reasons
-            from ..ebpf.libbpf import BpfObject, BpfUnavailable
+            from ..bpf_loader import reasons
+            from ..bpf_loader.libbpf import BpfObject, BpfUnavailable
         except ImportError as exc:
             return self._unavailable("no_libbpf", str(exc))
         problem = reasons.preflight(self.sysfs)
@@ -576,8 +576,8 @@ class UprobeSource:
 
     def _load_watch(self) -> None:
         """exec + dlopen hints; without them, discovery falls back to frequent full rescans."""
-        from ..ebpf import elfsym
-        from ..ebpf.libbpf import BpfObject, BpfUnavailable
+        from ..bpf_loader import elfsym
+        from ..bpf_loader.libbpf import BpfObject, BpfUnavailable
 
         watch = discovery.ProcessWatch()
         try:
@@ -874,7 +874,7 @@ class UprobeSource:
         return refs
 
     def _attach(self, library: _Library) -> None:
-        from ..ebpf.libbpf import BpfUnavailable
+        from ..bpf_loader.libbpf import BpfUnavailable
 
         try:
             exported = discovery.exported_functions(library.ref.host_path)

@@ -8,7 +8,7 @@ Every node sends RTT samples from a log-normal distribution (sigma 0.3, the shap
 demo's healthy RTT) whose *true* p99 is a chosen value: a baseline for 10 minutes, then a
 burst whose true p99 is `ratio` x the baseline's. Bucket counts are that distribution's
 CDF at the exporter's own `le` bounds (exporter/bpf/tcp.yaml through
-exporter/ebpf/histogram.py), so the rule sees what it would see from a real node: the
+exporter/bpf_loader/histogram.py), so the rule sees what it would see from a real node: the
 interpolated p99 of the real buckets, not the true p99.
 
 Thresholds, windows and annotation texts come from the rendered mixin (`_config` and
@@ -36,8 +36,8 @@ RULES = HERE.parent
 OUTPUT = HERE / "tcp_microburst.yaml"
 sys.path.insert(0, str(RULES.parent))
 
-from fabricscope.exporter.ebpf.declarations import load_declarations  # noqa: E402
-from fabricscope.exporter.ebpf.histogram import bucket_bounds  # noqa: E402
+from fabricscope.exporter.bpf_loader.declarations import load_declarations  # noqa: E402
+from fabricscope.exporter.bpf_loader.histogram import bucket_bounds  # noqa: E402
 
 METRIC = "fabric_tcp_rtt_excess_seconds"
 SIGMA = 0.3

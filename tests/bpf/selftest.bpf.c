@@ -25,7 +25,7 @@ struct {
 } calls_percpu SEC(".maps");
 
 /* Every value the uretprobe returns, through the RTT histogram's slot function: the
- * tests compare the kernel's slots with exporter/ebpf/histogram.py. Same layout as
+ * tests compare the kernel's slots with exporter/bpf_loader/histogram.py. Same layout as
  * fabric_tcp_rtt_excess_seconds in tcp.bpf.c. */
 DECLARE_HIST(returned_values, 3, 4, 19);
 
