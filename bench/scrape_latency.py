@@ -63,7 +63,17 @@ def build_node(root: Path, kmsg_lines: int) -> SimNode:
         else:
             node.kmsg.log(KERN_INFO, 1.0 + i / 1000, f"audit: type=1400 audit({1700000000 + i}.123:{i}): "
                                                      "apparmor=\"ALLOWED\" operation=\"open\" profile=\"snap\"")
+    age_directories(root / "sys", 3600.0)
     return node
+
+
+def age_directories(tree: Path, seconds: float) -> None:
+    """Directories dated `seconds` ago, as sysfs's keep the time they were created (at boot
+    or hotplug). A directory changed in the last 2 s is listed again on every read (the
+    readers' "racily clean" rule, exporter/parsers/held.py), which real sysfs never costs."""
+    then = time.time() - seconds
+    for directory, _, _ in os.walk(tree):
+        os.utime(directory, (then, then), follow_symlinks=False)
 
 
 def wait_ready(port: int, proc: subprocess.Popen | None = None, timeout: float = 30) -> None:

@@ -100,6 +100,10 @@ class CounterMonitor:
             return  # wall clock stepped back: judge nothing until it passes the last sample
         if value == previous:
             last[1] = now
+            if len(track.runs) == 1 and not track.latched:
+                # Nothing moved in the whole window: every delta and velocity is 0, so
+                # nothing can breach or recover. Most counters of most ports, every scrape.
+                return
         else:
             track.runs.append([now, now, value])
             self._values_moved = True
