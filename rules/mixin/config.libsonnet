@@ -1,6 +1,6 @@
 // Everything an operator (or a test harness) may want to change lives here: selectors,
 // thresholds, windows, for-durations, evaluation intervals, severities and the runbook
-// base URL. recording.libsonnet and alerts.libsonnet only read `$._config`.
+// base URL. The rule files (alerts/*.libsonnet, rules/*.libsonnet) only read `$._config`.
 //
 // Override any leaf without editing this file:
 //   jsonnet -S -m out --tla-code overrides='{"for": {"ncclHang": "10s"}}' rules/render.jsonnet

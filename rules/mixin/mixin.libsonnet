@@ -1,12 +1,12 @@
 // The fabricscope monitoring mixin: config + recording rules + alerts.
-//   prometheusRules   recording rule groups
-//   prometheusAlerts  alerting rule groups
+//   prometheusRules   recording rule groups (rules/<area>.libsonnet, listed in rules/rules.libsonnet)
+//   prometheusAlerts  alerting rule groups (alerts/<area>.libsonnet, listed in alerts/alerts.libsonnet)
 //   withOverrides(o)  the same mixin with `o` deep-merged into _config
+// The helpers the area files share (alert(), grouping labels, number formatting) are
+// lib/utils.libsonnet.
 (import 'config.libsonnet')
-+ (import 'recording.libsonnet')
-+ (import 'alerts.libsonnet')
-+ (import 'nccl.libsonnet')
-+ (import 'attribution.libsonnet')
++ (import 'rules/rules.libsonnet')
++ (import 'alerts/alerts.libsonnet')
 + {
   local mixin = self,
 

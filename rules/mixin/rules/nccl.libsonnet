@@ -1,4 +1,5 @@
-// NCCL: recording rules and alerts (hang, its culprit, stragglers by arrival lag).
+// NCCL recording rules: hang and its culprit, arrival lag, node clocks, stragglers.
+// alerts/nccl.libsonnet pages on them.
 //
 // Signals (docs/nccl.md):
 // - fabric_nccl_arrival_lag_seconds{comm, rank}: per collective, the rank's entry time
@@ -12,41 +13,16 @@
 //   window is the offset, whatever NTP does (docs/nccl.md, "Clocks").
 // - fabric_nccl_operation_sequence{comm, rank}: collectives entered; during a hang the
 //   rank that is behind never entered the op its peers wait in.
-local util = import 'util.libsonnet';
+local utils = import '../lib/utils.libsonnet';
 
 {
-  local cfg = $._config,
-  local th = cfg.thresholds,
-  local w = cfg.windows,
-  local forOf = cfg['for'],
-  local sev = cfg.severities,
-  local by = function(labels) util.by(cfg, labels),
-  local num = util.num,
-  local node = cfg.nodeLabel,
-  local rankBy = by([node, 'comm', 'rank']),
-  local commBy = by(['comm']),
-  local nodeBy = by(['comm', node]),
-  // Query templates in annotations select one comm of one cluster.
-  local commSel = cfg.clusterLabel + '="%s",comm="%s"',
-  local commArgs = '$labels.' + cfg.clusterLabel + ' $labels.comm',
-
-  local alert(name, severity, expr, forDuration, summary, description, extra={}) = {
-    alert: name,
-    expr: expr,
-    'for': forDuration,
-    labels: { severity: severity },
-    annotations: {
-      summary: summary,
-      description: description,
-      runbook_url: cfg.runbookUrlBase + name + '.md',
-    } + extra,
-  },
+  local c = utils.context($._config),
 
   prometheusRules+:: {
     groups+: [
       {
         name: 'fabric-nccl.rules',
-        interval: cfg.intervals.nccl,
+        interval: c.cfg.intervals.nccl,
         rules: [
           // ---- hang ----------------------------------------------------------------
           {
@@ -64,7 +40,7 @@ local util = import 'util.libsonnet';
                 and
                 fabric_nccl_hanging == 1
               )
-            ||| % { rank: rankBy, floor: num(th.ncclHangMinElapsedSeconds) },
+            ||| % { rank: c.rank, floor: c.num(c.th.ncclHangMinElapsedSeconds) },
           },
           {
             // The ranks holding a hung comm up: what the exporters name (they see the
@@ -88,7 +64,7 @@ local util = import 'util.libsonnet';
                 and on (%(comm)s)
                 comm_rank:fabric_nccl_inflight_elapsed_seconds:hanging
               )
-            ||| % { rankReason: by([node, 'comm', 'rank', 'reason']), comm: commBy },
+            ||| % { rankReason: c.by([c.node, 'comm', 'rank', 'reason']), comm: c.comm },
           },
           // ---- arrival lag -------------------------------------------------------------
           {
@@ -98,7 +74,7 @@ local util = import 'util.libsonnet';
               sum by (%(rank)s) (rate(fabric_nccl_arrival_lag_seconds_sum[%(w)s]))
               /
               (sum by (%(rank)s) (rate(fabric_nccl_arrival_lag_seconds_count[%(w)s])) > 0)
-            ||| % { rank: rankBy, w: w.ncclLag },
+            ||| % { rank: c.rank, w: c.w.ncclLag },
           },
           // ---- clocks ------------------------------------------------------------------
           {
@@ -107,12 +83,12 @@ local util = import 'util.libsonnet';
             // The smallest over the window is the offset, up to the quickest scrape's
             // delay (sub-millisecond on a LAN). A node without the sample (an exporter
             // older than it) has no offset, and its ranks stay out of the join.
-            record: 'node:fabric_nccl_clock_offset_seconds:min%(window)s' % { window: w.ncclClockOffset },
+            record: 'node:fabric_nccl_clock_offset_seconds:min%(window)s' % { window: c.w.ncclClockOffset },
             expr: |||
               min by (%(node)s) (
                 min_over_time((fabric_nccl_scrape_timestamp_seconds - timestamp(fabric_nccl_scrape_timestamp_seconds))[%(window)s:])
               )
-            ||| % { node: by([node]), window: w.ncclClockOffset },
+            ||| % { node: c.host, window: c.w.ncclClockOffset },
           },
           {
             // How far the offset over the recent window sits above the whole window's:
@@ -125,7 +101,7 @@ local util = import 'util.libsonnet';
               )
               - on (%(node)s)
               node:fabric_nccl_clock_offset_seconds:min%(window)s
-            ||| % { node: by([node]), recent: w.ncclClockOffsetRecent, window: w.ncclClockOffset },
+            ||| % { node: c.host, recent: c.w.ncclClockOffsetRecent, window: c.w.ncclClockOffset },
           },
           {
             // Cross-node join: each rank's entry into the same boundary op, on
@@ -149,7 +125,7 @@ local util = import 'util.libsonnet';
               (max by (%(comm)s) (fabric_nccl_sequence_boundary) == min by (%(comm)s) (fabric_nccl_sequence_boundary))
               and on (%(comm)s)
               (count by (%(comm)s) (fabric_nccl_sequence_boundary) > 1)
-            ||| % { rank: rankBy, comm: commBy, nodeOnly: by([node]), window: w.ncclClockOffset },
+            ||| % { rank: c.rank, comm: c.comm, nodeOnly: c.host, window: c.w.ncclClockOffset },
           },
           {
             // How late a node's earliest rank enters, against the comm's earliest rank
@@ -161,14 +137,14 @@ local util = import 'util.libsonnet';
               min by (%(nodeBy)s) (comm_rank:fabric_nccl_sequence_boundary_lag_seconds)
               unless on (%(nodeOnly)s)
               (node:fabric_nccl_clock_offset_seconds:unsettled > %(step)s)
-            ||| % { nodeBy: nodeBy, nodeOnly: by([node]), step: num(th.ncclClockOffsetMaxStepSeconds) },
+            ||| % { nodeBy: c.commNode, nodeOnly: c.host, step: c.num(c.th.ncclClockOffsetMaxStepSeconds) },
           },
           {
             // The least over the window of the evaluations where the boundaries lined up:
             // a node late on every step is late on every join, while a busy node's
             // scheduling delays (one-sided: they only ever make a rank later) come and go.
             record: 'comm_node:fabric_nccl_arrival_offset_seconds:min1m',
-            expr: 'min_over_time(comm_node:fabric_nccl_arrival_offset_seconds[%s])' % w.ncclNodeOffset,
+            expr: 'min_over_time(comm_node:fabric_nccl_arrival_offset_seconds[%s])' % c.w.ncclNodeOffset,
           },
           {
             // The rank's mean lag behind the comm's earliest rank: the local lag plus its
@@ -186,7 +162,7 @@ local util = import 'util.libsonnet';
               comm_rank:fabric_nccl_arrival_lag_seconds:local_mean1m
               or
               avg_over_time(comm_rank:fabric_nccl_sequence_boundary_lag_seconds[%(w)s])
-            ||| % { node: nodeBy, w: w.ncclLag },
+            ||| % { node: c.commNode, w: c.w.ncclLag },
           },
           {
             // The same over 5 minutes: panels and the straggler cost read this one.
@@ -198,12 +174,12 @@ local util = import 'util.libsonnet';
             // waits for the late rank, so lag x this rate is the share of time lost.
             record: 'comm_rank:fabric_nccl_collectives:rate1m',
             expr: 'sum by (%s) (rate(%s[%s]))'
-                  % [rankBy, util.selector('fabric_nccl_calls_total', cfg.selectors.stragglerOps), w.ncclLag],
+                  % [c.rank, utils.selector('fabric_nccl_calls_total', c.cfg.selectors.stragglerOps), c.w.ncclLag],
           },
           // MAD across the comm's ranks, on the lag.
           {
             record: 'comm:fabric_nccl_arrival_lag_seconds:median1m',
-            expr: 'quantile by (%s) (0.5, comm_rank:fabric_nccl_arrival_lag_seconds:mean1m)' % commBy,
+            expr: 'quantile by (%s) (0.5, comm_rank:fabric_nccl_arrival_lag_seconds:mean1m)' % c.comm,
           },
           {
             record: 'comm_rank:fabric_nccl_arrival_lag_seconds:deviation1m',
@@ -211,15 +187,15 @@ local util = import 'util.libsonnet';
               comm_rank:fabric_nccl_arrival_lag_seconds:mean1m
               - on (%(comm)s) group_left
               comm:fabric_nccl_arrival_lag_seconds:median1m
-            ||| % { comm: commBy },
+            ||| % { comm: c.comm },
           },
           {
             record: 'comm:fabric_nccl_arrival_lag_seconds:mad1m',
-            expr: 'quantile by (%s) (0.5, abs(comm_rank:fabric_nccl_arrival_lag_seconds:deviation1m))' % commBy,
+            expr: 'quantile by (%s) (0.5, abs(comm_rank:fabric_nccl_arrival_lag_seconds:deviation1m))' % c.comm,
           },
           {
             record: 'comm:fabric_nccl_arrival_lag_seconds:ranks1m',
-            expr: 'count by (%s) (comm_rank:fabric_nccl_arrival_lag_seconds:mean1m)' % commBy,
+            expr: 'count by (%s) (comm_rank:fabric_nccl_arrival_lag_seconds:mean1m)' % c.comm,
           },
           {
             // Share of the job's time its other ranks spend waiting for this rank.
@@ -228,7 +204,7 @@ local util = import 'util.libsonnet';
               clamp_min(comm_rank:fabric_nccl_arrival_lag_seconds:deviation1m, 0)
               * on (%(rank)s)
               comm_rank:fabric_nccl_collectives:rate1m
-            ||| % { rank: rankBy },
+            ||| % { rank: c.rank },
           },
           {
             record: 'comm_node:fabric_nccl_arrival_offset:step_share1m',
@@ -236,147 +212,17 @@ local util = import 'util.libsonnet';
               comm_node:fabric_nccl_arrival_offset_seconds:min1m
               * on (%(node)s)
               max by (%(node)s) (comm_rank:fabric_nccl_collectives:rate1m)
-            ||| % { node: nodeBy },
+            ||| % { node: c.commNode },
           },
           // ---- a rank that stopped calling while its peers go on ------------------
           {
             record: 'comm_rank:fabric_nccl_last_call_timestamp_seconds:max',
-            expr: 'max by (%s) (fabric_nccl_last_call_timestamp_seconds)' % by(['comm', 'rank', node]),
+            expr: 'max by (%s) (fabric_nccl_last_call_timestamp_seconds)' % c.by(['comm', 'rank', c.node]),
           },
           {
             record: 'comm:fabric_nccl_last_call_timestamp_seconds:max',
-            expr: 'max by (%s) (comm_rank:fabric_nccl_last_call_timestamp_seconds:max)' % commBy,
+            expr: 'max by (%s) (comm_rank:fabric_nccl_last_call_timestamp_seconds:max)' % c.comm,
           },
-        ],
-      },
-    ],
-  },
-
-  local culpritList = |||
-    {{ range $i, $c := printf `comm_rank:fabric_nccl_hang_culprit{%(sel)s}` %(args)s | query | sortByLabel "rank" }}{{ if $i }}, {{ end }}rank {{ $c.Labels.rank }} on {{ $c.Labels.%(node)s }} ({{ $c.Labels.reason }}){{ else }}none identified{{ end }}
-  ||| % { sel: commSel, args: commArgs, node: node },
-  local waitingCount = |||
-    {{ with printf `count(comm_rank:fabric_nccl_inflight_elapsed_seconds:hanging{%(sel)s} unless on (%(rank)s) comm_rank:fabric_nccl_hang_culprit)` %(args)s | query }}{{ . | first | value }}{{ else }}0{{ end }}
-  ||| % { sel: commSel, args: commArgs, rank: by(['comm', 'rank']) },
-  local stepShare(metric, labels) =
-    '{{ with printf `%s{%s}` %s | query }}{{ . | first | value | humanizePercentage }}{{ end }}'
-    % [metric, std.join(',', [l + '="%s"' for l in labels]), std.join(' ', ['$labels.' + l for l in labels])],
-
-  prometheusAlerts+:: {
-    groups+: [
-      {
-        name: 'fabric-nccl.alerts',
-        interval: cfg.intervals.nccl,
-        rules: [
-          alert(
-            'FabricNcclHang',
-            sev.ncclHang,
-            // One alert per communicator (a hung job of 8,192 ranks is one incident);
-            // the value is the longest elapsed time among its ranks.
-            'max by (%s) (comm_rank:fabric_nccl_inflight_elapsed_seconds:hanging)' % commBy,
-            forOf.ncclHang,
-            'An NCCL communicator is hung: its collectives have been in flight far longer than their recent average.',
-            'Comm {{ $labels.comm }} has been hung for {{ $value | humanizeDuration }} (more than '
-            + "the exporter's hang_multiplier x the average of its recent completed operations): "
-            + std.rstripChars(waitingCount, '\n') + ' rank(s) waiting for ' + std.rstripChars(culpritList, '\n') + '.',
-            extra={
-              culprit: std.rstripChars(culpritList, '\n'),
-              diagnosis: $._attribution.hangDiagnosis(commSel, commArgs),
-            },
-          ),
-        ] + [
-          alert(
-            'FabricNcclRankStalled',
-            tier.severity,
-            |||
-              (time() - comm_rank:fabric_nccl_last_call_timestamp_seconds:max) > %(stalled)s
-              and on (%(comm)s)
-              (time() - comm:fabric_nccl_last_call_timestamp_seconds:max) < %(peers)s
-            ||| % { stalled: num(tier.seconds), comm: commBy, peers: num(th.ncclPeersActiveSeconds) },
-            forOf.ncclRankStalled,
-            'An NCCL rank stopped issuing collectives while the other ranks of its communicator continue.',
-            'Rank {{ $labels.rank }} of comm {{ $labels.comm }} on {{ $labels.node }} has issued no NCCL call for '
-            + '{{ $value | humanizeDuration }} (alert at ' + num(tier.seconds)
-            + 's) while other ranks of the communicator called within the last '
-            + num(th.ncclPeersActiveSeconds) + 's.',
-          )
-          for tier in [
-            { severity: sev.ncclRankStalled, seconds: th.ncclRankStalledSeconds },
-            { severity: sev.ncclRankStalledCritical, seconds: th.ncclRankStalledCriticalSeconds },
-          ]
-        ] + [
-          alert(
-            'FabricNcclNodeClockUnsettled',
-            sev.ncclClockUnsettled,
-            // The node's clock offset against Prometheus' keeps moving (stepped forward
-            // again and again, or slewing): its offset estimate is stale, so the late-node
-            // judgement leaves the node out (comm_node:fabric_nccl_arrival_offset_seconds).
-            'node:fabric_nccl_clock_offset_seconds:unsettled > %s' % num(th.ncclClockOffsetMaxStepSeconds),
-            forOf.ncclClockUnsettled,
-            "A node's clock keeps moving against Prometheus': late nodes are not judged on it.",
-            'The clock of {{ $labels.node }} moved {{ $value | humanizeDuration }} against Prometheus\' within '
-            + w.ncclClockOffset + ' (more than ' + num(th.ncclClockOffsetMaxStepSeconds * 1000) + ' ms): '
-            + 'FabricNcclStragglerNode does not judge this node until its clock settles.',
-          ),
-          alert(
-            'FabricNcclStragglerNode',
-            sev.straggler,
-            // Every rank of the node enters late against the comm's earliest rank
-            // elsewhere. The floor is above what NTP keeps between nodes.
-            |||
-              comm_node:fabric_nccl_arrival_offset_seconds:min1m > %(abs)s
-              and
-              comm_node:fabric_nccl_arrival_offset:step_share1m > %(share)s
-            ||| % { abs: num(th.stragglerNodeMinOffsetSeconds), share: num(th.stragglerMinStepShare) },
-            forOf.straggler,
-            'Every NCCL rank on one node enters its collectives late: the whole job waits for this node.',
-            'The ranks of comm {{ $labels.comm }} on {{ $labels.node }} enter each collective {{ $value | humanizeDuration }} '
-            + 'after the earliest rank elsewhere (at least, over ' + w.ncclNodeOffset + '); every step waits that long: '
-            + stepShare('comm_node:fabric_nccl_arrival_offset:step_share1m', [cfg.clusterLabel, 'comm', node])
-            + ' of the job\'s time.',
-          ),
-          alert(
-            'FabricNcclStragglerRank',
-            sev.straggler,
-            // Late against the comm's median rank by many median absolute deviations,
-            // by more than the floors, in a cohort of enough ranks; a late node is
-            // FabricNcclStragglerNode, not one alert per rank.
-            // Located: the rank's gpu, device and port labels are added where known
-            // (attribution.libsonnet), so Alertmanager groups it with its NIC's alerts.
-            $._attribution.locate(|||
-              comm_rank:fabric_nccl_arrival_lag_seconds:deviation1m
-                > on (%(comm)s) group_left ()
-              (%(k)s * comm:fabric_nccl_arrival_lag_seconds:mad1m)
-              and
-              comm_rank:fabric_nccl_arrival_lag_seconds:deviation1m > %(abs)s
-              and
-              comm_rank:fabric_nccl_arrival_lag:step_share1m > %(share)s
-              and on (%(comm)s)
-              (comm:fabric_nccl_arrival_lag_seconds:ranks1m >= %(ranks)s)
-              unless on (%(node)s)
-              (
-                comm_node:fabric_nccl_arrival_offset_seconds:min1m > %(nodeAbs)s
-                and
-                comm_node:fabric_nccl_arrival_offset:step_share1m > %(share)s
-              )
-            ||| % {
-              comm: commBy,
-              node: nodeBy,
-              k: num(th.stragglerMadMultiplier),
-              abs: num(th.stragglerMinDeviationSeconds),
-              share: num(th.stragglerMinStepShare),
-              ranks: num(th.stragglerMinRanks),
-              nodeAbs: num(th.stragglerNodeMinOffsetSeconds),
-            }),
-            forOf.straggler,
-            'One NCCL rank enters its collectives late: every other rank of the communicator waits for it.',
-            'Rank {{ $labels.rank }} ({{ $labels.node }}) of comm {{ $labels.comm }} enters each collective '
-            + '{{ $value | humanizeDuration }} later than the median rank (mean over ' + w.ncclLag + '); its peers wait '
-            + 'that long every time: '
-            + stepShare('comm_rank:fabric_nccl_arrival_lag:step_share1m', [cfg.clusterLabel, 'comm', 'rank'])
-            + ' of the job\'s step time.',
-            extra={ diagnosis: $._attribution.stragglerDiagnosis },
-          ),
         ],
       },
     ],
