@@ -93,7 +93,7 @@ class NcclCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         # First, before any work: the closer to the scrape's start, the tighter the rules'
-        # estimate of this node's clock offset (rules/mixin/nccl.libsonnet, "clocks").
+        # estimate of this node's clock offset (rules/mixin/rules/nccl.libsonnet, "clocks").
         # The wall clock, also in the demo: its simulated NCCL times run behind it by up to a
         # tick, the same on every node, and a clock that ticks would look unsettled.
         scraped_at = GaugeMetricFamily("fabric_nccl_scrape_timestamp_seconds", "This node's wall clock when "

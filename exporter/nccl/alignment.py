@@ -19,7 +19,7 @@ How many ops went by while no exporter ran is not known exactly (the period drif
 job slows while an exporter starts: tens of ops off over a few seconds, measured on the
 fake libnccl), so the numbering is not continued: the lowest rank keeps its count from
 the attach. Other nodes' exporters number the comm's ops from its init, so the cross-node
-boundary join (rules/mixin/nccl.libsonnet, which joins only equal sequence numbers) leaves
+boundary join (rules/mixin/rules/nccl.libsonnet, which joins only equal sequence numbers) leaves
 this node out instead of joining it on a guessed op, which would show a lag of a few
 periods that is not there.
 """
