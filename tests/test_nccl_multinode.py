@@ -27,7 +27,7 @@ HARNESS = REPO / "bench" / "device" / "nccl_multinode.py"
 # The production thresholds; windows, rule intervals and `for:` shortened so that each
 # fault fires within seconds (the production ones are what the device run measures).
 OVERRIDES = {"intervals": {"nccl": "2s"}, "for": {"straggler": "4s", "ncclHang": "2s"},
-             "windows": {"ncclLag": "10s", "ncclNodeOffset": "10s"}, "thresholds": {"ncclHangMinElapsedSeconds": 3}}
+             "windows": {"ncclLag": "10s", "ncclNodeOffset": "10s", "ncclClockOffsetSettle": "15s"}, "thresholds": {"ncclHangMinElapsedSeconds": 3}}
 SKEWS_MS = ("-50", "50")
 # Alert latency of real processes: run after the parallel pass, alone (Makefile).
 pytestmark = pytest.mark.timing

@@ -67,6 +67,9 @@
       // the last ncclClockOffsetRecent and the whole ncclClockOffset window was stepped
       // or slewed: its offset estimate is stale.
       ncclClockOffsetRecent: '1m',
+      // A node's offset estimate is used once this much of its scrapes is behind it
+      // (less than ncclClockOffset: the history is measured inside that window).
+      ncclClockOffsetSettle: '1m',
       // What a late or hung rank's NIC port and NVLinks showed recently (errors, flaps,
       // down): the alerts' diagnosis. Recorded series keep their `10m` names.
       attributionCause: '10m',
