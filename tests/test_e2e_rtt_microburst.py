@@ -161,7 +161,9 @@ def run(tmp_path_factory):
             end = time.time()
             excess = _series(prom, EXCESS_P99, t0, end)
             srtt = _series(prom, SRTT_P99, t0, end)
-        report = {"first_fired": first_fired, "cases": {}}
+        # The recorded series too, every 5 s from t0: what a changed rule would have seen.
+        report = {"first_fired": first_fired, "cases": {}, "t0": t0,
+                  "series": {name: [(round(t - t0, 1), v) for t, v in points] for name, points in excess.items()}}
         for lab in labs:
             phases = {"baseline": (60.0, BURST_START), "burst": (BURST_START, BURST_END)}
             figures = {}

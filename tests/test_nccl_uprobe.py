@@ -260,8 +260,15 @@ def test_uprobes_count_every_call_of_processes_started_after_the_exporter(uprobe
     for r in ranks:
         r.expect("done")
     comm = comm_label(identity.comm_hash(salted_unique_id(salt)))
-    wait_for(lambda: scrape(base).get(series("fabric_nccl_calls_total", comm=comm, rank="1", op="Recv")) == 1,
-             "the last call of rank 1")
+    # Both ranks' last call, counted and in flight: the maps are read one after another, so
+    # a read that meets a rank entering its last call can count it and still show the one
+    # before as current; the next read (every poll) agrees.
+    def last_calls_seen() -> bool:
+        now = scrape(base)
+        return all(now.get(series("fabric_nccl_calls_total", comm=comm, rank=rank, op="Recv")) == 1
+                   and series("fabric_nccl_inflight_elapsed_seconds", comm=comm, rank=rank, op="Recv") in now
+                   for rank in ("0", "1"))
+    wait_for(last_calls_seen, "the last call of both ranks")
     samples = scrape(base)
     for rank in ("0", "1"):
         def s(name, op):
