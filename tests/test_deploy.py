@@ -171,3 +171,13 @@ def test_compose_exporter_has_the_daemonsets_privileges_and_mounts():
     daemonset_args = parse(exporter_main.add_arguments, container["args"][1:])
     for path in ("sysfs", "procfs", "rootfs", "kmsg", "state_dir"):
         assert getattr(compose_args, path) == getattr(daemonset_args, path), path
+
+
+def test_compose_sidecar_reconciles_with_the_compose_alertmanager():
+    """Without --alertmanager-url an alert that resolved while inhibited (no resolution is
+    sent) stays firing in the sidecar's records."""
+    def flag(command: list[str], name: str) -> str:
+        return next(arg.split("=", 1)[1] for arg in command if arg.startswith(name + "="))
+
+    am_port = flag(COMPOSE["services"]["alertmanager"]["command"], "--web.listen-address").rsplit(":", 1)[1]
+    assert flag(COMPOSE["services"]["sidecar"]["command"], "--alertmanager-url") == f"http://127.0.0.1:{am_port}"
