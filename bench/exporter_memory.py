@@ -6,11 +6,12 @@ validation runs as it does on a configured node, and prints RSS, anonymous and
 file-backed, after each stage and what it added; then the largest mappings
 (/proc/self/smaps), the threads, and which heavy packages are resident while serving.
 
-    sudo .venv/bin/python bench/exporter_memory.py [--collectors all|ebpf,nccl,...] [--python-heap]
+    sudo .venv/bin/python bench/exporter_memory.py [--collectors all|ebpf,nccl,...] [--python-heap] [--write]
 Root for the eBPF collectors (ebpf, nccl, tcp); without root, pass host collectors only.
 --python-heap traces every Python allocation from the first import (tracemalloc) and lists
 the live Python heap by package once started; tracing adds its own memory, so the RSS
-figures of such a run are higher than without it.
+figures of such a run are higher than without it. --write also measures each import of
+the exporter in a fresh interpreter and writes both tables into docs/cost.md.
 bench/exporter_cost.py measures the same exporter as its own process on a busy node.
 """
 from __future__ import annotations
@@ -90,11 +91,96 @@ def thread_stacks_kb() -> tuple[int, int]:
     return count, resident
 
 
+# The exporter's imports in its own order, each measured after those before it (whoever
+# comes first pays for the standard-library modules the later ones share), and what each is
+# there for. Run in a fresh interpreter: this script has imported them all already.
+PIECES = [
+    ("`logging`, `argparse`", "import logging, argparse", ""),
+    ("`prometheus_client`", "import prometheus_client.core",
+     "the metric families (`nccl` uses them too); its package `__init__` imports `exposition`, which "
+     "pulls in `http.server`, `wsgiref`, `urllib.request`, `email`"),
+    ("`fabricscope/httpserver.py` (asyncio, ssl, h11)", "import fabricscope.httpserver", "the HTTP server"),
+    ("`fabricscope.exporter.main` and every collector module",
+     "import fabricscope.exporter.main\n"
+     "from fabricscope.exporter.framework import load_collector_modules\nload_collector_modules()",
+     "Python's allocator grows in 1 MiB arenas, so one module's share is coarse"),
+    ("`PyYAML`", "import yaml", "only with the `ebpf` collector (its BPF declarations)"),
+    ("`pynvml`", "import pynvml", "when the `nvlink` collector looks for NVML"),
+    ("`bcrypt`", "import bcrypt", "only with `basic_auth_users`"),
+]
+PIECE_PROBE = """
+import sys
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith(("VmRSS", "RssAnon")):
+            yield int(line.split()[1]) / 1024
+print(*rss(), flush=True)
+for line in sys.stdin:
+    exec(line.replace("\\\\n", "\\n"))
+    print(*rss(), flush=True)
+"""
+
+
+def pieces() -> list[tuple[str, float, float, str]]:
+    """(piece, RSS added MB, anon added MB, note); the interpreter first, as its total."""
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, "-c", PIECE_PROBE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    rss, anon = map(float, child.stdout.readline().split())
+    rows = [("the Python interpreter", rss, anon, "")]
+    for name, code, note in PIECES:
+        child.stdin.write(code.replace("\n", "\\n") + "\n")
+        child.stdin.flush()
+        now_rss, now_anon = map(float, child.stdout.readline().split())
+        rows.append((name, now_rss - rss, now_anon - anon, note))
+        rss, anon = now_rss, now_anon
+    child.stdin.close()
+    child.wait()
+    return rows
+
+
+def stage_table() -> str:
+    lines = ["| stage (exporter/main.py order) | RSS | added (anon) |", "|---|---|---|"]
+    previous = None
+    for name, mem, _modules in STAGES:
+        added = "" if previous is None else f"{mem['VmRSS'] - previous['VmRSS']:+.1f} MB " \
+                                            f"({mem['RssAnon'] - previous['RssAnon']:+.1f})"
+        lines.append(f"| {name} | {mem['VmRSS']:.1f} MB | {added} |")
+        previous = mem
+    return "\n".join(lines)
+
+
+def pieces_table(rows: list[tuple[str, float, float, str]]) -> str:
+    lines = ["| piece | RSS (anon) | why it is there |", "|---|---|---|"]
+    for index, (name, rss, anon, note) in enumerate(rows):
+        sign = "" if index == 0 else "+"
+        lines.append(f"| {name} | {sign}{rss:.1f} MB ({sign}{anon:.1f}) | {note} |")
+    return "\n".join(lines)
+
+
+def write_doc(tables: dict[str, str]) -> None:
+    """Replace each `<!-- exporter-memory-NAME: begin/end -->` block of docs/cost.md."""
+    doc_path = REPO / "docs" / "cost.md"
+    doc = doc_path.read_text()
+    for name, text in tables.items():
+        begin, end = f"<!-- exporter-memory-{name}: begin -->", f"<!-- exporter-memory-{name}: end -->"
+        if begin not in doc or end not in doc:
+            raise SystemExit(f"{doc_path}: markers {begin} / {end} not found")
+        head, rest = doc.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        doc = f"{head}{begin}\n{text}\n{end}{tail}"
+    doc_path.write_text(doc)
+    print(f"{doc_path}: tables {', '.join(tables)} rewritten")
+
+
 def main() -> int:
     cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cli.add_argument("--collectors", default="all", help="comma-separated, or 'all' (default)")
     cli.add_argument("--top", type=int, default=12, help="mappings (and heap packages) to list")
     cli.add_argument("--python-heap", action="store_true", help="list the live Python heap by package")
+    cli.add_argument("--write", action="store_true",
+                     help="also measure the import pieces and write both tables into docs/cost.md")
     options = cli.parse_args()
     enabled = ALL if options.collectors == "all" else options.collectors.split(",")
 
@@ -143,6 +229,8 @@ def main() -> int:
             print(f"  {rss:6.2f} MB (anon {anon:5.2f}) x{count:<3d} {name}")
         if options.python_heap:
             python_heap(options.top)
+        if options.write:
+            write_doc({"stages": stage_table(), "pieces": pieces_table(pieces())})
     finally:   # its threads would keep this process alive
         exporter.stop()
     return 0
