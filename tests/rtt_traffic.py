@@ -10,8 +10,9 @@ another's interpreter lock:
   python -m tests.rtt_traffic rr HOST PORT OUT       request/response client: 64 bytes every
                                                      10 ms, TCP_NODELAY; appends
                                                      "<unix time> <round trip s>" lines to OUT
-  python -m tests.rtt_traffic bulk HOST PORT START STOP [RATE [CHUNK]]
-                                                     bulk sender from unix time START to STOP,
+  python -m tests.rtt_traffic bulk HOST PORT START STOP CC [RATE [CHUNK]]
+                                                     bulk sender from unix time START to STOP
+                                                     under congestion control CC (cubic, bbr),
                                                      paced to RATE bytes/s by the kernel
                                                      (SO_MAX_PACING_RATE) when given; with
                                                      CHUNK, RATE bytes/s written as CHUNK-byte
@@ -100,9 +101,13 @@ def request_response(host: str, port: int, out: str) -> None:
             time.sleep(max(0.0, next_send - time.monotonic()))
 
 
-def bulk(host: str, port: int, start: float, stop: float, rate: float | None, chunk: int | None) -> None:
+def bulk(host: str, port: int, start: float, stop: float, congestion_control: str, rate: float | None,
+         chunk: int | None) -> None:
     time.sleep(max(0.0, start - time.time()))
     conn = connect(host, port)
+    # Set per socket: a namespace otherwise runs the host's default, and only root may pick
+    # one the host does not allow (tests/rtt_lab.py says why the lab picks).
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, congestion_control.encode())
     if rate and chunk:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         message, period = b"\0" * chunk, chunk / rate
@@ -134,8 +139,8 @@ def main(argv: list[str]) -> None:
     elif role == "rr":
         request_response(args[0], int(args[1]), args[2])
     elif role == "bulk":
-        bulk(args[0], int(args[1]), float(args[2]), float(args[3]), float(args[4]) if len(args) > 4 else None,
-             int(args[5]) if len(args) > 5 else None)
+        bulk(args[0], int(args[1]), float(args[2]), float(args[3]), args[4],
+             float(args[5]) if len(args) > 5 else None, int(args[6]) if len(args) > 6 else None)
     else:
         raise SystemExit(f"unknown role {role!r}")
 

@@ -1,27 +1,28 @@
 """FabricTcpMicroburst on the real kernel: shaped links, real traffic, the exporter's eBPF
 tcp program, Prometheus with the production rules (root; netns, veth, tbf).
 
-Four cases run side by side, each on its own pair of network namespaces (tests/rtt_lab.py)
-with its own exporter watching only them (ebpf.tcp_rtt_network_namespaces), labelled
-node=<case>. Every case has a request/response flow (64 bytes every 10 ms, TCP_NODELAY)
-across a 20 Mbit tbf; the client logs every round trip it sees:
+Four cases run side by side, each on its own namespaces (tests/rtt_lab.py: client, router,
+server, the queue in the router as in a switch) with its own exporter watching only them
+(ebpf.tcp_rtt_network_namespaces), labelled node=<case>. Every case has a
+request/response flow (64 bytes every 10 ms, TCP_NODELAY) across a 20 Mbit tbf; the
+client logs every round trip it sees. Bulk flows run cubic, Linux's default:
 
 - burst10x: an unpaced bulk flow fills the 80 ms queue from 6:00 to 7:30; the
   application's p99 rises 10x or more -> the alert fires within 30 s;
 - burst2x: from 6:00 to 7:30, 600-byte messages 100 times a second through a tbf bucket
   of one packet: a request waits behind one message (0.24 ms) at most; the application's
-  p99 must stay under 3x its baseline -> no alert (on a loaded host it doubled, on a quiet
-  one it did not move: docs/ebpf.md);
+  p99 must stay under 3x its baseline -> no alert;
 - steady: a bulk flow fills the queue from the start to the end -> no alert;
 - baseline: the request/response flow alone for 10 minutes -> no alert.
 
-What is asserted: burst10x fires within 30 s, and baseline never fires. The steady and
-burst2x cases run and are recorded (rtt_microburst.json: when each first fired, and its
-figures) but not asserted: on this 2-core VM on 2026-11-26 the steady case fired in two
-runs of two (at 195 s and 277 s: the excess p99 of a saturated queue jumped from 12 to 48 ms
-for a minute against a 13 ms baseline) and burst2x in one of two (483 s, after its burst),
-so the rule as specified (p99 > 3x its 5-minute average, floor 0.5 ms, for: 0s) does not
-hold them quiet here; docs/ebpf.md says so.
+Recorded, not asserted: `paced2x`, a paced flow that raises the application's p99 about
+2x (a narrow band: see RECORDED_ONLY), and, where the host has bbr, `steady_bbr`, the
+steady case under bbr.
+bbr sizes its queue by its own probing, and the application sees it: on this VM 5-s
+windows of p99 54 ms among 11 ms ones, which the rule (p99 over 3x its 5-minute
+average) rightly reads as a burst once a baseline stands (docs/ebpf.md). Before the lab
+pinned cubic, bulk flows ran the host's default (bbr here) through a queue in the sender's
+own qdisc, and the steady case fired in two runs of two.
 
 The whole run takes about 10.5 minutes of wall time (the 10-minute baseline; the cases
 share it) and little CPU: five small Python processes per case, four exporters and one
@@ -62,6 +63,24 @@ CASES = {
     "steady": {"bulk": [BulkFlow(0.0, RUN_SECONDS + 30)]},
     "baseline": {},
 }
+# Recorded (rtt_microburst.json, docs/ebpf.md), not asserted: what the rule does where the
+# application's latency moves by a factor that is neither clearly under 3x nor far over it.
+RECORDED_ONLY = {
+    # A bulk flow paced to 30 kB/s (1.2% of the link): its packets leave in small bursts,
+    # and a request behind one waits. The application's p99 moved 1.7x in one calibration
+    # run and 2.5x at 35 kB/s (7x at 50 kB/s): p99 crosses from "rarely delayed" to
+    # "delayed" in a narrow band, so this case lands either side of 3x.
+    "paced2x": {"bulk": [BulkFlow(BURST_START, BURST_END, rate=30_000)], "shaping": Shaping(burst="1600")},
+    # The steady case under bbr, where the host has it (docs/ebpf.md).
+    "steady_bbr": {"bulk": [BulkFlow(0.0, RUN_SECONDS + 30, congestion_control="bbr")]},
+}
+
+
+def _cases() -> dict[str, dict]:
+    available = Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
+    recorded = {name: setup for name, setup in RECORDED_ONLY.items()
+                if name != "steady_bbr" or "bbr" in available}
+    return {**CASES, **recorded}
 EXCESS_P99 = "node:fabric_tcp_rtt_excess_seconds:p99_1m"
 SRTT_P99 = 'histogram_quantile(0.99, sum by (node, le) (rate(fabric_tcp_rtt_seconds_bucket[1m])))'
 
@@ -134,7 +153,7 @@ def run(tmp_path_factory):
     _preconditions()
     workdir = tmp_path_factory.mktemp("rtt")
     rules = stack.render_rules({}, workdir / "rules")    # production rules, unchanged
-    labs = [Lab(name, index, workdir, **setup) for index, (name, setup) in enumerate(CASES.items(), start=1)]
+    labs = [Lab(name, index, workdir, **setup) for index, (name, setup) in enumerate(_cases().items(), start=1)]
     exporters = []
     try:
         for lab in labs:
@@ -206,3 +225,15 @@ def test_a_burst_that_raises_application_latency_tenfold_alerts_within_30_s(run)
 
 def test_request_response_alone_for_ten_minutes_does_not_alert(run):
     assert "baseline" not in run["first_fired"], run["cases"]["baseline"]
+
+
+def test_a_burst_that_only_doubles_application_latency_does_not_alert(run):
+    case = run["cases"]["burst2x"]
+    assert _app_ratio(case) < 3, f"the light burst raised the application's p99 3x or more: {case}"
+    assert "burst2x" not in run["first_fired"], case
+
+
+def test_a_steady_bulk_flow_does_not_alert(run):
+    case = run["cases"]["steady"]
+    assert 1 / 1.5 <= _app_ratio(case) <= 1.5, f"the steady flow's application latency moved: {case}"
+    assert "steady" not in run["first_fired"], case
