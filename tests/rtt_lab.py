@@ -3,12 +3,13 @@ with request/response and bulk traffic across it (root; netns, veth and tbf).
 
     client netns ──veth── router netns ──veth (tbf on the router's side: toward the server)── server netns
 
-The queue is in the router, as a switch's is, not in the sender's own qdisc: there TCP
-Small Queues (the kernel's cap on a socket's bytes in its host's queues) set how deep a
-bulk sender queues, so the "steady" flow's queue sat at 12 ms in one run, 78 ms in
-another, and jumped 12 -> 48 ms for a minute in a third, none of which a switch queue
-does (docs/ebpf.md). Through a router the bulk flow fills the tbf queue as TCP fills a
-switch buffer, up to its limit, and backs off on the drop.
+The queue is in the router, as a switch's is, not in the sending host's own qdisc, where
+the sender's kernel (TCP Small Queues, pacing) has a say in how deep it grows. Bulk flows
+run cubic unless told otherwise (BulkFlow.congestion_control): through the router a cubic
+flow fills the tbf queue to its limit and backs off on the drop, as TCP fills a switch
+buffer (the request/response client's p99 read 83.6 ms in every 5-s window of a 90-s
+check). Under bbr, this VM's default, the queue follows bbr's own probing instead
+(docs/ebpf.md).
 
 The request/response client records every round trip it sees (the application's RTT);
 bulk flows start and stop on a schedule. The request/response processes run under a
