@@ -15,8 +15,8 @@ client logs every round trip it sees. Bulk flows run cubic, Linux's default:
 - steady: a bulk flow fills the queue from the start to the end -> no alert;
 - baseline: the request/response flow alone for 10 minutes -> no alert.
 
-Recorded, not asserted: `paced2x`, a paced flow that raises the application's p99 about
-2x (a narrow band: see RECORDED_ONLY), and, where the host has bbr, `steady_bbr`, the
+Recorded, not asserted: `paced2x`, a paced flow that raised the application's p99 1.7x
+and 2.6x in two runs (a narrow band: see RECORDED_ONLY), and, where the host has bbr, `steady_bbr`, the
 steady case under bbr.
 bbr sizes its queue by its own probing, and the application sees it: on this VM 5-s
 windows of p99 54 ms among 11 ms ones, which the rule (p99 over 3x its 5-minute
@@ -81,6 +81,8 @@ def _cases() -> dict[str, dict]:
     recorded = {name: setup for name, setup in RECORDED_ONLY.items()
                 if name != "steady_bbr" or "bbr" in available}
     return {**CASES, **recorded}
+
+
 EXCESS_P99 = "node:fabric_tcp_rtt_excess_seconds:p99_1m"
 SRTT_P99 = 'histogram_quantile(0.99, sum by (node, le) (rate(fabric_tcp_rtt_seconds_bucket[1m])))'
 
@@ -227,7 +229,7 @@ def test_request_response_alone_for_ten_minutes_does_not_alert(run):
     assert "baseline" not in run["first_fired"], run["cases"]["baseline"]
 
 
-def test_a_burst_that_only_doubles_application_latency_does_not_alert(run):
+def test_a_light_burst_that_leaves_application_latency_under_3x_does_not_alert(run):
     case = run["cases"]["burst2x"]
     assert _app_ratio(case) < 3, f"the light burst raised the application's p99 3x or more: {case}"
     assert "burst2x" not in run["first_fired"], case
