@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from fabricscope.demo.stack import timeline  # noqa: E402
+from measure import replace_between_markers  # noqa: E402
 
 BEGIN, END = "<!-- timeline:begin (bench/demo_timeline.py --write-doc) -->", "<!-- timeline:end -->"
 
@@ -80,9 +81,7 @@ def _cores() -> int:
 
 
 def write_doc(path: Path, lines: list[str]) -> None:
-    text = path.read_text()
-    start, stop = text.index(BEGIN) + len(BEGIN), text.index(END)
-    path.write_text(text[:start] + "\n" + "\n".join(lines) + "\n" + text[stop:])
+    replace_between_markers(path, BEGIN, END, "\n".join(lines))
 
 
 def main() -> int:

@@ -56,6 +56,7 @@ sys.path.insert(0, str(REPO))
 stage("bench's own imports")
 
 from fabricscope.exporter import main as exporter_main  # noqa: E402
+from measure import replace_between_markers  # noqa: E402
 from smaps import largest_mappings  # noqa: E402
 
 stage("import fabricscope.exporter.main")
@@ -108,21 +109,24 @@ PIECES = [
     ("`pynvml`", "import pynvml", "when the `nvlink` collector looks for NVML"),
     ("`bcrypt`", "import bcrypt", "only with `basic_auth_users`"),
 ]
+# The child reads one JSON-encoded piece of code per line, runs it, and answers with its
+# VmRSS and RssAnon (MB) after it.
 PIECE_PROBE = """
-import sys
+import json, sys
 def rss():
     for line in open("/proc/self/status"):
         if line.startswith(("VmRSS", "RssAnon")):
             yield int(line.split()[1]) / 1024
 print(*rss(), flush=True)
 for line in sys.stdin:
-    exec(line.replace("\\\\n", "\\n"))
+    exec(json.loads(line))
     print(*rss(), flush=True)
 """
 
 
 def pieces() -> list[tuple[str, float, float, str]]:
     """(piece, RSS added MB, anon added MB, note); the interpreter first, as its total."""
+    import json
     import subprocess
 
     child = subprocess.Popen([sys.executable, "-c", PIECE_PROBE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -130,7 +134,7 @@ def pieces() -> list[tuple[str, float, float, str]]:
     rss, anon = map(float, child.stdout.readline().split())
     rows = [("the Python interpreter", rss, anon, "")]
     for name, code, note in PIECES:
-        child.stdin.write(code.replace("\n", "\\n") + "\n")
+        child.stdin.write(json.dumps(code) + "\n")
         child.stdin.flush()
         now_rss, now_anon = map(float, child.stdout.readline().split())
         rows.append((name, now_rss - rss, now_anon - anon, note))
@@ -162,15 +166,9 @@ def pieces_table(rows: list[tuple[str, float, float, str]]) -> str:
 def write_doc(tables: dict[str, str]) -> None:
     """Replace each `<!-- exporter-memory-NAME: begin/end -->` block of docs/cost.md."""
     doc_path = REPO / "docs" / "cost.md"
-    doc = doc_path.read_text()
     for name, text in tables.items():
-        begin, end = f"<!-- exporter-memory-{name}: begin -->", f"<!-- exporter-memory-{name}: end -->"
-        if begin not in doc or end not in doc:
-            raise SystemExit(f"{doc_path}: markers {begin} / {end} not found")
-        head, rest = doc.split(begin, 1)
-        _, tail = rest.split(end, 1)
-        doc = f"{head}{begin}\n{text}\n{end}{tail}"
-    doc_path.write_text(doc)
+        replace_between_markers(doc_path, f"<!-- exporter-memory-{name}: begin -->",
+                                f"<!-- exporter-memory-{name}: end -->", text)
     print(f"{doc_path}: tables {', '.join(tables)} rewritten")
 
 

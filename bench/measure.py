@@ -10,6 +10,17 @@ from pathlib import Path
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+def replace_between_markers(path: Path, begin: str, end: str, text: str) -> None:
+    """Rewrite what lies between two marker lines of a doc (a table a bench generates);
+    exits naming the doc when a marker is missing, rather than appending a second table."""
+    doc = path.read_text()
+    if begin not in doc or end not in doc:
+        raise SystemExit(f"{path}: markers {begin} / {end} not found")
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{begin}\n{text}\n{end}{tail}")
+
+
 def percentile(values: list[float], q: float) -> float:
     """The value at fraction q (0..1) of the sorted values (nearest rank); nan for none."""
     ordered = sorted(values)

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import yaml
+from measure import replace_between_markers
 
 from fabricscope.queryapi.query.extract import Vocabulary
 from fabricscope.queryapi.query.nl import Interpreter
@@ -144,10 +145,7 @@ def docs_table(results: dict[str, dict[str, dict]], frozen: dict[str, str]) -> s
 
 
 def write_docs(doc: Path, table: str) -> None:
-    text = doc.read_text()
-    head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    doc.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+    replace_between_markers(doc, BEGIN, END, table)
 
 
 def main(argv: list[str] | None = None) -> int:

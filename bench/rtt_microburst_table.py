@@ -15,6 +15,8 @@ import json
 import math
 from pathlib import Path
 
+from measure import replace_between_markers
+
 DOC = Path(__file__).resolve().parent.parent / "docs" / "ebpf.md"
 BEGIN, END = "<!-- rtt-microburst-table: begin -->", "<!-- rtt-microburst-table: end -->"
 CASES = {  # report key -> what the case is, as the test sets it up
@@ -68,12 +70,7 @@ def main() -> None:
     if not args.write:
         print(text)
         return
-    doc = DOC.read_text()
-    if BEGIN not in doc or END not in doc:
-        raise SystemExit(f"{DOC}: markers {BEGIN} / {END} not found")
-    head, rest = doc.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    DOC.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    replace_between_markers(DOC, BEGIN, END, text)
     print(f"{DOC}: table rewritten")
 
 
