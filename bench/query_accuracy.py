@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import yaml
-from measure import replace_between_markers
 
 from fabricscope.queryapi.query.extract import Vocabulary
 from fabricscope.queryapi.query.nl import Interpreter
@@ -145,6 +144,10 @@ def docs_table(results: dict[str, dict[str, dict]], frozen: dict[str, str]) -> s
 
 
 def write_docs(doc: Path, table: str) -> None:
+    # Imported here: tests load this file by path, without bench/ on sys.path, and never write.
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from measure import replace_between_markers
+
     replace_between_markers(doc, BEGIN, END, table)
 
 
