@@ -38,6 +38,9 @@ class CounterVerdict:
     breaches: list[CounterThreshold] = field(default_factory=list)  # newly breached this scrape
     recoveries: list[str] = field(default_factory=list)            # counters whose breaches cleared
     resets: list[str] = field(default_factory=list)                # counters that went down
+    # False when a value was left unjudged because the wall clock stepped back behind its
+    # last sample: it is judged on a later observation, so this one is not a baseline.
+    complete: bool = True
 
 
 class CounterMonitor:
@@ -83,6 +86,24 @@ class CounterMonitor:
             verdict.latched.extend(self.by_key[k] for k in sorted(track.latched))
         return verdict
 
+    def hold_if_quiet(self, port_key: Hashable, now: float, absent: frozenset[str]) -> bool:
+        """What observe() does for a port whose values equal those of its last observation,
+        when none of its counters has moved in its window or is latched: every track's last
+        run extends to `now` (but those of the `absent` counters, unread as before, and any
+        the wall clock stepped back behind) and nothing can breach or recover. False, with
+        nothing changed, when the port is not that quiet: observe() must judge it."""
+        tracks = self._ports.get(port_key)
+        if tracks is None:
+            return False
+        for track in tracks.values():
+            if track.latched or len(track.runs) != 1:
+                return False
+        for counter, track in tracks.items():
+            last = track.runs[0]
+            if now >= last[1] and counter not in absent:
+                last[1] = now
+        return True
+
     def _judge(self, port_key, counter, value, now, track, thresholds, verdict) -> None:
         last = track.runs[-1]
         previous = last[2]
@@ -97,6 +118,7 @@ class CounterMonitor:
             self._persisted_changed = True
             return
         if now < last[1]:
+            verdict.complete = False
             return  # wall clock stepped back: judge nothing until it passes the last sample
         if value == previous:
             last[1] = now

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from ..parsers.files import ReadProblem, read_small_text
-from ..parsers.infiniband import InfiniBandDevice, InfiniBandPort, PortKey
+from ..parsers.infiniband import CodedState, InfiniBandDevice, InfiniBandPort, PortCounters, PortKey
 from ..statefile import StateFile
 from .counter_monitor import CounterMonitor
 from .link_state import inhomogeneous_devices, is_active, is_link_healthy, is_state_fatal, uncabled_ports
@@ -40,6 +40,20 @@ class PortHealth:
     breached: dict[ThresholdKey, int] = field(default_factory=dict)
     uncabled: bool = False
     inhomogeneous: bool = False
+
+
+@dataclass(slots=True)
+class _Judged:
+    """What a port was judged on at the last scrape, and the verdict (before the node-wide
+    uncabled and homogeneity checks, made on every scrape)."""
+    management: bool
+    counters: PortCounters
+    hw_counters: dict[str, int]
+    state: CodedState | None
+    phys_state: CodedState | None
+    carrier_changes: int | None
+    absent: frozenset[str]            # monitored counters that were not read
+    health: PortHealth
 
 
 @dataclass
@@ -67,6 +81,9 @@ class HealthTracker:
         # (not persisted: they are informational and would make every scrape a state write).
         self._last_counters: dict[PortKey, dict[str, int]] = {}
         self._other_resets: dict[tuple[PortKey, str], int] = {}
+        # Per port seen on the last scrape: what it was judged on and the verdict (see
+        # _unchanged_port). Rebuilt every scrape, so a port that vanished is judged afresh.
+        self._last_judged: dict[PortKey, _Judged] = {}
         self.boot_id_changes = 0
         data = state_file.load()
         self.load_problem = state_file.load_problem
@@ -106,6 +123,7 @@ class HealthTracker:
             self.down_transitions.clear()
             self.monitor.forget()
             self._last_counters.clear()   # counters restart from zero after a reboot
+            self._last_judged.clear()
         if boot != self.boot_id:
             self.boot_id = boot
             self._dirty = True
@@ -116,6 +134,7 @@ class HealthTracker:
         ports: dict[PortKey, PortHealth] = {}
         monitored = tuple(self.monitor.by_counter)
         present = set()
+        judged, self._last_judged = self._last_judged, {}
         for device in devices:
             present.add(device.name)
             role = roles.get(device.name, "unknown")
@@ -125,7 +144,8 @@ class HealthTracker:
                 self.known_devices[device.name] = known
                 self._dirty = True
             for port in device.ports:
-                ports[port.key] = self._update_port(port, management, monitored, now)
+                ports[port.key] = (self._unchanged_port(port, management, judged.get(port.key), now)
+                                   or self._update_port(port, management, monitored, now))
         missing = {}
         for name, info in self.known_devices.items():
             gone = name not in present
@@ -146,6 +166,20 @@ class HealthTracker:
                     health.inhomogeneous = True
         self._save()
         return NodeHealth(ports, missing)
+
+    def _unchanged_port(self, port: InfiniBandPort, management: bool, last: _Judged | None,
+                        now: float) -> PortHealth | None:
+        """Last scrape's verdict again, for a port read exactly as then (state, every counter,
+        role) whose monitored counters have not moved in their windows and hold no breach:
+        judging it once more would find what it found then, and costs most of the health
+        check on a node whose error counters are quiet. None when it must be judged."""
+        if (last is None or last.management != management or last.counters != port.counters
+                or last.hw_counters != port.hw_counters or last.state != port.state
+                or last.phys_state != port.phys_state or last.carrier_changes != port.carrier_changes
+                or not self.monitor.hold_if_quiet(port.key, now, last.absent)):
+            return None
+        self._last_judged[port.key] = last
+        return PortHealth(fatal=last.health.fatal, breached=dict(last.health.breached))
 
     def _update_port(self, port: InfiniBandPort, management: bool, monitored, now) -> PortHealth:
         key = port.key
@@ -186,6 +220,10 @@ class HealthTracker:
         if current != previous:
             self.port_states[key] = current
             self._dirty = True
+        if verdict.complete:
+            self._last_judged[key] = _Judged(
+                management, port.counters, port.hw_counters, port.state, port.phys_state, port.carrier_changes,
+                frozenset(c for c in monitored if values[c] is None), PortHealth(health.fatal, dict(health.breached)))
         return health
 
     def _count_other_resets(self, key: PortKey, port: InfiniBandPort, monitored: Mapping[str, int | None]) -> None:
