@@ -17,8 +17,8 @@ import abc
 import importlib
 import logging
 import pkgutil
+import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout, wait
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Sequence
 
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -163,32 +163,84 @@ DEFAULT_COLLECTOR_TIMEOUT = 5.0   # seconds; well inside Prometheus' default 10 
 STAGGER_SECONDS = 0.025
 
 
+class _Run:
+    """One run of a collector: its outcome, once `finished` is released.
+
+    Plain locks rather than a Future: a Future and the waiters concurrent.futures.wait()
+    builds around it allocate a Condition, an Event and their locks on every call. Measured
+    side by side on the 8-HCA tree of bench/scrape_latency.py, the locks take 8-10% off
+    the scrape's CPU (6.77 -> 6.25 ms for infiniband, netdev and tcp; 8.65 -> 7.80 ms with
+    every collector)."""
+    __slots__ = ("finished", "families", "took", "error")
+
+    def __init__(self) -> None:
+        self.finished = threading.Lock()
+        self.finished.acquire()
+        self.families: list[Metric] = []
+        self.took = 0.0
+        self.error: BaseException | None = None
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the run has finished, waiting up to `timeout` seconds for it."""
+        if self.finished.acquire(timeout=max(0.0, timeout)):
+            self.finished.release()      # finished stays visible to done()
+            return True
+        return False
+
+    def done(self) -> bool:
+        return not self.finished.locked()
+
+
 class _Runner:
-    """One collector's worker thread and the run it may still be in."""
+    """One collector's thread and the run it may still be in. The thread is a daemon: one
+    stuck in the kernel must not hold the exporter's exit."""
 
     def __init__(self, collector: Collector) -> None:
         self.collector = collector
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"collector-{collector.name}")
-        self.running: Future | None = None
+        self.running: _Run | None = None
         self.started = 0.0
         self.samples = None if collector.serves_unchanged_samples else SampleCache()
+        self._wake = threading.Lock()     # released: a run is waiting in _next
+        self._wake.acquire()
+        self._next: _Run | None = None
+        self._thread: threading.Thread | None = None
 
-    def start(self) -> Future | None:
+    def start(self) -> _Run | None:
         """A new run, or None while the previous one has not returned."""
         if self.running is not None and not self.running.done():
             return None
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name=f"collector-{self.collector.name}", daemon=True)
+            self._thread.start()
         self.started = time.perf_counter()
-        self.running = self.executor.submit(self._collect)
+        self.running = self._next = _Run()
+        self._wake.release()
         return self.running
 
-    def _collect(self) -> tuple[list[Metric], float]:
-        start = time.perf_counter()
-        # Materialise here so a failure part-way yields nothing partial.
-        families = list(self.collector.collect())
-        if self.samples is not None:
-            self.samples.next_scrape()
-            self.samples.reuse(families)
-        return families, time.perf_counter() - start
+    def close(self) -> None:
+        """The thread ends once it has returned from any run it is in."""
+        self._next = None
+        if self._thread is not None and self._wake.locked():
+            self._wake.release()
+
+    def _serve(self) -> None:
+        while True:
+            self._wake.acquire()
+            run = self._next
+            if run is None:
+                return
+            start = time.perf_counter()
+            try:
+                # Materialise here so a failure part-way yields nothing partial.
+                families = list(self.collector.collect())
+                if self.samples is not None:
+                    self.samples.next_scrape()
+                    self.samples.reuse(families)
+                run.families = families
+            except BaseException as exc:  # noqa: BLE001 - reported by the scrape, never kills the thread
+                run.error = exc
+            run.took = time.perf_counter() - start
+            run.finished.release()
 
 
 class ScrapeCollector(_PromCollector):
@@ -203,7 +255,7 @@ class ScrapeCollector(_PromCollector):
 
     def close(self) -> None:
         for runner in self._runners:
-            runner.executor.shutdown(wait=False, cancel_futures=True)
+            runner.close()
 
     def describe(self) -> list:  # no describe-time collection: scrapes stay the only reads
         return []
@@ -231,20 +283,17 @@ class ScrapeCollector(_PromCollector):
             name = runner.collector.name
             families: list[Metric] = []
             ok = 0.0
+            took = time.perf_counter() - runner.started
             if run is None:
-                log.warning("collector %s is still running a scrape started %.0fs ago; skipped",
-                            name, time.perf_counter() - runner.started)
+                log.warning("collector %s is still running a scrape started %.0fs ago; skipped", name, took)
+            elif not run.wait(deadline - time.monotonic()):
+                log.warning("collector %s missed its %gs deadline; reported as failed", name, self.timeout)
                 took = time.perf_counter() - runner.started
+            elif run.error is not None:   # one failing collector never hides the others
+                log.error("collector %s failed", name, exc_info=run.error)
+                took = run.took
             else:
-                try:
-                    families, took = run.result(timeout=max(0.0, deadline - time.monotonic()))
-                    ok = 1.0
-                except FutureTimeout:
-                    log.warning("collector %s missed its %gs deadline; reported as failed", name, self.timeout)
-                    took = time.perf_counter() - runner.started
-                except Exception:  # one failing collector never hides the others
-                    log.exception("collector %s failed", name)
-                    took = time.perf_counter() - runner.started
+                families, took, ok = run.families, run.took, 1.0
             duration.add_metric([name], took)
             success.add_metric([name], ok)
             for family in families:
@@ -259,7 +308,7 @@ class ScrapeCollector(_PromCollector):
         yield success
         yield duration
 
-    def _start_in_turn(self, deadline: float) -> list[tuple[_Runner, Future | None]]:
+    def _start_in_turn(self, deadline: float) -> list[tuple[_Runner, _Run | None]]:
         """Start each collector once the one before it has returned, or has run for
         STAGGER_SECONDS, whichever is first; all share one deadline.
 
@@ -275,7 +324,7 @@ class ScrapeCollector(_PromCollector):
             run = runner.start()
             runs.append((runner, run))
             if run is not None:
-                wait((run,), timeout=max(0.0, min(STAGGER_SECONDS, deadline - time.monotonic())))
+                run.wait(min(STAGGER_SECONDS, deadline - time.monotonic()))
         return runs
 
     def collect(self) -> Iterator[Metric]:
