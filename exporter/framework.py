@@ -5,8 +5,9 @@ Each collector module in exporter/collectors/ subclasses Collector and decorates
 and isolates failures: an exception in one collector becomes
 fabric_scrape_collector_success{collector="x"} 0 and a log line, never a lost scrape.
 
-Every collector runs on a worker thread of its own under a deadline, started in turn
-(ScrapeCollector._start_in_turn says why not all at once). One that misses it
+Every collector runs on a worker thread under a deadline, one after another
+(ScrapeCollector._start_in_turn says why not all at once); one that is slow or stuck is
+left on its thread and the others go on on another. One that misses the deadline
 (a read blocked in the kernel, a hung driver) is reported as failed and its families are
 left out; while it is still stuck, later scrapes do not start it again, so a stuck
 source costs one thread, not one more per scrape, and never the other collectors.
@@ -192,55 +193,110 @@ class _Run:
 
 
 class _Runner:
-    """One collector's thread and the run it may still be in. The thread is a daemon: one
-    stuck in the kernel must not hold the exporter's exit."""
+    """One collector, the run it may still be in, and its sample cache."""
 
     def __init__(self, collector: Collector) -> None:
         self.collector = collector
         self.running: _Run | None = None
         self.started = 0.0
         self.samples = None if collector.serves_unchanged_samples else SampleCache()
-        self._wake = threading.Lock()     # released: a run is waiting in _next
-        self._wake.acquire()
-        self._next: _Run | None = None
-        self._thread: threading.Thread | None = None
 
     def start(self) -> _Run | None:
-        """A new run, or None while the previous one has not returned."""
+        """A new run for this scrape, or None while the previous one has not returned."""
         if self.running is not None and not self.running.done():
             return None
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name=f"collector-{self.collector.name}", daemon=True)
-            self._thread.start()
         self.started = time.perf_counter()
-        self.running = self._next = _Run()
-        self._wake.release()
+        self.running = _Run()
         return self.running
 
-    def close(self) -> None:
-        """The thread ends once it has returned from any run it is in."""
-        self._next = None
-        if self._thread is not None and self._wake.locked():
-            self._wake.release()
+    def execute(self, run: _Run) -> None:
+        start = time.perf_counter()
+        try:
+            # Materialise here so a failure part-way yields nothing partial.
+            families = list(self.collector.collect())
+            if self.samples is not None:
+                self.samples.next_scrape()
+                self.samples.reuse(families)
+            run.families = families
+        except BaseException as exc:  # noqa: BLE001 - reported by the scrape, never kills the thread
+            run.error = exc
+        run.took = time.perf_counter() - start
+        run.finished.release()
+
+
+class _Batch:
+    """One scrape's runs, in order, for any number of workers to take one at a time."""
+
+    def __init__(self, runs: list[tuple[_Runner, _Run]]) -> None:
+        self._runs = runs
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> tuple[_Runner, _Run] | None:
+        with self._lock:
+            if self._next == len(self._runs):
+                return None
+            self._next += 1
+            return self._runs[self._next - 1]
+
+    @property
+    def untaken(self) -> bool:
+        return self._next < len(self._runs)
+
+
+class _Worker:
+    """A thread that runs a batch's collectors one after another. A daemon: one stuck in
+    the kernel must not hold the exporter's exit."""
+
+    def __init__(self, pool: _Workers, number: int) -> None:
+        self.pool = pool
+        self.batch: _Batch | None = None
+        self.wake = threading.Lock()     # released: a batch (or None: stop) is waiting
+        self.wake.acquire()
+        threading.Thread(target=self._serve, name=f"collectors-{number}", daemon=True).start()
 
     def _serve(self) -> None:
         while True:
-            self._wake.acquire()
-            run = self._next
-            if run is None:
+            self.wake.acquire()
+            batch = self.batch
+            if batch is None:
                 return
-            start = time.perf_counter()
-            try:
-                # Materialise here so a failure part-way yields nothing partial.
-                families = list(self.collector.collect())
-                if self.samples is not None:
-                    self.samples.next_scrape()
-                    self.samples.reuse(families)
-                run.families = families
-            except BaseException as exc:  # noqa: BLE001 - reported by the scrape, never kills the thread
-                run.error = exc
-            run.took = time.perf_counter() - start
-            run.finished.release()
+            while (taken := batch.take()) is not None:
+                taken[0].execute(taken[1])
+            self.batch = None
+            self.pool.rest(self)
+
+
+class _Workers:
+    """The collector threads: idle ones are reused, a new one is started only when every
+    other is busy (in practice: stuck in a collector)."""
+
+    def __init__(self) -> None:
+        self._idle: list[_Worker] = []
+        self._all: list[_Worker] = []
+        self._lock = threading.Lock()
+
+    def work_on(self, batch: _Batch) -> None:
+        with self._lock:
+            worker = self._idle.pop() if self._idle else None
+            if worker is None:
+                worker = _Worker(self, len(self._all))
+                self._all.append(worker)
+        worker.batch = batch
+        worker.wake.release()
+
+    def rest(self, worker: _Worker) -> None:
+        with self._lock:
+            self._idle.append(worker)
+
+    def close(self) -> None:
+        """Each thread ends once it has returned from any collector it is in."""
+        with self._lock:
+            for worker in self._all:
+                worker.batch = None
+                if worker.wake.locked():
+                    worker.wake.release()
+            self._idle.clear()
 
 
 class ScrapeCollector(_PromCollector):
@@ -252,10 +308,10 @@ class ScrapeCollector(_PromCollector):
         self.node = node
         self.timeout = timeout
         self._runners = [_Runner(collector) for collector in collectors]
+        self._workers = _Workers()
 
     def close(self) -> None:
-        for runner in self._runners:
-            runner.close()
+        self._workers.close()
 
     def describe(self) -> list:  # no describe-time collection: scrapes stay the only reads
         return []
@@ -309,22 +365,27 @@ class ScrapeCollector(_PromCollector):
         yield duration
 
     def _start_in_turn(self, deadline: float) -> list[tuple[_Runner, _Run | None]]:
-        """Start each collector once the one before it has returned, or has run for
-        STAGGER_SECONDS, whichever is first; all share one deadline.
+        """Run the collectors one after another on one thread; the next starts beside a
+        collector that has not returned within STAGGER_SECONDS, on another thread. All
+        share one deadline.
 
-        Why not all at once: the collectors are Python and hold the GIL between system calls.
-        Started together on a 2-core node, every pread or stat of one hands the GIL to
-        another, and the scrape paid 12% more CPU for it (7.43 -> 6.57 ms for infiniband,
-        netdev and tcp on the 8-HCA tree of bench/scrape_latency.py; 9.23 -> 8.13 ms with
-        every collector). A collector blocked in the kernel or slow holds its followers
-        back by STAGGER_SECONDS at most, so a stuck source still costs nobody their
-        scrape."""
-        runs = []
-        for runner in self._runners:
-            run = runner.start()
-            runs.append((runner, run))
-            if run is not None:
-                run.wait(min(STAGGER_SECONDS, deadline - time.monotonic()))
+        Why not all at once, each on its own thread: the collectors are Python and hold the
+        GIL between system calls. Started together on a 2-core node, every pread or stat of
+        one hands the GIL to another. On the 8-HCA tree of bench/scrape_latency.py, all at
+        once -> in turn on their own threads took 12% off the scrape's CPU (7.43 -> 6.57 ms
+        for infiniband, netdev and tcp; 9.23 -> 8.13 ms with every collector); one thread
+        for all of them instead of one each took off 2-3% more (5.62 -> 5.50 and 7.00 ->
+        6.88 ms, side by side) and six threads. A collector blocked in the kernel or slow
+        holds its followers back by STAGGER_SECONDS at most, so a stuck source still costs
+        nobody their scrape."""
+        runs = [(runner, runner.start()) for runner in self._runners]
+        batch = _Batch([(runner, run) for runner, run in runs if run is not None])
+        if batch.untaken:
+            self._workers.work_on(batch)
+        for runner, run in runs:
+            if run is not None and not run.wait(min(STAGGER_SECONDS, deadline - time.monotonic())) \
+                    and batch.untaken:
+                self._workers.work_on(batch)      # the rest go on beside the slow one
         return runs
 
     def collect(self) -> Iterator[Metric]:
