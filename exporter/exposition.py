@@ -59,6 +59,11 @@ class Renderer:
         # Sample objects again (nvlink between link rounds) gets its lines back without
         # formatting them. Holding the samples keeps their ids from being reused.
         self._lines: dict[int, tuple] = {}
+        # (name, type, help) -> (its samples, their ids, its whole text, their _lines
+        # entries) of the last render: a family whose samples are all the ones served last
+        # time (most families of a quiet node, through the collectors' SampleCache) is one
+        # tuple comparison and its text again, not a lookup and an append per sample.
+        self._families: dict[tuple, tuple] = {}
 
     def _head(self, name: str, labels: dict[str, str]) -> str:
         key = (name, *labels.items())
@@ -80,8 +85,18 @@ class Renderer:
         append = out.append
         head_of = self._head
         last, lines = self._lines, {}
+        last_families, rendered = self._families, {}
         for metric in families:
             start = len(out)
+            key = (metric.name, metric.type, metric.documentation)
+            samples = tuple(metric.samples)
+            ids = tuple(map(id, samples))
+            kept = last_families.get(key)
+            if kept is not None and kept[1] == ids:
+                append(kept[2])
+                lines.update(kept[3])
+                rendered[key] = kept
+                continue
             try:
                 name, mtype = metric.name, metric.type
                 if mtype == "counter":
@@ -114,7 +129,11 @@ class Renderer:
                 # never the rest of the scrape.
                 del out[start:]
                 log.error("family %s dropped from the exposition: %s", metric.name, exc)
+                continue
+            # Holding the samples keeps their ids from being reused by other objects.
+            rendered[key] = (samples, ids, "".join(out[start:]), [(i, lines[i]) for i in ids])
         self._lines = lines
+        self._families = rendered
         return "".join(out).encode("utf-8")
 
 
