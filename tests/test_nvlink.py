@@ -795,3 +795,27 @@ def test_real_backend_falls_back_to_field_values_when_gpm_refuses(monkeypatch):
     assert get(registry, "fabric_nvlink_throughput_method", gpu="0", method="field_values") == 1
     assert get(registry, "fabric_nvlink_transmit_bytes_total", gpu="1", link="1") == 2001 * 1024
     assert get(registry, "fabric_nvml_device_read_errors", gpu="0", reason="nvml_error") is None
+
+
+def test_nvml_that_cannot_be_opened_is_tried_again_every_retry_interval_not_every_scrape(monkeypatch):
+    from fabricscope.exporter.collectors import nvlink
+    from fabricscope.exporter.nvml import NvmlUnavailable
+
+    attempts = []
+
+    def absent():
+        attempts.append(time.monotonic())
+        raise NvmlUnavailable("library_not_found", "libnvidia-ml.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(nvlink, "open_backend", absent)
+    clock = [1000.0]
+    monkeypatch.setattr(nvlink.time, "monotonic", lambda: clock[0])
+    collector = nvlink.NvlinkCollector(Context(node="n"))
+    for _ in range(5):
+        families = {f.name: f for f in collector.collect()}
+        assert families["fabric_nvml_available"].samples[0].labels == {"reason": "library_not_found"}
+        clock[0] += 1.0
+    assert len(attempts) == 1                   # at start; the scrapes within 30 s did not retry
+    clock[0] += nvlink.OPEN_RETRY_SECONDS
+    list(collector.collect())
+    assert len(attempts) == 2
