@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from ..parsers.files import ReadProblem, read_small_text
-from ..parsers.infiniband import CodedState, InfiniBandDevice, InfiniBandPort, PortCounters, PortKey
+from ..parsers.infiniband import InfiniBandDevice, InfiniBandPort, PortKey
 from ..statefile import StateFile
 from .counter_monitor import CounterMonitor
 from .link_state import inhomogeneous_devices, is_active, is_link_healthy, is_state_fatal, uncabled_ports
@@ -44,16 +44,16 @@ class PortHealth:
 
 @dataclass(slots=True)
 class _Judged:
-    """What a port was judged on at the last scrape, and the verdict (before the node-wide
-    uncabled and homogeneity checks, made on every scrape)."""
-    management: bool
-    counters: PortCounters
-    hw_counters: dict[str, int]
-    state: CodedState | None
-    phys_state: CodedState | None
-    carrier_changes: int | None
+    """What a port was judged on at the last scrape (_judged_on), and the verdict (before
+    the node-wide uncabled and homogeneity checks, made on every scrape)."""
+    inputs: tuple
     absent: frozenset[str]            # monitored counters that were not read
     health: PortHealth
+
+
+def _judged_on(port: InfiniBandPort, management: bool) -> tuple:
+    """Everything of a port its verdict depends on, besides the monitor's history."""
+    return (management, port.counters, port.hw_counters, port.state, port.phys_state, port.carrier_changes)
 
 
 @dataclass
@@ -173,9 +173,7 @@ class HealthTracker:
         role) whose monitored counters have not moved in their windows and hold no breach:
         judging it once more would find what it found then, and costs most of the health
         check on a node whose error counters are quiet. None when it must be judged."""
-        if (last is None or last.management != management or last.counters != port.counters
-                or last.hw_counters != port.hw_counters or last.state != port.state
-                or last.phys_state != port.phys_state or last.carrier_changes != port.carrier_changes
+        if (last is None or last.inputs != _judged_on(port, management)
                 or not self.monitor.hold_if_quiet(port.key, now, last.absent)):
             return None
         self._last_judged[port.key] = last
@@ -221,9 +219,9 @@ class HealthTracker:
             self.port_states[key] = current
             self._dirty = True
         if verdict.complete:
-            self._last_judged[key] = _Judged(
-                management, port.counters, port.hw_counters, port.state, port.phys_state, port.carrier_changes,
-                frozenset(c for c in monitored if values[c] is None), PortHealth(health.fatal, dict(health.breached)))
+            self._last_judged[key] = _Judged(_judged_on(port, management),
+                                             frozenset(c for c in monitored if values[c] is None),
+                                             PortHealth(health.fatal, dict(health.breached)))
         return health
 
     def _count_other_resets(self, key: PortKey, port: InfiniBandPort, monitored: Mapping[str, int | None]) -> None:
