@@ -24,6 +24,7 @@ CASES = {  # report key -> what the case is, as the test sets it up
     "burst2x": "600 B messages, 100/s, one-packet bucket",
     "steady": "bulk flow from start to end",
     "baseline": "request/response alone, 10 min",
+    "control": "the baseline again, judged by nothing: tells the host's latency from a case's",
     "paced2x": "bulk paced to 30 kB/s, one-packet bucket; recorded, not asserted",
     "steady_bbr": "the steady flow under bbr; recorded, not asserted",
 }
