@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -403,3 +404,48 @@ def test_unreadable_state_is_reported(node):
     assert plain(samples, "fabric_state_file_problem", collector="kmsg", problem="corrupt") == 0
     assert plain(samples, "fabric_state_file_write_errors_total", collector="kmsg") == 1
     assert plain(samples, "fabric_kernel_log_lines_total") == FIXTURE_RECORDS
+
+
+def _settle(path: Path, seconds_ago: float = 3600) -> None:
+    """Give the file an mtime well past the filesystem clock's tick (as a quiet log has)."""
+    old = time.time_ns() - int(seconds_ago * 1e9)
+    os.utime(path, ns=(old, old))
+
+
+def test_a_quiet_file_costs_a_stat_and_what_changes_it_is_still_read(node, monkeypatch):
+    """FileSource: a settled file that neither grew nor changed is not opened again; an
+    append, a same-size rewrite and a replacement are each read as before."""
+    from fabricscope.exporter.collectors import kmsg as module
+
+    log = node / "kmsg"
+    _settle(log)
+    scraper = Scraper(context(node))
+    assert plain(scraper.scrape(), "fabric_kernel_log_lines_total") == FIXTURE_RECORDS
+    opened = []
+    real = module.read_file_records
+    monkeypatch.setattr(module, "read_file_records", lambda *args: opened.append(1) or real(*args))
+    for _ in range(3):
+        assert plain(scraper.scrape(), "fabric_kernel_log_lines_total") == FIXTURE_RECORDS
+    assert opened == []
+    append(log, "4,23000,700000000,-;NVRM: Xid (PCI:0000:18:00): 79, pid=0, GPU has fallen off the bus.\n")
+    _settle(log)
+    samples = scraper.scrape()
+    assert xid(samples, "79", "fatal") == 2 and opened == [1]
+    # Rewritten in place to the same size: the mtime moved, so the head is checked.
+    text = log.read_bytes()
+    line = b"4,23001,700000001,-;NVRM: Xid (PCI:0000:18:00): 94, pid=0, Contained ECC error\n"
+    log.write_bytes(line + text[len(line):])
+    samples = scraper.scrape()
+    assert plain(samples, "fabric_kernel_log_read_errors_total", reason="file_rotated") == 1
+    assert xid(samples, "94", "fatal") == 1
+
+
+def test_a_fifo_as_the_log_is_a_read_error_and_blocks_nothing(tmp_path):
+    root = tmp_path / "node"
+    (root / "proc" / "sys" / "kernel" / "random").mkdir(parents=True)
+    shutil.copy(FIXTURE / "proc" / "sys" / "kernel" / "random" / "boot_id", root / "proc" / "sys" / "kernel" / "random")
+    os.mkfifo(root / "kmsg")
+    samples = Scraper(context(root)).scrape()
+    assert plain(samples, "fabric_scrape_collector_success", collector="kmsg") == 1
+    assert plain(samples, "fabric_kernel_log_read_errors_total", reason="not_a_file") == 1
+    assert plain(samples, "fabric_kernel_log_lines_total") is None

@@ -33,7 +33,7 @@ from .files import SMALL_FILE_BYTES, ReadProblem, as_text, open_regular, read_sm
 # eBPF maps and the state file need the rest.
 _LIMIT_SHARE = 0.5
 # A directory changed less than this long ago is listed on every read (see _list).
-_RACY_NS = 2_000_000_000
+RACY_NS = 2_000_000_000
 
 
 class _Budget:
@@ -164,7 +164,7 @@ class HeldDirectory:
         self._listing = dict(sorted(listing.items()))
         for name in [name for name in self._parsed if name not in listing]:
             del self._parsed[name]
-        self._stamp = stamp if time.time_ns() - stat.st_mtime_ns > _RACY_NS else None
+        self._stamp = stamp if time.time_ns() - stat.st_mtime_ns > RACY_NS else None
         return self._listing
 
     def _open(self, name: str, inode: int) -> tuple[int, int] | str | ReadProblem:
