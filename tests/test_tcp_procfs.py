@@ -130,3 +130,19 @@ def test_field_table_metric_names_are_unique_and_well_formed():
     names = [field.metric for field in FIELDS]
     assert len(names) == len(set(names))
     assert all(name.startswith(("fabric_tcp_", "fabric_udp_")) and not name.endswith("_total") for name in names)
+
+
+def test_only_the_wanted_sections_are_parsed():
+    """The collector parses the sections its fields read (Tcp, Udp, TcpExt); another
+    section, even a broken one, is paired up and skipped, neither converted nor reported."""
+    text = ("Ip: Forwarding DefaultTTL\nIp: 1 x\n"
+            "Tcp: MaxConn ActiveOpens\nTcp: -1 7\n"
+            "IcmpMsg: InType3\nIcmpMsg: 5 6\n"
+            "Udp: InDatagrams\nUdp: 9\n")
+    everything = parse_snmp(text)
+    assert sorted(p.section for p in everything.problems) == ["IcmpMsg", "Ip"]
+    wanted = parse_snmp(text, frozenset({"Tcp", "Udp"}))
+    assert wanted.sections == {"Tcp": {"MaxConn": -1, "ActiveOpens": 7}, "Udp": {"InDatagrams": 9}}
+    assert wanted.problems == []
+    broken_wanted = parse_snmp("Tcp: MaxConn ActiveOpens\nTcp: -1 x7\n", frozenset({"Tcp"}))
+    assert [p.reason for p in broken_wanted.problems] == ["not_a_number"]

@@ -87,6 +87,8 @@ FIELDS: tuple[Field, ...] = (
 )
 
 FILES = ("snmp", "netstat")
+# The sections FIELDS reads, per file: only those are parsed.
+SECTIONS = {file: frozenset(field.section for field in FIELDS if field.file == file) for file in FILES}
 
 
 @register
@@ -104,7 +106,7 @@ class TcpCollector(Collector):
             if isinstance(text, ReadProblem):
                 errors.add_metric([file, text.reason], 1)
                 continue
-            parsed[file] = parse_snmp(text)
+            parsed[file] = parse_snmp(text, SECTIONS[file])
             for reason, count in sorted(Counter(problem.reason for problem in parsed[file].problems).items()):
                 errors.add_metric([file, reason], count)
         yield from expose(parsed)

@@ -43,7 +43,10 @@ def _split(line: str) -> tuple[str, list[str]] | None:
     return prefix, rest.split()
 
 
-def parse_snmp(text: str) -> SnmpFile:
+def parse_snmp(text: str, wanted: frozenset[str] | None = None) -> SnmpFile:
+    """Every section, or only the `wanted` ones: the others (Ip, Icmp, IpExt, MPTcpExt, ...
+    most of netstat's values but TcpExt) are paired up and skipped without converting or
+    checking a value."""
     result = SnmpFile()
     lines = [line for line in text.splitlines() if line.strip()]
     index = 0
@@ -67,6 +70,8 @@ def parse_snmp(text: str) -> SnmpFile:
             index += 1
             continue
         index += 2
+        if wanted is not None and section not in wanted:
+            continue
         if len(names) != len(values):
             result.problems.append(SectionProblem(section, "length_mismatch",
                                                   f"{len(names)} names but {len(values)} values"))
