@@ -22,7 +22,7 @@ softirq latency, which every socket on it sees), and the rule rightly read that 
 its average in the quiet cases. So each moment a case fires where it should not is held
 against it unless the control's excess stood at HOST_RISE times its median within the
 rule's 1-minute window; an alert the control does not share fails. A run whose control
-was raised more than half the time judges nothing quiet (skipped, saying so).
+was raised more than half the time fails: rises must stay the exception to excuse anything.
 
 Recorded, not asserted: `paced2x`, a paced flow that raised the application's p99 1.7x
 and 2.6x in two runs (a narrow band: see RECORDED_ONLY), and, where the host has bbr, `steady_bbr`, the
@@ -276,12 +276,9 @@ def _host_rises(run: dict) -> list[float]:
 
 def _judge(run: dict, case: str, expected: tuple[float, float] | None = None) -> None:
     """Every moment `case` was firing outside `expected` (seconds from the start) must be
-    shared by the host: the control's excess had risen within the rule's 1-minute window.
-    A run whose host was noisy half the time cannot judge anything quiet: skipped."""
+    shared by the host: the control's excess had risen within the rule's 1-minute window
+    (test_the_control_lab_tells_host_from_case holds those rises to half the run)."""
     rises = _host_rises(run)
-    if len(rises) > 0.5 * len(run["series"].get(CONTROL, [])):
-        pytest.skip(f"the host's own latency rose during {len(rises) * 5} s of the run (the control lab): "
-                    f"too noisy to judge {case}")
     held = run["keep_firing_for_s"]
     outside = [t for t in run["fired_at"].get(case, [])
                if expected is None or not expected[0] <= t <= expected[1] + held]
@@ -302,6 +299,13 @@ def test_the_control_lab_tells_host_from_case(run):
     assert control["baseline"]["app_p99_s"] < 0.005, control
     recorded = [t for t, v in run["series"].get(CONTROL, []) if v == v]
     assert recorded and min(recorded) < 90 and max(recorded) > RUN_SECONDS - 30, recorded[:3]
+    # Rises excuse quiet cases, so they must stay the exception: a signal that jitters
+    # everywhere (a broken excess, a host always busy) fails here instead of excusing all.
+    # Measured here: 15% and 30% of two runs.
+    rises = _host_rises(run)
+    assert len(rises) <= 0.5 * len(recorded), (
+        f"the control lab's excess p99 stood at {HOST_RISE}x its median or more in {len(rises)} of "
+        f"{len(recorded)} points: too noisy a run or signal to tell host from case: {control}")
 
 
 def test_request_response_alone_for_ten_minutes_does_not_alert(run):
