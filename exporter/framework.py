@@ -127,14 +127,21 @@ class SampleCache:
             family.samples.extend(cached[1])
         self._now_histograms[key] = cached
 
-    def sample(self, name: str, label_names: tuple[str, ...], label_values: tuple[str, ...],
-               value: float) -> Sample:
-        key = (name, label_values)
-        sample = self._last.get(key)
-        if sample is None or sample.value != value:
-            sample = Sample(name, dict(zip(label_names, label_values)), value)
-        self._now[key] = sample
-        return sample
+    def samples(self, name: str, label_names: tuple[str, ...],
+                rows: Iterable[tuple[tuple[str, ...], float]]) -> list[Sample]:
+        """One family's samples from (label values, value) rows, each one unchanged since the
+        last scrape served as the same object. A family at a time, not a sample at a time:
+        the call per sample was a fifth of the infiniband collector's exposition."""
+        last, now = self._last, self._now
+        out = []
+        for label_values, value in rows:
+            key = (name, label_values)
+            sample = last.get(key)
+            if sample is None or sample.value != value:
+                sample = Sample(name, dict(zip(label_names, label_values)), value)
+            now[key] = sample
+            out.append(sample)
+        return out
 
     def reuse(self, families: list[Metric]) -> list[Metric]:
         """The families, each sample equal to one served last scrape replaced by that one:

@@ -257,7 +257,7 @@ def expose(view: View, cache: SampleCache) -> list[Metric]:
         family = (CounterMetricFamily if field.counter else GaugeMetricFamily)(
             field.metric, field.help, labels=field.labels)
         name = f"{field.metric}_total" if field.counter else field.metric
-        family.samples = [cache.sample(name, field.labels, labels, value) for labels, value in field.samples(view)]
+        family.samples = cache.samples(name, field.labels, field.samples(view))
         families.append(family)
     return families
 
