@@ -62,6 +62,7 @@ from fabricscope.queryapi.query.params import duration_seconds
 from tests import procs
 from tests.conftest import could_not_run, free_port, require_tool
 from tests.rtt_lab import BulkFlow, Lab, Shaping, wait_until
+from tests.rtt_traffic import THINK_SECONDS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
@@ -223,6 +224,7 @@ def run(tmp_path_factory):
             for phase, (since, until) in phases.items():
                 rtts = lab.app_rtts(since, until)
                 figures[phase] = {
+                    "app_round_trips": len(rtts),
                     "app_p50_s": percentile(rtts, 0.5), "app_p99_s": percentile(rtts, 0.99),
                     "excess_p99_max_s": _p99_over(excess.get(lab.name, []), t0, since, until),
                     "srtt_p99_max_s": _p99_over(srtt.get(lab.name, []), t0, since, until),
@@ -296,7 +298,9 @@ def test_the_control_lab_tells_host_from_case(run):
     """The judge itself: the control carried the baseline's traffic, and its series exists
     for the whole run (else every verdict on a quiet moment would rest on nothing)."""
     control = run["cases"][CONTROL]
-    assert control["baseline"]["app_p99_s"] < 0.005, control
+    # One round trip per think time at most; half of that is plenty of traffic to judge by.
+    possible = (BURST_START - 60.0) / THINK_SECONDS
+    assert control["baseline"]["app_round_trips"] >= possible / 2, control
     recorded = [t for t, v in run["series"].get(CONTROL, []) if v == v]
     assert recorded and min(recorded) < 90 and max(recorded) > RUN_SECONDS - 30, recorded[:3]
     # Rises excuse quiet cases, so they must stay the exception: a signal that jitters
