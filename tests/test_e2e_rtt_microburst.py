@@ -318,7 +318,12 @@ def test_request_response_alone_for_ten_minutes_does_not_alert(run):
 
 def test_a_light_burst_that_leaves_application_latency_under_3x_does_not_alert(run):
     case = run["cases"]["burst2x"]
-    assert _app_ratio(case) < 3, f"the light burst raised the application's p99 3x or more: {case}"
+    # Against the control's own ratio over the same phases: a host-wide stall during the
+    # burst raised every lab's application p99 (6.9x the control's, 9.2x the baseline's in
+    # one run here), which is not the light burst's doing.
+    host = max(1.0, _app_ratio(run["cases"][CONTROL]))
+    assert _app_ratio(case) / host < 3, (
+        f"the light burst raised the application's p99 3x or more beyond the control's {host:.1f}x: {case}")
     _judge(run, "burst2x")
 
 
