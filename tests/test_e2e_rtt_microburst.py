@@ -1,7 +1,7 @@
 """FabricTcpMicroburst on the real kernel: shaped links, real traffic, the exporter's eBPF
 tcp program, Prometheus with the production rules (root; netns, veth, tbf).
 
-Four cases run side by side, each on its own namespaces (tests/rtt_lab.py: client, router,
+Four cases and a control (below) run side by side, each on its own namespaces (tests/rtt_lab.py: client, router,
 server, the queue in the router as in a switch) with its own exporter watching only them
 (ebpf.tcp_rtt_network_namespaces), labelled node=<case>. Every case has a
 request/response flow (64 bytes every 10 ms, TCP_NODELAY) across a 20 Mbit tbf; the
