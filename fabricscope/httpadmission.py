@@ -15,8 +15,9 @@ Everything here runs on the server's event loop thread, so plain counters need n
 from __future__ import annotations
 
 import asyncio
+import queue
+import threading
 from collections import Counter, OrderedDict, deque
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 
@@ -53,6 +54,74 @@ class _Waiter:
         self.source, self.key, self.future = source, key, future
 
 
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if not future.done():                    # a request cancelled meanwhile (stop) wants nothing
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+
+class WorkerThreads:
+    """Threads that run calls for an event loop and hand each outcome back to it.
+
+    Why not loop.run_in_executor: it wraps a concurrent.futures.Future (a Condition and
+    its lock) in an asyncio one and copies the state across with two callbacks; here the
+    worker sets the loop's future itself, through one call_soon_threadsafe. Measured on a
+    trivial application with bench/http_overhead.py, that was most of what the hand-off
+    cost the loop. Daemon threads, started as they are first needed: a call stuck in the
+    kernel must not hold the process's exit."""
+
+    def __init__(self, name: str, count: int) -> None:
+        self.name, self.count = name, count
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._started = 0
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def run(self, work: Callable[..., Any], *args: Any) -> asyncio.Future:
+        """`work(*args)` on a worker; the future is the running loop's."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        with self._lock:
+            if self._idle == 0 and self._started < self.count:
+                self._started += 1
+                threading.Thread(target=self._serve, name=f"{self.name}-{self._started}", daemon=True).start()
+            else:
+                self._idle -= 1
+        self._calls.put((loop, future, work, args))
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            call = self._calls.get()
+            if call is None:
+                return
+            loop, future, work, args = call
+            result, error = None, None
+            try:
+                result = work(*args)
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting request
+                error = exc
+            with self._lock:
+                self._idle += 1
+            try:
+                loop.call_soon_threadsafe(_settle, future, result, error)
+            except RuntimeError:                  # the loop closed meanwhile (stop)
+                pass
+            del call, future, result, error
+
+    def shutdown(self) -> None:
+        """Each thread ends once it has finished the call it is in; calls not begun are dropped."""
+        while True:
+            try:
+                self._calls.get_nowait()
+            except queue.Empty:
+                break
+        for _ in range(self._started):
+            self._calls.put(None)
+
+
 class FairPool:
     """`workers` threads; at most `per_source` running for one address and `per_key` for
     one key (None: no per-key limit)."""
@@ -61,7 +130,7 @@ class FairPool:
                  max_wait: float = 10.0) -> None:
         self.name, self.workers = name, workers
         self.per_source, self.per_key, self.max_wait = max(1, per_source), per_key, max_wait
-        self.executor = ThreadPoolExecutor(workers, thread_name_prefix=f"http-{name}")
+        self.threads = WorkerThreads(f"http-{name}", workers)
         self.running = 0
         self._by_source: Counter[str] = Counter()
         self._by_key: Counter[str] = Counter()
@@ -72,7 +141,7 @@ class FairPool:
         """Run `work(*args)` on a worker once this source's and key's turn comes."""
         await self._acquire(source, key)
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.executor, work, *args)
+            return await self.threads.run(work, *args)
         finally:
             self._release(source, key)
 
@@ -143,7 +212,7 @@ class FairPool:
                 break
 
     def shutdown(self) -> None:
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.threads.shutdown()
 
 
 class SourceRequests:

@@ -145,8 +145,20 @@ class Connection:
             saw_line_end = b"\n" in data
             self.h11.receive_data(data)
             event = self._next_event(head=True, saw_line_end=saw_line_end)
+        if event is h11.NEED_DATA:
+            event = await self._read_rest_of_head(deadline, room, saw_line_end)
+        if isinstance(event, h11.ConnectionClosed):
+            return None
+        assert isinstance(event, h11.Request), event
+        self._check_framing(event)
+        return event
+
+    async def _read_rest_of_head(self, deadline: float | None, room: int, saw_line_end: bool):
+        """Read until h11 has the whole head; its first event after. (A head usually comes
+        in one read, and then no deadline is set up here at all.)"""
         if deadline is None:
             deadline = self.loop.time() + self.server.deadlines.header_timeout
+        event = h11.NEED_DATA
         try:
             async with asyncio.timeout_at(deadline):
                 while event is h11.NEED_DATA:
@@ -157,10 +169,6 @@ class Connection:
                     event = self._next_event(head=True, saw_line_end=saw_line_end)
         except TimeoutError:
             raise Refusal(408, "the request line and headers did not arrive in time") from None
-        if isinstance(event, h11.ConnectionClosed):
-            return None
-        assert isinstance(event, h11.Request), event
-        self._check_framing(event)
         return event
 
     def _next_event(self, head: bool = False, saw_line_end: bool = True):
@@ -189,6 +197,9 @@ class Connection:
     async def _read_body(self) -> bytes:
         if self.h11.they_are_waiting_for_100_continue:
             await self._send(self.h11.send(h11.InformationalResponse(status_code=100, headers=[])))
+        event = self._next_event()
+        if event.__class__ is h11.EndOfMessage:
+            return b""                            # no body (a GET): no deadline to set up
         rate = self.server.deadlines.body_min_rate
         start = self.loop.time() + self.server.deadlines.body_timeout
         limit = self.server.max_body_bytes
@@ -197,7 +208,6 @@ class Connection:
         try:
             async with asyncio.timeout_at(start) as timer:
                 while True:
-                    event = self._next_event()
                     if event is h11.NEED_DATA:
                         data = await self.reader.read(READ_SIZE)
                         received += len(data)
@@ -212,6 +222,7 @@ class Connection:
                         return bytes(body)
                     else:                         # closed part-way
                         raise ConnectionResetError("the client closed during the body")
+                    event = self._next_event()
         except TimeoutError:
             raise Refusal(408, "the request body did not arrive in time; send it faster or in smaller "
                                "requests") from None
@@ -243,6 +254,8 @@ class Connection:
         deadlines = self.server.deadlines
         allowed = deadlines.timeout + (len(data) / deadlines.body_min_rate if deadlines.body_min_rate else 0)
         self.writer.write(data)
+        if not self.writer.transport.get_write_buffer_size():
+            return                                # all in the socket: nothing to wait for
         async with asyncio.timeout(allowed):
             await self.writer.drain()
 

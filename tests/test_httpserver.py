@@ -161,3 +161,44 @@ def test_a_stalled_tls_handshake_is_closed_at_the_header_deadline_without_a_repl
             received = read_to_close(sock)
             took = time.monotonic() - started
     assert received == b"" and took < 1.8, (received, took)
+
+
+def test_worker_threads_hand_back_results_and_errors_and_stay_within_their_count():
+    """The pool's threads: each call's outcome reaches the awaiting request (an exception
+    as itself), no more threads run than the pool's size however many calls wait, and a
+    shutdown ends them."""
+    import asyncio
+    import threading
+
+    from fabricscope.httpadmission import WorkerThreads
+
+    threads = WorkerThreads("test-pool", 2)
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    def work(value):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.02)
+        with lock:
+            running[0] -= 1
+        if value == "boom":
+            raise ValueError("boom")
+        return value * 2
+
+    async def main():
+        outcomes = await asyncio.gather(*(threads.run(work, n) for n in range(6)), threads.run(work, "boom"),
+                                        return_exceptions=True)
+        return outcomes
+
+    outcomes = asyncio.run(main())
+    assert outcomes[:6] == [0, 2, 4, 6, 8, 10]
+    assert isinstance(outcomes[6], ValueError) and str(outcomes[6]) == "boom"
+    assert most[0] == 2
+    named = [t for t in threading.enumerate() if t.name.startswith("test-pool-")]
+    assert len(named) == 2 and all(t.daemon for t in named)
+    threads.shutdown()
+    for thread in named:
+        thread.join(5)
+    assert not any(t.is_alive() for t in named)
