@@ -106,6 +106,7 @@ class SampleCache:
         self._now: dict[tuple, Sample] = {}
         self._last_histograms: dict[tuple, tuple] = {}
         self._now_histograms: dict[tuple, tuple] = {}
+        self._families: dict[str, Metric] = {}
 
     def next_scrape(self) -> None:
         self._last, self._now = self._now, {}
@@ -142,6 +143,29 @@ class SampleCache:
             now[key] = sample
             out.append(sample)
         return out
+
+    def family(self, kind: Callable[..., Metric], name: str, documentation: str, label_names: tuple[str, ...],
+               rows: Iterable[tuple[tuple[str, ...], float]]) -> Metric:
+        """A counter or gauge family (kind: CounterMetricFamily or GaugeMetricFamily) with
+        its samples from (label values, value) rows, as `samples` gives them. The family
+        object itself is built once and given fresh samples on each scrape: building one
+        (its name checked, its labels copied) cost more than its single sample in the tcp
+        collector's sixty families. Families are never mutated downstream but for their
+        samples list (the scrape merges same-named families), which is new each time."""
+        family = self.empty(kind, name, documentation, label_names)
+        family.samples = self.samples(family.name + "_total" if family.type == "counter" else family.name,
+                                      label_names, rows)
+        return family
+
+    def empty(self, kind: Callable[..., Metric], name: str, documentation: str,
+              label_names: Sequence[str] = ()) -> Metric:
+        """The family `kind(name, documentation, labels=label_names)` with no samples yet:
+        the object served last scrape, its samples list replaced by a new empty one."""
+        family = self._families.get(name)
+        if family is None:
+            family = self._families[name] = kind(name, documentation, labels=label_names)
+        family.samples = []
+        return family
 
     def reuse(self, families: list[Metric]) -> list[Metric]:
         """The families, each sample equal to one served last scrape replaced by that one:

@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from fabricscope.atomicfile import remove_orphans, write_atomically
 
+from .framework import SampleCache
 from .parsers.files import ReadProblem, read_text
 
 log = logging.getLogger("fabricscope.exporter.state")
@@ -104,19 +105,17 @@ class StateFile:
             return False
 
 
-def state_metrics(collector: str, load_problem: str | None, write_errors: int, boot_id_changes: int) -> list[Metric]:
+def state_metrics(collector: str, load_problem: str | None, write_errors: int, boot_id_changes: int,
+                  cache: SampleCache) -> list[Metric]:
     """The families every stateful collector exports about its state (same names, help
-    and labels everywhere, so the framework merges them into one block per name)."""
-    problem = GaugeMetricFamily("fabric_state_file_problem",
-                                "1 when the collector's persistent state could not be loaded at start.",
-                                labels=["collector", "problem"])
-    for name in LOAD_PROBLEMS:
-        problem.add_metric([collector, name], 1.0 if load_problem == name else 0.0)
-    writes = CounterMetricFamily("fabric_state_file_write_errors", "Failed atomic state writes.",
-                                 labels=["collector"])
-    writes.add_metric([collector], write_errors)
-    boots = CounterMetricFamily("fabric_node_boot_id_changes",
-                                "Boot-ID changes the collector saw (its state cleared or cursor reset).",
-                                labels=["collector"])
-    boots.add_metric([collector], boot_id_changes)
-    return [problem, writes, boots]
+    and labels everywhere, so the framework merges them into one block per name), through
+    the collector's SampleCache."""
+    return [cache.family(GaugeMetricFamily, "fabric_state_file_problem",
+                         "1 when the collector's persistent state could not be loaded at start.",
+                         ("collector", "problem"),
+                         [((collector, name), 1.0 if load_problem == name else 0.0) for name in LOAD_PROBLEMS]),
+            cache.family(CounterMetricFamily, "fabric_state_file_write_errors", "Failed atomic state writes.",
+                         ("collector",), (((collector,), write_errors),)),
+            cache.family(CounterMetricFamily, "fabric_node_boot_id_changes",
+                         "Boot-ID changes the collector saw (its state cleared or cursor reset).",
+                         ("collector",), (((collector,), boot_id_changes),))]

@@ -258,3 +258,56 @@ def test_a_histogram_that_did_not_move_is_served_as_last_scrapes_samples():
     moved = scrape(cache, [("0.1", 1), ("+Inf", 3)], 0.9)
     assert all(a is b for a, b in zip(first, again))
     assert moved[-1].value == 0.9 and moved[0] is not first[0]
+
+
+def test_a_cached_family_is_served_again_with_this_scrapes_samples_and_merges_without_piling_up():
+    """SampleCache.family keeps the family object from one scrape to the next: it must carry
+    exactly this scrape's samples (the counter's sample named _total, an unchanged one the
+    same object), and a same-named family of another collector merged into it must not pile
+    up scrape after scrape."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    from fabricscope.exporter.exposition import render
+    from fabricscope.exporter.framework import SampleCache
+
+    class Cached(Collector):
+        name = "cached"
+        serves_unchanged_samples = True
+        moving = 1
+
+        def __init__(self, ctx):
+            super().__init__(ctx)
+            self.samples = SampleCache()
+
+        def collect(self):
+            self.samples.next_scrape()
+            yield self.samples.family(CounterMetricFamily, "fabric_cached", "c", ("which",),
+                                      [(("still",), 5), (("moves",), self.moving)])
+            yield self.samples.family(GaugeMetricFamily, "fabric_state_file_problem", "Problem.", ("collector",),
+                                      [((self.name,), 0)])
+
+    class Plain(Collector):
+        name = "plain"
+
+        def collect(self):
+            family = GaugeMetricFamily("fabric_state_file_problem", "Problem.", labels=["collector"])
+            family.add_metric([self.name], 1)
+            yield family
+
+    cached = Cached(Context())
+    scrape = ScrapeCollector([cached, Plain(Context())])
+    try:
+        texts, served = [], []
+        for moving in (1, 1, 2):
+            cached.moving = moving
+            families = list(scrape.families())
+            served.append({(s.name, s.labels.get("which")): s for f in families for s in f.samples})
+            texts.append(render(families).decode())
+    finally:
+        scrape.close()
+    for text in texts:
+        assert text.count("fabric_state_file_problem{") == 2
+        assert 'fabric_cached_total{which="still"} 5.0' in text
+    assert 'fabric_cached_total{which="moves"} 2.0' in texts[2]
+    assert served[1][("fabric_cached_total", "still")] is served[0][("fabric_cached_total", "still")]
+    assert served[2][("fabric_cached_total", "moves")] is not served[1][("fabric_cached_total", "moves")]

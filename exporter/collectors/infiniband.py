@@ -252,14 +252,8 @@ FIELDS: tuple[Field, ...] = (
 
 def expose(view: View, cache: SampleCache) -> list[Metric]:
     """Every FIELDS family, filled from `view`."""
-    families = []
-    for field in FIELDS:
-        family = (CounterMetricFamily if field.counter else GaugeMetricFamily)(
-            field.metric, field.help, labels=field.labels)
-        name = f"{field.metric}_total" if field.counter else field.metric
-        family.samples = cache.samples(name, field.labels, field.samples(view))
-        families.append(family)
-    return families
+    return [cache.family(CounterMetricFamily if field.counter else GaugeMetricFamily, field.metric, field.help,
+                         field.labels, field.samples(view)) for field in FIELDS]
 
 
 @register
@@ -334,4 +328,4 @@ class InfiniBandCollector(Collector):
         tracker = self.tracker
         return [*expose(view, self.samples),
                 *state_metrics(self.name, tracker.load_problem, tracker.state_file.write_errors,
-                               tracker.boot_id_changes)]
+                               tracker.boot_id_changes, self.samples)]

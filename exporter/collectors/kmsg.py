@@ -18,7 +18,7 @@ from typing import Any, Iterable, NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from ..framework import Collector, register
+from ..framework import Collector, SampleCache, register
 from ..kmsg_patterns import KNOWN_XIDS, PATTERNS, xid_label, xid_severity
 from ..parsers.files import ReadProblem, reason_for
 from ..parsers.held import RACY_NS, HeldDirectory
@@ -220,6 +220,7 @@ def read_file_records(path: Path, state: KmsgState, errors: dict[str, int]) -> l
 class KmsgCollector(Collector):
     name = "kmsg"
     description = "mlx5_core, NETDEV WATCHDOG and NVRM Xid events from the kernel log."
+    serves_unchanged_samples = True   # _expose() through its own SampleCache
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
@@ -240,9 +241,11 @@ class KmsgCollector(Collector):
         # Held open and re-read in place (parsers/held.py), as sysfs counters are.
         self.boot_id_file = HeldDirectory(str(ctx.procfs / "sys" / "kernel" / "random"), ("boot_id",))
         self.lock = threading.Lock()
+        self.samples = SampleCache()
 
     def collect(self) -> Iterable[Metric]:
         with self.lock:
+            self.samples.next_scrape()
             before = self.state.cursor()
             self._check_boot_id()
             self._read_new_records()
@@ -321,24 +324,18 @@ class KmsgCollector(Collector):
                 state.events[event] = state.events.get(event, 0) + 1
 
     def _expose(self) -> Iterable[Metric]:
+        family = self.samples.family
         if self.state.source_read:
-            events = CounterMetricFamily("fabric_kernel_log_events", "Kernel log lines matching a NIC failure pattern.",
-                                         labels=["source", "pattern", "severity"])
             # Every known pattern from 0, so increase() sees the first event.
             counts = dict.fromkeys(_EVENT_KEYS.values(), 0) | self.state.events
-            for key, value in sorted(counts.items()):
-                events.add_metric(key, value)
-            xids = CounterMetricFamily("fabric_kernel_log_xid_events", "NVRM Xid errors by Xid code ('other' when undocumented).",
-                                       labels=["xid", "severity"])
-            for key, value in sorted(self.state.xids.items()):
-                xids.add_metric(key, value)
-            yield events
-            yield xids
-            yield CounterMetricFamily("fabric_kernel_log_lines", "Kernel log records read.", value=self.state.lines)
-        read_errors = CounterMetricFamily("fabric_kernel_log_read_errors",
-                                          "Kernel log records or reads skipped, by reason, since the exporter started.",
-                                          labels=["reason"])
-        for reason, value in sorted(self.read_errors.items()):
-            read_errors.add_metric([reason], value)
-        yield read_errors
-        yield from state_metrics(self.name, self.load_problem, self.state_file.write_errors, self.boot_id_changes)
+            yield family(CounterMetricFamily, "fabric_kernel_log_events", "Kernel log lines matching a NIC failure "
+                         "pattern.", ("source", "pattern", "severity"), sorted(counts.items()))
+            yield family(CounterMetricFamily, "fabric_kernel_log_xid_events", "NVRM Xid errors by Xid code ('other' "
+                         "when undocumented).", ("xid", "severity"), sorted(self.state.xids.items()))
+            yield family(CounterMetricFamily, "fabric_kernel_log_lines", "Kernel log records read.", (),
+                         (((), self.state.lines),))
+        yield family(CounterMetricFamily, "fabric_kernel_log_read_errors", "Kernel log records or reads skipped, by "
+                     "reason, since the exporter started.", ("reason",),
+                     [((reason,), value) for reason, value in sorted(self.read_errors.items())])
+        yield from state_metrics(self.name, self.load_problem, self.state_file.write_errors, self.boot_id_changes,
+                                 self.samples)

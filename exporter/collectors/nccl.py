@@ -52,7 +52,8 @@ class NcclCollector(Collector):
         self.source = ctx.sources.get("nccl")
         clock = getattr(self.source, "clock", time.time)
         self.tracker = NcclTracker.from_config(section, clock=clock)
-        self.histograms = SampleCache()   # per-op histograms that did not move, served again
+        # Families built once; per-op histograms that did not move served again.
+        self.samples = SampleCache()
         ingest = section.get("ingest", False)
         self.ingest = IngestRoutes(self.tracker, enabled=ingest)
         self.uprobes = None
@@ -92,45 +93,47 @@ class NcclCollector(Collector):
             self._nvml, self._nvml_owned = None, False
 
     def collect(self) -> Iterable[Metric]:
-        # First, before any work: the closer to the scrape's start, the tighter the rules'
+        self.samples.next_scrape()
+        empty, family = self.samples.empty, self.samples.family
+        # First, before any other work: the closer to the scrape's start, the tighter the rules'
         # estimate of this node's clock offset (rules/mixin/rules/nccl.libsonnet, "clocks").
         # The wall clock, also in the demo: its simulated NCCL times run behind it by up to a
         # tick, the same on every node, and a clock that ticks would look unsettled.
-        scraped_at = GaugeMetricFamily("fabric_nccl_scrape_timestamp_seconds", "This node's wall clock when "
-                                       "the scrape began (UNIX seconds): against the scrape's own timestamp it "
-                                       "gives the node's clock offset.", value=time.time())
+        scraped_at = family(GaugeMetricFamily, "fabric_nccl_scrape_timestamp_seconds", "This node's wall clock when "
+                            "the scrape began (UNIX seconds): against the scrape's own timestamp it "
+                            "gives the node's clock offset.", (),
+                            (((), time.time()),))
         snap = self.tracker.snapshot()
-        self.histograms.next_scrape()
-        info = GaugeMetricFamily("fabric_nccl_comm_info", "Communicator membership of a local rank; always 1.",
-                                 labels=["comm", "rank", "nranks"])
+        info = empty(GaugeMetricFamily, "fabric_nccl_comm_info", "Communicator membership of a local rank; always 1.",
+                     ("comm", "rank", "nranks"))
         for comm, rank, nranks in snap.comms:
             info.add_metric([comm, str(rank), str(nranks)], 1.0)
-        calls = CounterMetricFamily("fabric_nccl_calls", "Collective calls entered.", labels=LABELS)
-        nbytes = CounterMetricFamily("fabric_nccl_bytes", "Bytes of the calls: count x datatype size "
-                                     "(AllGather: per-rank send count).", labels=LABELS)
-        enqueue = HistogramMetricFamily("fabric_nccl_enqueue_seconds", "API entry to return (enqueue time, "
-                                        "not completion: NCCL calls are asynchronous).", labels=LABELS)
-        duration = HistogramMetricFamily("fabric_nccl_operation_duration_seconds", "Completed operations: "
-                                         "start to the rank's next call on the comm, or to `end` when "
-                                         "ingested.", labels=LABELS)
-        last = GaugeMetricFamily("fabric_nccl_last_call_timestamp_seconds", "When the rank last entered this "
-                                 "collective (UNIX seconds).", labels=LABELS)
-        average = GaugeMetricFamily("fabric_nccl_completed_average_seconds", "Rolling average duration of the "
-                                    f"last {self.tracker.window} completed operations.", labels=LABELS)
+        calls = empty(CounterMetricFamily, "fabric_nccl_calls", "Collective calls entered.", LABELS)
+        nbytes = empty(CounterMetricFamily, "fabric_nccl_bytes", "Bytes of the calls: count x datatype size "
+                       "(AllGather: per-rank send count).", LABELS)
+        enqueue = empty(HistogramMetricFamily, "fabric_nccl_enqueue_seconds", "API entry to return (enqueue time, "
+                        "not completion: NCCL calls are asynchronous).", LABELS)
+        duration = empty(HistogramMetricFamily, "fabric_nccl_operation_duration_seconds", "Completed operations: "
+                         "start to the rank's next call on the comm, or to `end` when "
+                         "ingested.", LABELS)
+        last = empty(GaugeMetricFamily, "fabric_nccl_last_call_timestamp_seconds", "When the rank last entered this "
+                     "collective (UNIX seconds).", LABELS)
+        average = empty(GaugeMetricFamily, "fabric_nccl_completed_average_seconds", "Rolling average duration of the "
+                        f"last {self.tracker.window} completed operations.", LABELS)
         for op in snap.ops:
             labels = [op.comm, str(op.rank), op.op]
             calls.add_metric(labels, op.calls)
             nbytes.add_metric(labels, op.nbytes)
-            self.histograms.histogram(enqueue, labels, op.enqueue, op.enqueue_sum)
-            self.histograms.histogram(duration, labels, op.duration, op.duration_sum)
+            self.samples.histogram(enqueue, labels, op.enqueue, op.enqueue_sum)
+            self.samples.histogram(duration, labels, op.duration, op.duration_sum)
             last.add_metric(labels, op.last_call)
             if op.completed_average is not None:
                 average.add_metric(labels, op.completed_average)
-        inflight = GaugeMetricFamily("fabric_nccl_inflight_elapsed_seconds", "Elapsed time of the operation "
-                                     "in flight (absent when none).", labels=LABELS)
-        hanging = GaugeMetricFamily("fabric_nccl_hanging", f"1 when the in-flight operation's elapsed time "
-                                    f"exceeds {self.tracker.hang_multiplier:g}x the rolling average.",
-                                    labels=LABELS)
+        inflight = empty(GaugeMetricFamily, "fabric_nccl_inflight_elapsed_seconds", "Elapsed time of the operation "
+                         "in flight (absent when none).", LABELS)
+        hanging = empty(GaugeMetricFamily, "fabric_nccl_hanging", f"1 when the in-flight operation's elapsed time "
+                        f"exceeds {self.tracker.hang_multiplier:g}x the rolling average.",
+                        LABELS)
         active = {(a.comm, a.rank, a.op): a for a in snap.active}
         for a in snap.active:
             inflight.add_metric([a.comm, str(a.rank), a.op], a.elapsed)
@@ -145,10 +148,11 @@ class NcclCollector(Collector):
             yield from self._uprobe_families()
 
     def _rank_info(self) -> Metric:
-        info = GaugeMetricFamily("fabric_nccl_rank_info", "The GPU (NVML index, empty if unknown) and job id "
-                                 "(empty if none) of a local rank, joinable on (node, gpu); always 1.",
-                                 # job_id, not job: Prometheus owns `job` (the scrape job) on every series.
-                                 labels=["comm", "rank", "nranks", "gpu", "job_id"])
+        empty = self.samples.empty
+        info = empty(GaugeMetricFamily, "fabric_nccl_rank_info", "The GPU (NVML index, empty if unknown) and job id "
+                     "(empty if none) of a local rank, joinable on (node, gpu); always 1.",
+                     # job_id, not job: Prometheus owns `job` (the scrape job) on every series.
+                     ("comm", "rank", "nranks", "gpu", "job_id"))
         source = self.source if self.source is not None else self.uprobes
         listed = source.rank_processes() if source is not None and hasattr(source, "rank_processes") else []
         # The process seen initialising the comm first; a pid an ingested record names after.
@@ -165,82 +169,88 @@ class NcclCollector(Collector):
         return info
 
     def _arrival_families(self, snap) -> Iterable[Metric]:
-        lag = HistogramMetricFamily("fabric_nccl_arrival_lag_seconds", "Per collective: when the rank entered "
-                                    "it minus the earliest entry among the comm's ranks on this node (absent "
-                                    "with one local rank: see fabric_nccl_sequence_boundary_*).",
-                                    labels=["comm", "rank"])
-        sequence = GaugeMetricFamily("fabric_nccl_operation_sequence", "Collectives the rank has entered on "
-                                     "the comm (Send/Recv excluded): the k of its latest op.",
-                                     labels=["comm", "rank"])
-        boundary = GaugeMetricFamily("fabric_nccl_sequence_boundary", "The rank's latest sequence number that "
-                                     f"is a multiple of {self.tracker.boundary_ops} (boundary_ops).",
-                                     labels=["comm", "rank"])
-        boundary_start = GaugeMetricFamily("fabric_nccl_sequence_boundary_entry_timestamp_seconds", "When the "
-                                           "rank entered its op at fabric_nccl_sequence_boundary (UNIX seconds; "
-                                           "joins ranks of several nodes).", labels=["comm", "rank"])
+        empty = self.samples.empty
+        lag = empty(HistogramMetricFamily, "fabric_nccl_arrival_lag_seconds", "Per collective: when the rank entered "
+                    "it minus the earliest entry among the comm's ranks on this node (absent "
+                    "with one local rank: see fabric_nccl_sequence_boundary_*).",
+                    ("comm", "rank"))
+        sequence = empty(GaugeMetricFamily, "fabric_nccl_operation_sequence", "Collectives the rank has entered on "
+                         "the comm (Send/Recv excluded): the k of its latest op.",
+                         ("comm", "rank"))
+        boundary = empty(GaugeMetricFamily, "fabric_nccl_sequence_boundary", "The rank's latest sequence number that "
+                         f"is a multiple of {self.tracker.boundary_ops} (boundary_ops).",
+                         ("comm", "rank"))
+        boundary_start = empty(GaugeMetricFamily, "fabric_nccl_sequence_boundary_entry_timestamp_seconds", "When the "
+                               "rank entered its op at fabric_nccl_sequence_boundary (UNIX seconds; "
+                               "joins ranks of several nodes).", ("comm", "rank"))
         for seq in snap.sequences:
             labels = [seq.comm, str(seq.rank)]
             sequence.add_metric(labels, seq.sequence)
             if seq.lag_count:
-                self.histograms.histogram(lag, labels, seq.lag, seq.lag_sum)
+                self.samples.histogram(lag, labels, seq.lag, seq.lag_sum)
             if seq.boundary_start is not None:
                 boundary.add_metric(labels, seq.boundary)
                 boundary_start.add_metric(labels, seq.boundary_start)
-        culprit = GaugeMetricFamily("fabric_nccl_hang_culprit", "1 while a hang on the comm names this rank: "
-                                    "not_entered (its sequence is behind its peers') or stuck_in_call (its "
-                                    "call has not returned while a peer's has).", labels=["comm", "rank", "reason"])
+        culprit = empty(GaugeMetricFamily, "fabric_nccl_hang_culprit", "1 while a hang on the comm names this rank: "
+                        "not_entered (its sequence is behind its peers') or stuck_in_call (its "
+                        "call has not returned while a peer's has).", ("comm", "rank", "reason"))
         for c in snap.culprits:
             culprit.add_metric([c.comm, str(c.rank), c.reason], 1.0)
         yield from (lag, sequence, boundary, boundary_start, culprit)
 
     def _housekeeping(self, snap) -> Iterable[Metric]:
-        evicted = CounterMetricFamily("fabric_nccl_comms_evicted", "Communicators dropped from memory: idle "
-                                      "past idle_evict_seconds, or over max_comms/max_series.", labels=["reason"])
+        empty, family = self.samples.empty, self.samples.family
+        evicted = empty(CounterMetricFamily, "fabric_nccl_comms_evicted", "Communicators dropped from memory: idle "
+                        "past idle_evict_seconds, or over max_comms/max_series.", ("reason",))
         for reason, count in sorted(snap.evicted.items()):
             evicted.add_metric([reason], count)
-        dropped = CounterMetricFamily("fabric_nccl_calls_dropped", "Calls not tracked because max_series was "
-                                      "reached by a single communicator.", value=snap.dropped_calls)
-        requests = CounterMetricFamily("fabric_nccl_ingest_requests", "POST /nccl/operations requests "
-                                       "(disabled: refused because the nccl.ingest setting is off).",
-                                       labels=["result"])
+        dropped = family(CounterMetricFamily, "fabric_nccl_calls_dropped", "Calls not tracked because max_series was "
+                         "reached by a single communicator.", (),
+                         (((), snap.dropped_calls),))
+        requests = empty(CounterMetricFamily, "fabric_nccl_ingest_requests", "POST /nccl/operations requests "
+                         "(disabled: refused because the nccl.ingest setting is off).",
+                         ("result",))
         for result, count in sorted(self.ingest.requests.items()):
             requests.add_metric([result], count)
         yield from (evicted, dropped, requests)
 
     def _uprobe_families(self) -> Iterable[Metric]:
+        empty, family = self.samples.empty, self.samples.family
         status = self.uprobes.status()
-        available = GaugeMetricFamily("fabric_nccl_uprobes_available", "1 if the NCCL uprobe program is "
-                                      "loaded; reason says why not otherwise.", labels=["reason"])
+        available = empty(GaugeMetricFamily, "fabric_nccl_uprobes_available", "1 if the NCCL uprobe program is "
+                          "loaded; reason says why not otherwise.", ("reason",))
         available.add_metric([status.reason], 1.0 if status.reason == "ok" else 0.0)
-        attached = GaugeMetricFamily("fabric_nccl_probe_attached", "1 if uprobes are attached to this NCCL "
-                                     "library file.", labels=["library"])
+        attached = empty(GaugeMetricFamily, "fabric_nccl_probe_attached", "1 if uprobes are attached to this NCCL "
+                         "library file.", ("library",))
         for library, ok in sorted(status.libraries.items()):
             attached.add_metric([library], 1.0 if ok else 0.0)
-        traced = GaugeMetricFamily("fabric_nccl_processes_traced", "Processes that map a probed NCCL library.",
-                                   value=status.processes_traced)
-        exited = CounterMetricFamily("fabric_nccl_processes_exited", "Traced processes that exited (their "
-                                     "open operations are dropped).", value=status.processes_exited)
-        lost = CounterMetricFamily("fabric_nccl_events_lost", "Uprobe events dropped in the kernel because "
-                                   "the ring buffer was full.", value=status.events_lost)
-        invalid = CounterMetricFamily("fabric_nccl_events_invalid", "Uprobe events that could not be used.",
-                                      labels=["reason"])
+        traced = family(GaugeMetricFamily, "fabric_nccl_processes_traced", "Processes that map a probed NCCL library.", (),
+                        (((), status.processes_traced),))
+        exited = family(CounterMetricFamily, "fabric_nccl_processes_exited", "Traced processes that exited (their "
+                        "open operations are dropped).", (),
+                        (((), status.processes_exited),))
+        lost = family(CounterMetricFamily, "fabric_nccl_events_lost", "Uprobe events dropped in the kernel because "
+                      "the ring buffer was full.", (),
+                      (((), status.events_lost),))
+        invalid = empty(CounterMetricFamily, "fabric_nccl_events_invalid", "Uprobe events that could not be used.",
+                        ("reason",))
         for reason, count in sorted(status.invalid.items()):
             invalid.add_metric([reason], count)
-        skipped = CounterMetricFamily("fabric_nccl_library_files_skipped", "Mapped library files whose ELF "
-                                      "symbols could not be read (truncated, not ELF64, malformed).",
-                                      labels=["reason"])
+        skipped = empty(CounterMetricFamily, "fabric_nccl_library_files_skipped", "Mapped library files whose ELF "
+                        "symbols could not be read (truncated, not ELF64, malformed).",
+                        ("reason",))
         for reason, count in sorted(elfsym.MALFORMED_FILES.items()):
             skipped.add_metric([reason], count)
-        named = GaugeMetricFamily("fabric_nccl_comm_identities", "Local ranks' communicators by where their "
-                                  "identity came from: init (its init was probed), memory (initialised before "
-                                  "the probes: read from the communicator), unknown (reason says why); and by "
-                                  "how their ranks are joined on the same op: init, saved (on the previous "
-                                  "exporter's sequence marks), attach (counted from the probes' attach: a rank "
-                                  "late at that instant is joined one op apart), none.",
-                                  labels=["source", "reason", "join"])
+        named = empty(GaugeMetricFamily, "fabric_nccl_comm_identities", "Local ranks' communicators by where their "
+                      "identity came from: init (its init was probed), memory (initialised before "
+                      "the probes: read from the communicator), unknown (reason says why); and by "
+                      "how their ranks are joined on the same op: init, saved (on the previous "
+                      "exporter's sequence marks), attach (counted from the probes' attach: a rank "
+                      "late at that instant is joined one op apart), none.",
+                      ("source", "reason", "join"))
         for (source, reason, join), count in sorted(status.identities.items()):
             named.add_metric([source, reason, join], count)
         marks = self.uprobes.marks_state()
         if marks is not None:                  # the ranks' sequence marks (nccl_sequences.json)
-            yield from state_metrics(self.name, *marks)
+            yield from state_metrics(self.name, *marks, self.samples)
         yield from (available, attached, traced, exited, lost, invalid, skipped, named)

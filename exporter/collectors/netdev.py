@@ -14,7 +14,7 @@ from typing import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..framework import Collector, register
+from ..framework import Collector, SampleCache, register
 from ..parsers.files import ReadProblem, read_text
 from ..parsers.netdev import (NetDevice, NetDeviceFiles, list_interfaces, parse_default_route_interfaces,
                               read_ethtool_statistics, read_net_device)
@@ -63,6 +63,7 @@ def _pattern(ctx, flag: str, default: str) -> re.Pattern | None:
 class NetdevCollector(Collector):
     name = "netdev"
     description = "Ethernet/RoCE interface state and statistics from /sys/class/net."
+    serves_unchanged_samples = True   # expose() through its own SampleCache
 
     @classmethod
     def add_arguments(cls, parser) -> None:
@@ -89,6 +90,7 @@ class NetdevCollector(Collector):
         self.ethtool_include = _pattern(ctx, "ethtool-include", DEFAULT_ETHTOOL_INCLUDE) if real_sysfs else None
         self._files: dict[str, NetDeviceFiles] = {}   # interface -> its files, held open
         self._lock = threading.Lock()
+        self.samples = SampleCache()
 
     def wanted(self, interface: str) -> bool:
         if self.include is not None and not self.include.search(interface):
@@ -106,9 +108,11 @@ class NetdevCollector(Collector):
                        if device is not None]
             for gone in set(self._files) - {device.name for device in devices}:
                 self._files.pop(gone).close()
-        yield from expose(devices, self._default_route_interfaces(), self.statistics_exclude)
-        if self.ethtool_include is not None:
-            yield from self._ethtool(devices)
+            self.samples.next_scrape()
+            families = expose(devices, self._default_route_interfaces(), self.statistics_exclude, self.samples)
+            if self.ethtool_include is not None:
+                families += self._ethtool(devices)
+        return families
 
     def _files_of(self, name: str) -> NetDeviceFiles:
         files = self._files.get(name)
@@ -123,26 +127,26 @@ class NetdevCollector(Collector):
             self._files.clear()
 
     def _ethtool(self, devices: list[NetDevice]) -> list[Metric]:
-        family = CounterMetricFamily("fabric_netdev_ethtool_counter",
-                                     "Driver counter from ethtool -S (allow-listed by --collector.netdev.ethtool-include).",
-                                     labels=["interface", "counter"])
-        failed = GaugeMetricFamily("fabric_netdev_ethtool_read_errors",
-                                   "1 if the ethtool statistics ioctl failed for the interface on this scrape.",
-                                   labels=["interface"])
+        counter_rows, failed_rows = [], []
         for device in devices:
             if device.driver is None:   # virtual interfaces: nothing beyond statistics/
                 continue
             counters = read_ethtool_statistics(device.name)
             if isinstance(counters, ReadProblem):
-                failed.add_metric([device.name], 1)
+                failed_rows.append(((device.name,), 1))
                 continue
             seen = set()
             for name, value in counters or ():
                 # Some drivers repeat a name; the first is the one ethtool -S shows first.
                 if name not in seen and self.ethtool_include.search(name):
                     seen.add(name)
-                    family.add_metric([device.name, name], value)
-        return [family, failed]
+                    counter_rows.append(((device.name, name), value))
+        return [self.samples.family(CounterMetricFamily, "fabric_netdev_ethtool_counter",
+                                    "Driver counter from ethtool -S (allow-listed by "
+                                    "--collector.netdev.ethtool-include).", ("interface", "counter"), counter_rows),
+                self.samples.family(GaugeMetricFamily, "fabric_netdev_ethtool_read_errors",
+                                    "1 if the ethtool statistics ioctl failed for the interface on this scrape.",
+                                    ("interface",), failed_rows)]
 
     def _default_route_interfaces(self) -> set[str] | None:
         text = read_text(self.ctx.procfs / "net" / "route")
@@ -151,49 +155,52 @@ class NetdevCollector(Collector):
         return parse_default_route_interfaces(text)
 
 
+# The families every interface may have a sample in, besides one per statistics/ file.
+INFO = ("fabric_netdev_info", "Interface attributes; always 1.", ("interface", "operstate", "driver", "address_family"))
+UP = ("fabric_netdev_up", "1 if the interface operstate is up.", ("interface",))
+CARRIER = ("fabric_netdev_carrier_changes", "Carrier up/down transitions (carrier_changes).", ("interface",))
+SPEED = ("fabric_netdev_speed_bytes_per_second",
+         "Negotiated link speed, converted from Mb/s to bytes/s; absent on virtual or unlinked interfaces.",
+         ("interface",))
+MTU = ("fabric_netdev_mtu_bytes", "Interface MTU in bytes.", ("interface",))
+READ_ERRORS = ("fabric_netdev_read_errors", "Files of this interface that could not be read or parsed on this scrape.",
+               ("interface", "reason"))
+ROUTE = ("fabric_netdev_default_route", "1 if the interface carries an IPv4 default route (/proc/net/route).",
+         ("interface",))
+
+
 def expose(devices: list[NetDevice], default_route: set[str] | None,
-           statistics_exclude: re.Pattern | None = None) -> Iterable[Metric]:
-    info = GaugeMetricFamily("fabric_netdev_info", "Interface attributes; always 1.",
-                             labels=["interface", "operstate", "driver", "address_family"])
-    up = GaugeMetricFamily("fabric_netdev_up", "1 if the interface operstate is up.", labels=["interface"])
-    carrier = CounterMetricFamily("fabric_netdev_carrier_changes", "Carrier up/down transitions (carrier_changes).",
-                                  labels=["interface"])
-    speed = GaugeMetricFamily("fabric_netdev_speed_bytes_per_second",
-                              "Negotiated link speed, converted from Mb/s to bytes/s; absent on virtual or unlinked interfaces.",
-                              labels=["interface"])
-    mtu = GaugeMetricFamily("fabric_netdev_mtu_bytes", "Interface MTU in bytes.", labels=["interface"])
-    errors = GaugeMetricFamily("fabric_netdev_read_errors",
-                               "Files of this interface that could not be read or parsed on this scrape.",
-                               labels=["interface", "reason"])
-    route = GaugeMetricFamily("fabric_netdev_default_route",
-                              "1 if the interface carries an IPv4 default route (/proc/net/route).", labels=["interface"])
-    stats: dict[str, CounterMetricFamily] = {}
-
+           statistics_exclude: re.Pattern | None, cache: SampleCache) -> list[Metric]:
+    info, up, carrier, speed, mtu, errors, route = [], [], [], [], [], [], []
+    stats: dict[str, list] = {}
+    excluded: dict[str, bool] = {}
     for device in devices:
-        labels = [device.name]
-        info.add_metric([device.name, device.operstate or "unknown", device.driver or "", device.address_family], 1)
+        labels = (device.name,)
+        info.append(((device.name, device.operstate or "unknown", device.driver or "", device.address_family), 1))
         if device.operstate is not None:
-            up.add_metric(labels, 1.0 if device.operstate == "up" else 0.0)
+            up.append((labels, 1.0 if device.operstate == "up" else 0.0))
         if device.carrier_changes is not None:
-            carrier.add_metric(labels, device.carrier_changes)
+            carrier.append((labels, device.carrier_changes))
         if device.speed_mbps is not None:
-            speed.add_metric(labels, device.speed_mbps * MEGABIT_BYTES)
+            speed.append((labels, device.speed_mbps * MEGABIT_BYTES))
         if device.mtu is not None:
-            mtu.add_metric(labels, device.mtu)
+            mtu.append((labels, device.mtu))
         if default_route is not None:
-            route.add_metric(labels, 1.0 if device.name in default_route else 0.0)
+            route.append((labels, 1.0 if device.name in default_route else 0.0))
         for stat, value in device.statistics.items():
-            if statistics_exclude is not None and statistics_exclude.search(stat):
-                continue
-            family = stats.get(stat)
-            if family is None:
-                family = stats[stat] = CounterMetricFamily(
-                    f"fabric_netdev_{stat}", f"Interface counter statistics/{stat}.", labels=["interface"])
-            family.add_metric(labels, value)
+            skip = excluded.get(stat)
+            if skip is None:
+                skip = excluded[stat] = statistics_exclude is not None and bool(statistics_exclude.search(stat))
+            if not skip:
+                stats.setdefault(stat, []).append((labels, value))
         for reason, count in sorted(Counter(problem.reason for problem in device.problems).items()):
-            errors.add_metric([device.name, reason], count)
+            errors.append(((device.name, reason), count))
 
-    yield from (info, up, carrier, speed, mtu, errors)
+    families = [cache.family(GaugeMetricFamily, *INFO, info), cache.family(GaugeMetricFamily, *UP, up),
+                cache.family(CounterMetricFamily, *CARRIER, carrier), cache.family(GaugeMetricFamily, *SPEED, speed),
+                cache.family(GaugeMetricFamily, *MTU, mtu), cache.family(GaugeMetricFamily, *READ_ERRORS, errors)]
     if default_route is not None:
-        yield route
-    yield from (stats[name] for name in sorted(stats))
+        families.append(cache.family(GaugeMetricFamily, *ROUTE, route))
+    families += [cache.family(CounterMetricFamily, f"fabric_netdev_{stat}", f"Interface counter statistics/{stat}.",
+                              ("interface",), stats[stat]) for stat in sorted(stats)]
+    return families

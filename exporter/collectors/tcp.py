@@ -12,7 +12,7 @@ from typing import Iterable, NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..framework import Collector, register
+from ..framework import Collector, SampleCache, register
 from ..parsers.files import ReadProblem, read_text
 from ..parsers.snmp import SnmpFile, parse_snmp
 
@@ -95,8 +95,14 @@ SECTIONS = {file: frozenset(field.section for field in FIELDS if field.file == f
 class TcpCollector(Collector):
     name = "tcp"
     description = "TCP/UDP counters from /proc/net/snmp and /proc/net/netstat."
+    serves_unchanged_samples = True   # expose() through its own SampleCache
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.samples = SampleCache()
 
     def collect(self) -> Iterable[Metric]:
+        self.samples.next_scrape()
         parsed: dict[str, SnmpFile] = {}
         errors = GaugeMetricFamily("fabric_tcp_procfs_read_errors",
                                    "Problems reading /proc/net/snmp or /proc/net/netstat on this scrape.",
@@ -109,17 +115,15 @@ class TcpCollector(Collector):
             parsed[file] = parse_snmp(text, SECTIONS[file])
             for reason, count in sorted(Counter(problem.reason for problem in parsed[file].problems).items()):
                 errors.add_metric([file, reason], count)
-        yield from expose(parsed)
+        yield from expose(parsed, self.samples)
         yield errors
 
 
-def expose(parsed: dict[str, SnmpFile]) -> Iterable[Metric]:
+def expose(parsed: dict[str, SnmpFile], cache: SampleCache) -> Iterable[Metric]:
     for field in FIELDS:
         source = parsed.get(field.file)
         value = source.get(field.section, field.name) if source is not None else None
         if value is None:
             continue
-        if field.gauge:
-            yield GaugeMetricFamily(field.metric, field.help, value=value)
-        else:
-            yield CounterMetricFamily(field.metric, field.help, value=value)
+        yield cache.family(GaugeMetricFamily if field.gauge else CounterMetricFamily, field.metric, field.help,
+                           (), (((), value),))

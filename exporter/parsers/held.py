@@ -88,13 +88,14 @@ class HeldDirectory:
     itself. Not thread-safe: each owner reads
     under its own lock (collectors do)."""
 
-    __slots__ = ("path", "names", "wanted", "_held", "_listing", "_stamp", "_parsed")
+    __slots__ = ("path", "names", "wanted", "absent", "_held", "_listing", "_stamp", "_parsed")
 
     def __init__(self, path: str, names: tuple[str, ...] | None = None,
                  wanted: Callable[[str], bool] | None = None) -> None:
         self.path = path
         self.names = names
         self.wanted = wanted
+        self.absent = False           # the last read found no such directory
         self._held: dict[str, tuple[int, int]] = {}     # name -> (descriptor, inode it was opened for)
         self._listing: dict[str, int] = {}              # name -> inode, as last listed
         self._stamp: tuple[int, int] | None = None      # (inode, mtime) of the directory then
@@ -106,9 +107,11 @@ class HeldDirectory:
         same bytes as last time gets last time's answer without being decoded or parsed."""
         try:
             listing = self._list()
+            self.absent = False
         except OSError as exc:
             self.close()
-            if exc.errno != errno.ENOENT:
+            self.absent = exc.errno == errno.ENOENT
+            if not self.absent:
                 return [("", ReadProblem(Path(self.path), reason_for(exc)))]
             listing = {}
         held, parsed = self._held, self._parsed

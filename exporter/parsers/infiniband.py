@@ -15,6 +15,7 @@ which also follows a counter file appearing, vanishing or being replaced.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -232,25 +233,26 @@ def read_infiniband(sysfs: Path | str, cache: StaticCache | None = None) -> list
     seen = set()
     devices = []
     for entry in entries:
-        if not os.path.isdir(entry.path):
+        try:
+            target = entry.stat()          # through the class link: the device directory
+        except OSError:
+            target = None
+        if target is None or not stat.S_ISDIR(target.st_mode):
             # The class link is there but its device directory is gone (a device removed
             # mid-way, a broken driver unbind): the device is missing, which the health
             # tracker reports for every device it knew, rather than a device with no ports.
             continue
         seen.add(entry.name)
-        devices.append(read_device(sysfs, entry, cache))
+        devices.append(read_device(sysfs, entry, target.st_ino, cache))
     for gone in set(cache) - seen:
         cache.drop(gone)
     return devices
 
 
-def read_device(sysfs: Path | str, entry: os.DirEntry, cache: StaticCache) -> InfiniBandDevice:
+def read_device(sysfs: Path | str, entry: os.DirEntry, device_inode: int, cache: StaticCache) -> InfiniBandDevice:
     # The kernel re-creates both the class link and the device directory when a device is
     # re-probed (firmware reset, driver reload), so either inode changing means "new device".
-    try:
-        identity = (entry.inode(), entry.stat().st_ino)
-    except OSError:
-        identity = (entry.inode(), 0)
+    identity = (entry.inode(), device_inode)
     static = cache.get(entry.name)
     if static is None or static.identity != identity:
         if static is not None:

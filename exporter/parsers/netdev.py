@@ -117,10 +117,10 @@ def read_net_device(sysfs: Path, name: str, files: NetDeviceFiles | None = None)
             return read_net_device(sysfs, name, files)
         finally:
             files.close()
-    if not os.path.isdir(files.base):
+    attributes = dict(files.attributes.read(_parse_attribute))
+    if files.attributes.absent:
         return None
     device = NetDevice(name=name)
-    attributes = dict(files.attributes.read(_parse_attribute))
     if "" in attributes:                  # the directory itself could not be listed
         device.problems.append(attributes[""])
     operstate = attributes.get("operstate")
