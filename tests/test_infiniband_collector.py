@@ -451,13 +451,14 @@ def test_unchanged_series_are_served_again_and_render_as_a_fresh_exposition(node
 
     col = node.collector()
     renderer = Renderer({"node": "n"})
+    samples = lambda families: {(s.name, tuple(s.labels.items())): s for f in families for s in f.samples}  # noqa: E731
     first = list(col.collect())
     renderer.render(first)
+    before = samples(first)       # taken now: the family objects are served again, with new samples
     node.counter("mlx5_1", "symbol_error", 77)
     second = list(col.collect())
     assert renderer.render(second) == render(second, {"node": "n"})
-    samples = lambda families: {(s.name, tuple(s.labels.items())): s for f in families for s in f.samples}  # noqa: E731
-    before, after = samples(first), samples(second)
+    after = samples(second)
     moved = [key for key in after if key[0].startswith("fabric_infiniband") and after[key] is not before.get(key)]
     assert [dict(labels)["counter"] for _, labels in moved] == ["symbol_error"]
     assert after[moved[0]].value == 77
