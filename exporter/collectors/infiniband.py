@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Iterator, Mapping, NamedTuple
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..context import Context
-from ..framework import Collector, SampleCache, register
+from ..framework import Collector, SampleCache, register, series_name
 from ..health import nic_roles
 from ..health.gpu_nic_affinity import Affinity, NicCandidate, nearest_nics
 from ..health.link_state import is_active
@@ -84,12 +84,18 @@ class View:
 Samples = Iterable[tuple[tuple[str, ...], float]]   # (label values, value)
 
 
+class PerPort(NamedTuple):
+    """A family whose samples are each port's, built from one object of the port alone."""
+    source: Callable[[InfiniBandPort], object]            # what the port's samples are built from
+    rows: Callable[[InfiniBandDevice, InfiniBandPort, str], Samples]
+
+
 class Field(NamedTuple):
     metric: str                      # the exported name (a counter's without _total)
     counter: bool
     help: str
     labels: tuple[str, ...]
-    samples: Callable[[View], Samples]
+    samples: Callable[[View], Samples] | PerPort
 
 
 PORT = ("device", "port")
@@ -137,18 +143,21 @@ def _bytes(counter: str) -> Callable[[View], Samples]:
 
 
 # Only the selected counter files were read (the collector's StaticCache): what was read is
-# exported.
-def _counters(view: View) -> Samples:
-    for d, port, p in view.ports():
-        for name, value in port.counters.items():
-            if name not in _BYTE_COUNTERS:
-                yield (d.name, p, name), value
-
-
-def _hw_counters(view: View) -> Samples:
-    for d, port, p in view.ports():
-        for name, value in port.hw_counters.items():
+# exported. Per port: the parser serves a port's counters as the same object while their
+# files read the same, and then so are the port's samples (SampleCache.group).
+def _counter_rows(d: InfiniBandDevice, port: InfiniBandPort, p: str) -> Samples:
+    for name, value in port.counters.items():
+        if name not in _BYTE_COUNTERS:
             yield (d.name, p, name), value
+
+
+def _hw_counter_rows(d: InfiniBandDevice, port: InfiniBandPort, p: str) -> Samples:
+    for name, value in port.hw_counters.items():
+        yield (d.name, p, name), value
+
+
+_counters = PerPort(lambda port: port.counters, _counter_rows)
+_hw_counters = PerPort(lambda port: port.hw_counters, _hw_counter_rows)
 
 
 # The breach, anomaly and missing-device flags are exported only while raised (1): an alert
@@ -252,8 +261,19 @@ FIELDS: tuple[Field, ...] = (
 
 def expose(view: View, cache: SampleCache) -> list[Metric]:
     """Every FIELDS family, filled from `view`."""
-    return [cache.family(CounterMetricFamily if field.counter else GaugeMetricFamily, field.metric, field.help,
-                         field.labels, field.samples(view)) for field in FIELDS]
+    families = []
+    for field in FIELDS:
+        kind = CounterMetricFamily if field.counter else GaugeMetricFamily
+        if field.samples.__class__ is not PerPort:
+            families.append(cache.family(kind, field.metric, field.help, field.labels, field.samples(view)))
+            continue
+        family = cache.empty(kind, field.metric, field.help, field.labels)
+        name, (source, rows) = series_name(family), field.samples
+        for d, port, p in view.ports():
+            family.samples += cache.group(name, field.labels, port.key, source(port),
+                                          lambda d=d, port=port, p=p: rows(d, port, p))
+        families.append(family)
+    return families
 
 
 @register

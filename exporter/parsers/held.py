@@ -88,7 +88,7 @@ class HeldDirectory:
     itself. Not thread-safe: each owner reads
     under its own lock (collectors do)."""
 
-    __slots__ = ("path", "names", "wanted", "absent", "_held", "_listing", "_stamp", "_parsed")
+    __slots__ = ("path", "names", "wanted", "absent", "unchanged", "_held", "_listing", "_stamp", "_parsed")
 
     def __init__(self, path: str, names: tuple[str, ...] | None = None,
                  wanted: Callable[[str], bool] | None = None) -> None:
@@ -96,6 +96,9 @@ class HeldDirectory:
         self.names = names
         self.wanted = wanted
         self.absent = False           # the last read found no such directory
+        # The last read listed the same files as the one before and read each the same
+        # bytes: its owner may serve what it built from them then (infiniband's ports).
+        self.unchanged = False
         self._held: dict[str, tuple[int, int]] = {}     # name -> (descriptor, inode it was opened for)
         self._listing: dict[str, int] = {}              # name -> inode, as last listed
         self._stamp: tuple[int, int] | None = None      # (inode, mtime) of the directory then
@@ -105,6 +108,8 @@ class HeldDirectory:
         """With `parse`, each file's text is answered as parse(text, directory, name) (a value
         or a ReadProblem). Most counters do not move between scrapes: a file that reads the
         same bytes as last time gets last time's answer without being decoded or parsed."""
+        listed_before = self._listing
+        self.unchanged = False
         try:
             listing = self._list()
             self.absent = False
@@ -116,9 +121,11 @@ class HeldDirectory:
             listing = {}
         held, parsed = self._held, self._parsed
         results: list[tuple[str, object]] = []
+        same = listing is listed_before and bool(listing)
         for name in self.names if self.names is not None else listing:
             entry = held.get(name)
             if entry is None:
+                same = False
                 inode = listing.get(name)
                 if inode is None:
                     results.append((name, ReadProblem(Path(self.path, name), "absent")))
@@ -135,15 +142,18 @@ class HeldDirectory:
                 os.close(held.pop(name)[0])    # opened again on the next read
                 BUDGET.give_back()
                 results.append((name, ReadProblem(Path(self.path, name), reason_for(exc))))
+                same = False
                 continue
             memo = parsed.get(name)
             if memo is not None and memo[0] == raw:
                 results.append((name, memo[1]))
                 continue
+            same = False
             text = as_text(raw if len(raw) <= SMALL_FILE_BYTES else "too_large", name, self.path)
             answer = text if parse is None or text.__class__ is ReadProblem else parse(text, self.path, name)
             parsed[name] = (raw, answer)
             results.append((name, answer))
+        self.unchanged = same
         return results
 
     def _list(self) -> dict[str, int]:

@@ -173,6 +173,11 @@ class _StaticPort:
     counters: HeldDirectory
     hw_counters: HeldDirectory
     carrier: HeldDirectory | None
+    # What the last read of counters/ and hw_counters/ built: served again, the same
+    # objects, while their directory reads unchanged (HeldDirectory.unchanged), so what is
+    # built from them downstream can be kept too (SampleCache.group).
+    last_counters: PortCounters | None = None
+    last_hw_counters: dict[str, int] | None = None
 
     def close(self) -> None:
         for held in (self.attributes, self.counters, self.hw_counters, self.carrier):
@@ -372,10 +377,17 @@ def _read_port(device: str, sport: _StaticPort, problems: list[ReadProblem]) -> 
             continue
         setattr(port, "rate_bytes_per_second" if attr == "rate" else attr, value)
     counters = _read_counter_dir(sport.counters, problems)
-    known = {k: v for k, v in counters.items() if k in _COUNTER_FIELD_SET}
-    other = {k: v for k, v in counters.items() if k not in _COUNTER_FIELD_SET}
-    port.counters = PortCounters(**known, other=other)
-    port.hw_counters = _read_counter_dir(sport.hw_counters, problems)
+    if sport.counters.unchanged and sport.last_counters is not None:
+        port.counters = sport.last_counters
+    else:
+        known = {k: v for k, v in counters.items() if k in _COUNTER_FIELD_SET}
+        other = {k: v for k, v in counters.items() if k not in _COUNTER_FIELD_SET}
+        port.counters = sport.last_counters = PortCounters(**known, other=other)
+    hw_counters = _read_counter_dir(sport.hw_counters, problems)
+    if sport.hw_counters.unchanged and sport.last_hw_counters is not None:
+        port.hw_counters = sport.last_hw_counters
+    else:
+        port.hw_counters = sport.last_hw_counters = hw_counters
     if sport.carrier is not None:
         port.carrier_changes = _read_counter_dir(sport.carrier, problems).get("carrier_changes")
     return port
