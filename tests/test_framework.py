@@ -311,3 +311,27 @@ def test_a_cached_family_is_served_again_with_this_scrapes_samples_and_merges_wi
     assert 'fabric_cached_total{which="moves"} 2.0' in texts[2]
     assert served[1][("fabric_cached_total", "still")] is served[0][("fabric_cached_total", "still")]
     assert served[2][("fabric_cached_total", "moves")] is not served[1][("fabric_cached_total", "moves")]
+
+
+def test_a_group_is_served_again_while_its_source_is_the_same_object_and_rebuilt_when_not():
+    """SampleCache.group: the same source object -> last scrape's samples, without calling
+    rows(); a new source -> rebuilt, its unchanged samples still last scrape's objects (also
+    when the scrape before served the group whole)."""
+    from fabricscope.exporter.framework import SampleCache
+
+    cache, calls = SampleCache(), []
+
+    def scrape(source):
+        cache.next_scrape()
+        def rows():
+            calls.append(source)
+            return [((name,), value) for name, value in source.items()]
+        return cache.group("fabric_c_total", ("counter",), "mlx5_0/1", source, rows)
+
+    quiet = {"symbol_error": 0, "link_downed": 1}
+    first = scrape(quiet)
+    again = scrape(quiet)
+    moved = scrape({"symbol_error": 3, "link_downed": 1})
+    assert again is first and len(calls) == 2 and calls[0] is quiet     # rows() not called for `again`
+    assert [s.value for s in moved] == [3, 1]
+    assert moved[1] is first[1] and moved[0] is not first[0]

@@ -46,6 +46,42 @@ def test_a_file_replaced_under_the_open_descriptor_is_read_from_the_new_file(tmp
     held.close()
 
 
+def _age(directory: Path) -> None:
+    """Dated an hour ago, as a sysfs directory keeps its creation time: otherwise it is
+    listed again on every read (the racily-clean rule)."""
+    os.utime(directory, (os.path.getmtime(directory) - 3600,) * 2)
+
+
+def test_unchanged_says_only_a_read_of_the_same_files_with_the_same_bytes(tmp_path):
+    """What the infiniband parser serves last scrape's objects on: never after a value
+    moved, a file was replaced or added, or the first read."""
+    (tmp_path / "a").write_text("1\n")
+    (tmp_path / "b").write_text("5\n")
+    _age(tmp_path)
+    held = HeldDirectory(str(tmp_path))
+    steps = []
+    texts(held)
+    steps.append(held.unchanged)                  # first read
+    texts(held)
+    steps.append(held.unchanged)                  # nothing moved
+    (tmp_path / "a").write_text("2\n")
+    texts(held)
+    steps.append(held.unchanged)                  # a value moved, in place
+    texts(held)
+    steps.append(held.unchanged)
+    (tmp_path / "b.new").write_text("5\n")
+    os.replace(tmp_path / "b.new", tmp_path / "b")   # same bytes, a new file
+    _age(tmp_path)
+    assert texts(held) == {"a": "2", "b": "5"}
+    steps.append(held.unchanged)
+    (tmp_path / "c").write_text("0\n")
+    _age(tmp_path)
+    texts(held)
+    steps.append(held.unchanged)                  # a file added
+    held.close()
+    assert steps == [False, True, False, True, False, False]
+
+
 def test_a_fifo_put_in_a_held_files_place_is_not_read_and_blocks_nothing(tmp_path):
     (tmp_path / "a").write_text("1\n")
     held = HeldDirectory(str(tmp_path))
