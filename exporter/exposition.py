@@ -55,14 +55,13 @@ class Renderer:
         self.extra = dict(extra_labels or {})
         self.max_series = max_series
         self._heads: dict[tuple, str] = {}
-        # id(sample) -> (sample, its line) of the last render: a collector that serves the same
-        # Sample objects again (nvlink between link rounds) gets its lines back without
-        # formatting them. Holding the samples keeps their ids from being reused.
-        self._lines: dict[int, tuple] = {}
-        # (name, type, help) -> (its samples, their ids, its whole text, their _lines
-        # entries) of the last render: a family whose samples are all the ones served last
-        # time (most families of a quiet node, through the collectors' SampleCache) is one
-        # tuple comparison and its text again, not a lookup and an append per sample.
+        # (name, type, help) -> (its samples, their ids, its whole text, {id: (sample, its
+        # line, deferred suffix)}) of the last render. A family whose samples are all the
+        # ones served last time (most families of a quiet node, through the collectors'
+        # SampleCache) is one tuple comparison and its text again; one that changed looks
+        # up each sample among its own last lines (nvlink serves the same Sample objects
+        # between link rounds), so a line is formatted only for a sample that is new.
+        # Holding the samples keeps their ids from being reused by other objects.
         self._families: dict[tuple, tuple] = {}
 
     def _head(self, name: str, labels: dict[str, str]) -> str:
@@ -84,7 +83,6 @@ class Renderer:
         out: list[str] = []
         append = out.append
         head_of = self._head
-        last, lines = self._lines, {}
         last_families, rendered = self._families, {}
         for metric in families:
             start = len(out)
@@ -94,9 +92,10 @@ class Renderer:
             kept = last_families.get(key)
             if kept is not None and kept[1] == ids:
                 append(kept[2])
-                lines.update(kept[3])
                 rendered[key] = kept
                 continue
+            last = kept[3] if kept is not None else {}
+            lines = {}
             try:
                 name, mtype = metric.name, metric.type
                 if mtype == "counter":
@@ -108,7 +107,7 @@ class Renderer:
                 append(f"# HELP {name} {help_text}\n# TYPE {name} {mtype}\n")
                 deferred: dict[str, list[str]] = {}
                 base = metric.name
-                for sample in metric.samples:
+                for sample in samples:
                     seen = last.get(id(sample))
                     if seen is None or seen[0] is not sample:
                         line = head_of(sample.name, sample.labels) + _format_value(sample.value)
@@ -130,9 +129,7 @@ class Renderer:
                 del out[start:]
                 log.error("family %s dropped from the exposition: %s", metric.name, exc)
                 continue
-            # Holding the samples keeps their ids from being reused by other objects.
-            rendered[key] = (samples, ids, "".join(out[start:]), [(i, lines[i]) for i in ids])
-        self._lines = lines
+            rendered[key] = (samples, ids, "".join(out[start:]), lines)
         self._families = rendered
         return "".join(out).encode("utf-8")
 

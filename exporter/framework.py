@@ -382,6 +382,7 @@ class ScrapeCollector(_PromCollector):
         self.timeout = timeout
         self._runners = [_Runner(collector) for collector in collectors]
         self._workers = _Workers()
+        self._samples = SampleCache()     # the self-metrics': a collector's success is mostly unchanged
 
     def close(self) -> None:
         self._workers.close()
@@ -392,16 +393,7 @@ class ScrapeCollector(_PromCollector):
     def families(self) -> Iterator[Metric]:
         """Every enabled collector's families plus the self-metrics, without the node label
         (the exposition writer adds it while formatting, which is far cheaper)."""
-        success = GaugeMetricFamily(
-            "fabric_scrape_collector_success",
-            "1 if the collector's last scrape succeeded, 0 if it raised.",
-            labels=["collector"],
-        )
-        duration = GaugeMetricFamily(
-            "fabric_scrape_collector_duration_seconds",
-            "Time the collector took on this scrape.",
-            labels=["collector"],
-        )
+        successes, durations = [], []
         # Several collectors export shared families (fabric_state_file_problem{collector},
         # ...). The text format allows one HELP/TYPE block per name, so same-named
         # families are merged into the first one, in order.
@@ -423,8 +415,8 @@ class ScrapeCollector(_PromCollector):
                 took = run.took
             else:
                 families, took, ok = run.families, run.took, 1.0
-            duration.add_metric([name], took)
-            success.add_metric([name], ok)
+            durations.append(((name,), took))
+            successes.append(((name,), ok))
             for family in families:
                 first = merged.setdefault(family.name, family)
                 if first is not family:
@@ -434,8 +426,12 @@ class ScrapeCollector(_PromCollector):
                         continue
                     first.samples.extend(family.samples)
         yield from merged.values()
-        yield success
-        yield duration
+        self._samples.next_scrape()
+        yield self._samples.family(GaugeMetricFamily, "fabric_scrape_collector_success",
+                                   "1 if the collector's last scrape succeeded, 0 if it raised.", ("collector",),
+                                   successes)
+        yield self._samples.family(GaugeMetricFamily, "fabric_scrape_collector_duration_seconds",
+                                   "Time the collector took on this scrape.", ("collector",), durations)
 
     def _start_in_turn(self, deadline: float) -> list[tuple[_Runner, _Run | None]]:
         """Run the collectors one after another on one thread; the next starts beside a
