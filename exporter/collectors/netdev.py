@@ -88,6 +88,7 @@ class NetdevCollector(Collector):
         # mount in a container): ioctls on this namespace's interfaces would not match it.
         real_sysfs = Path(ctx.sysfs).resolve() == Path("/sys")
         self.ethtool_include = _pattern(ctx, "ethtool-include", DEFAULT_ETHTOOL_INCLUDE) if real_sysfs else None
+        self.route = Path(ctx.procfs) / "net" / "route"
         self._files: dict[str, NetDeviceFiles] = {}   # interface -> its files, held open
         self._lock = threading.Lock()
         self.samples = SampleCache()
@@ -149,7 +150,7 @@ class NetdevCollector(Collector):
                                     ("interface",), failed_rows)]
 
     def _default_route_interfaces(self) -> set[str] | None:
-        text = read_text(self.ctx.procfs / "net" / "route")
+        text = read_text(self.route)
         if isinstance(text, ReadProblem):
             return None  # absent in some network namespaces; then the series is absent too
         return parse_default_route_interfaces(text)

@@ -100,6 +100,7 @@ class TcpCollector(Collector):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self.samples = SampleCache()
+        self.paths = {file: ctx.procfs / "net" / file for file in FILES}
 
     def collect(self) -> Iterable[Metric]:
         self.samples.next_scrape()
@@ -108,7 +109,7 @@ class TcpCollector(Collector):
                                    "Problems reading /proc/net/snmp or /proc/net/netstat on this scrape.",
                                    labels=["file", "reason"])
         for file in FILES:
-            text = read_text(self.ctx.procfs / "net" / file)
+            text = read_text(self.paths[file])
             if isinstance(text, ReadProblem):
                 errors.add_metric([file, text.reason], 1)
                 continue

@@ -60,12 +60,12 @@ class NetDevice:
         return ADDRESS_FAMILIES.get(self.arp_type, "other")
 
 
-def list_interfaces(sysfs: Path) -> list[str] | ReadProblem:
-    directory = Path(sysfs) / "class" / "net"
+def list_interfaces(sysfs: Path | str) -> list[str] | ReadProblem:
+    directory = os.path.join(sysfs, "class", "net")
     try:
         return sorted(os.listdir(directory))
     except OSError as exc:
-        return ReadProblem(directory, reason_for(exc))
+        return ReadProblem(Path(directory), reason_for(exc))
 
 
 def _value(value: int | ReadProblem, device: NetDevice) -> int | None:
@@ -144,10 +144,23 @@ def read_net_device(sysfs: Path, name: str, files: NetDeviceFiles | None = None)
 _ABSENT = ReadProblem(Path("."), "absent")
 
 
+# statistics/ file names seen, and whether each is one the kernel would use.
+_STAT_NAMES_CHECKED: dict[str, bool] = {}
+
+
+def _valid_stat_name(stat: str) -> bool:
+    valid = _STAT_NAMES_CHECKED.get(stat)
+    if valid is None:
+        valid = bool(_STAT_NAME.match(stat))
+        if len(_STAT_NAMES_CHECKED) < 4096:       # a hostile tree cannot grow it without bound
+            _STAT_NAMES_CHECKED[stat] = valid
+    return valid
+
+
 def _read_statistics(held: HeldDirectory, device: NetDevice) -> dict[str, int]:
     stats: dict[str, int] = {}
     for stat, value in held.read(parse_counter):
-        if stat and not _STAT_NAME.match(stat):
+        if stat and not _valid_stat_name(stat):
             device.problems.append(ReadProblem(Path(held.path, stat), "bad_name"))
             continue
         value = _value(value, device)
