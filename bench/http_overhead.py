@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import os
 import shutil
 import statistics
 import subprocess
@@ -22,9 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fabricscope.demo.stack.binaries import free_port  # noqa: E402
+from fabricscope.demo.stack.binaries import free_ports  # noqa: E402
 from measure import stat_cpu_seconds  # noqa: E402
-from scrape_latency import node_exporter_version, scrape, wait_ready  # noqa: E402
+from scrape_latency import node_exporter_version, scrape, source_version, wait_ready  # noqa: E402
 
 # The server process: a fixed answer, nothing else on the request path.
 SERVER = """
@@ -52,7 +53,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--body-bytes", type=int, default=40000, help="about a full node's exposition")
     args = parser.parse_args()
-    ports = {"fabricscope": free_port(), "node_exporter": free_port()}
+    print(f"{source_version()}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
+    ports = dict(zip(("fabricscope", "node_exporter"), free_ports(2)))
     procs = {"fabricscope": subprocess.Popen(
         [sys.executable, "-c", SERVER.format(repo=str(REPO), body_bytes=args.body_bytes, port=ports["fabricscope"])])}
     node_exporter = shutil.which("prometheus-node-exporter")
