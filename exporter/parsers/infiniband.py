@@ -108,10 +108,11 @@ class InfiniBandPort:
     # them between releases), so a mapping rather than fixed fields.
     hw_counters: dict[str, int] = field(default_factory=dict)
     carrier_changes: int | None = None          # <sysfs>/class/net/<netdev>/carrier_changes (Ethernet link layer)
+    # Built once: health tracking and exposition look a port up by it about ten times a scrape.
+    key: PortKey = field(init=False, repr=False, compare=False)
 
-    @property
-    def key(self) -> PortKey:
-        return PortKey(self.device, self.port)
+    def __post_init__(self) -> None:
+        self.key = PortKey(self.device, self.port)
 
 
 @dataclass(frozen=True, slots=True)
