@@ -111,7 +111,7 @@ class SampleCache:
         self._now: dict[tuple, Sample] = {}
         self._last_histograms: dict[tuple, tuple] = {}
         self._now_histograms: dict[tuple, tuple] = {}
-        self._families: dict[str, Metric] = {}
+        self._families: dict[str, tuple[Metric, str]] = {}   # name -> (family, its samples' name)
         self._last_groups: dict[tuple, tuple] = {}
         self._now_groups: dict[tuple, tuple] = {}
 
@@ -180,19 +180,23 @@ class SampleCache:
         (its name checked, its labels copied) cost more than its single sample in the tcp
         collector's sixty families. Families are never mutated downstream but for their
         samples list (the scrape merges same-named families), which is new each time."""
-        family = self.empty(kind, name, documentation, label_names)
-        family.samples = self.samples(series_name(family), label_names, rows)
-        return family
+        kept = self._families.get(name) or self._new_family(kind, name, documentation, label_names)
+        kept[0].samples = self.samples(kept[1], label_names, rows)
+        return kept[0]
 
     def empty(self, kind: Callable[..., Metric], name: str, documentation: str,
               label_names: Sequence[str] = ()) -> Metric:
         """The family `kind(name, documentation, labels=label_names)` with no samples yet:
         the object served last scrape, its samples list replaced by a new empty one."""
-        family = self._families.get(name)
-        if family is None:
-            family = self._families[name] = kind(name, documentation, labels=label_names)
+        family = (self._families.get(name) or self._new_family(kind, name, documentation, label_names))[0]
         family.samples = []
         return family
+
+    def _new_family(self, kind: Callable[..., Metric], name: str, documentation: str,
+                    label_names: Sequence[str]) -> tuple[Metric, str]:
+        family = kind(name, documentation, labels=label_names)
+        kept = self._families[name] = (family, series_name(family))
+        return kept
 
     def reuse(self, families: list[Metric]) -> list[Metric]:
         """The families, each sample equal to one served last scrape replaced by that one:
