@@ -2,7 +2,8 @@
 (HealthTracker._unchanged_port) must never change a verdict. A tracker that judges every
 port on every scrape and one that takes the shortcut are fed the same random scrapes
 (quiet stretches, error bursts, counter resets, unreadable counters, a device that vanishes
-and returns, link state changes, the clock stepping back) and must agree on everything
+and returns, link state changes, the clock stepping back, traffic on counters no threshold
+judges and their resets) and must agree on everything
 they export and persist, after every scrape."""
 from __future__ import annotations
 
@@ -78,6 +79,8 @@ def test_the_shortcut_for_unchanged_ports_agrees_with_judging_every_port(tmp_pat
                 gone.add(name)
             elif roll < 0.40:
                 counters["port_rcv_data"] += 100                          # traffic, judged by nobody
+            elif roll < 0.42:
+                counters["port_rcv_data"] = 0                             # cleared (perfquery -x): a reset
         devices = [_device(n, values[n], *link[n]) for n in names if n not in gone]
         roles = {n: "management" if n == "mlx5_2" else "compute" for n in names}
         before = len(trackers[1]._last_judged)

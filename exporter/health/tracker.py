@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Collection, Mapping
 
 from ..parsers.files import ReadProblem, read_small_text
 from ..parsers.infiniband import InfiniBandDevice, InfiniBandPort, PortKey
@@ -51,9 +51,12 @@ class _Judged:
     health: PortHealth
 
 
-def _judged_on(port: InfiniBandPort, management: bool) -> tuple:
-    """Everything of a port its verdict depends on, besides the monitor's history."""
-    return (management, port.counters, port.hw_counters, port.state, port.phys_state, port.carrier_changes)
+def _judged_on(port: InfiniBandPort, management: bool, monitored_values: tuple) -> tuple:
+    """Everything of a port its verdict depends on, besides the monitor's history: its role,
+    link state and the values of the counters a threshold judges. Not the other counters:
+    the data and packet counts of a busy port move on every scrape and judge nothing (their
+    resets are counted on every scrape all the same, _count_other_resets)."""
+    return (management, monitored_values, port.state, port.phys_state, port.carrier_changes)
 
 
 @dataclass
@@ -80,6 +83,7 @@ class HealthTracker:
         # Resets of counters without a threshold, seen against the previous scrape only
         # (not persisted: they are informational and would make every scrape a state write).
         self._last_counters: dict[PortKey, dict[str, int]] = {}
+        self._counted_from: dict[PortKey, tuple] = {}   # the objects _last_counters was taken from
         self._other_resets: dict[tuple[PortKey, str], int] = {}
         # Per port seen on the last scrape: what it was judged on and the verdict (see
         # _unchanged_port). Rebuilt every scrape, so a port that vanished is judged afresh.
@@ -123,6 +127,7 @@ class HealthTracker:
             self.down_transitions.clear()
             self.monitor.forget()
             self._last_counters.clear()   # counters restart from zero after a reboot
+            self._counted_from.clear()
             self._last_judged.clear()
         if boot != self.boot_id:
             self.boot_id = boot
@@ -144,7 +149,7 @@ class HealthTracker:
                 self.known_devices[device.name] = known
                 self._dirty = True
             for port in device.ports:
-                ports[port.key] = (self._unchanged_port(port, management, judged.get(port.key), now)
+                ports[port.key] = (self._unchanged_port(port, management, judged.get(port.key), now, monitored)
                                    or self._update_port(port, management, monitored, now))
         missing = {}
         for name, info in self.known_devices.items():
@@ -168,14 +173,19 @@ class HealthTracker:
         return NodeHealth(ports, missing)
 
     def _unchanged_port(self, port: InfiniBandPort, management: bool, last: _Judged | None,
-                        now: float) -> PortHealth | None:
-        """Last scrape's verdict again, for a port read exactly as then (state, every counter,
-        role) whose monitored counters have not moved in their windows and hold no breach:
-        judging it once more would find what it found then, and costs most of the health
-        check on a node whose error counters are quiet. None when it must be judged."""
-        if (last is None or last.inputs != _judged_on(port, management)
+                        now: float, monitored: tuple[str, ...]) -> PortHealth | None:
+        """Last scrape's verdict again, for a port judged on the same inputs as then (state,
+        role, the judged counters: _judged_on) whose monitored counters have not moved in
+        their windows and hold no breach: judging it once more would find what it found
+        then, and costs most of the health check on a node whose error counters are quiet
+        (busy or not). None when it must be judged."""
+        if last is None:
+            return None
+        values = tuple([counter_value(port, counter) for counter in monitored])
+        if (last.inputs != _judged_on(port, management, values)
                 or not self.monitor.hold_if_quiet(port.key, now, last.absent)):
             return None
+        self._count_other_resets(port.key, port, monitored)
         self._last_judged[port.key] = last
         return PortHealth(fatal=last.health.fatal, breached=dict(last.health.breached))
 
@@ -219,12 +229,16 @@ class HealthTracker:
             self.port_states[key] = current
             self._dirty = True
         if verdict.complete:
-            self._last_judged[key] = _Judged(_judged_on(port, management),
+            self._last_judged[key] = _Judged(_judged_on(port, management, tuple(values.values())),
                                              frozenset(c for c in monitored if values[c] is None),
                                              PortHealth(health.fatal, dict(health.breached)))
         return health
 
-    def _count_other_resets(self, key: PortKey, port: InfiniBandPort, monitored: Mapping[str, int | None]) -> None:
+    def _count_other_resets(self, key: PortKey, port: InfiniBandPort, monitored: Collection[str]) -> None:
+        sources = self._counted_from.get(key)
+        if sources is not None and sources[0] is port.counters and sources[1] is port.hw_counters:
+            return                           # the parser's very objects of last scrape: nothing moved
+        self._counted_from[key] = (port.counters, port.hw_counters)
         current = dict(port.counters.items())
         current.update(port.hw_counters)
         before = self._last_counters.get(key)
