@@ -162,12 +162,18 @@ def compare_with_node_exporter(args: argparse.Namespace, tree: Path) -> int:
                 scrape(conn)
         load_before = os.getloadavg()[0]
         cpu_before = {name: stat_cpu_seconds(f"/proc/{proc.pid}/stat") for name, proc in procs.items()}
+        busy = busy_files(tree) if args.busy else []
         for _ in range(args.scrapes):
+            for path in busy:                 # every exporter then reads each moved once
+                move(path)
             for name, conn in clients.items():
                 elapsed, bodies[name] = scrape(conn)
                 times[name].append(elapsed)
         cpu = {name: (stat_cpu_seconds(f"/proc/{proc.pid}/stat") - cpu_before[name]) / args.scrapes
                for name, proc in procs.items()}
+        if busy:
+            print(f"busy: {len(busy)} data and packet counter files (every port's and interface's) moved before "
+                  "each round of scrapes")
         print(f"full-size node: 8 compute HCAs + 1 RoCE NIC, kernel log {args.kmsg_lines} lines, "
               f"{args.scrapes} scrapes each, alternating, same client; load average {load_before:.1f} -> "
               f"{os.getloadavg()[0]:.1f} while scraping")
@@ -191,6 +197,30 @@ def compare_with_node_exporter(args: argparse.Namespace, tree: Path) -> int:
         for proc in procs.values():
             proc.terminate()
             proc.wait(timeout=10)
+
+
+# The counters a busy node moves on every scrape: its ports' and interfaces' data and packet
+# counts. Error counters stand still, as on a healthy node.
+BUSY_PORT_COUNTERS = ("port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets",
+                      "unicast_xmit_packets", "unicast_rcv_packets")
+BUSY_INTERFACE_STATISTICS = ("rx_bytes", "tx_bytes", "rx_packets", "tx_packets")
+
+
+def busy_files(tree: Path) -> list[Path]:
+    ports = sorted((tree / "sys" / "class" / "infiniband").glob("*/ports/*/counters"))
+    interfaces = sorted((tree / "sys" / "class" / "net").glob("*/statistics"))
+    return ([d / name for d in ports for name in BUSY_PORT_COUNTERS if (d / name).exists()]
+            + [d / name for d in interfaces for name in BUSY_INTERFACE_STATISTICS if (d / name).exists()])
+
+
+def move(path: Path) -> None:
+    """A counter moved forward, written anew in place (the same file, as sysfs regenerates
+    one on each read)."""
+    with open(path, "r+") as file:
+        value = int(file.read()) + 4096
+        file.seek(0)
+        file.write(f"{value}\n")
+        file.truncate()
 
 
 def node_exporter_version(binary: str) -> str:
@@ -330,6 +360,9 @@ def main() -> int:
     parser.add_argument("--scrapes", type=int, default=None,
                         help="scrapes of each exporter (default 1000; 300 with --gpu)")
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--busy", action="store_true",
+                        help="move every port's and interface's data and packet counters before each round of "
+                             "scrapes, as on a node carrying traffic (default: the tree stands still)")
     parser.add_argument("--kmsg-lines", type=int, default=10_000)
     parser.add_argument("--gpu", action="store_true", help="all collectors, GPU side simulated, in-process")
     parser.add_argument("--nvlink-interval", type=float, default=1.0,
