@@ -628,7 +628,10 @@ def test_a_gpu_hanging_in_nvml_stalls_neither_the_scrape_nor_the_other_gpus():
     samplers = registry.collector.samplers
     assert all(samplers[gpu].refresh(timeout=2) for gpu in (0, 1, 3))
     assert not samplers[2].refresh(timeout=interval)
-    values, duration = scrape(registry)
+    # A collect that waited on the hung GPU would take at least its interval on every scrape;
+    # a stall of this shared 2-core machine slows one (a CI-like run saw 0.27 s once). The
+    # quickest of three is judged.
+    values, duration = min((scrape(registry) for _ in range(3)), key=lambda scraped: scraped[1])
     assert duration < 0.1
     ages = by_gpu(values, "fabric_nvlink_sample_age_seconds", tier="link")
     assert ages["2"] > 2 * interval and all(ages[gpu] < 2 * interval for gpu in "013"), ages
