@@ -105,19 +105,19 @@ class TcpCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         self.samples.next_scrape()
         parsed: dict[str, SnmpFile] = {}
-        errors = GaugeMetricFamily("fabric_tcp_procfs_read_errors",
-                                   "Problems reading /proc/net/snmp or /proc/net/netstat on this scrape.",
-                                   labels=["file", "reason"])
+        errors = []
         for file in FILES:
             text = read_text(self.paths[file])
             if isinstance(text, ReadProblem):
-                errors.add_metric([file, text.reason], 1)
+                errors.append(((file, text.reason), 1))
                 continue
             parsed[file] = parse_snmp(text, SECTIONS[file])
             for reason, count in sorted(Counter(problem.reason for problem in parsed[file].problems).items()):
-                errors.add_metric([file, reason], count)
+                errors.append(((file, reason), count))
         yield from expose(parsed, self.samples)
-        yield errors
+        yield self.samples.family(GaugeMetricFamily, "fabric_tcp_procfs_read_errors",
+                                  "Problems reading /proc/net/snmp or /proc/net/netstat on this scrape.",
+                                  ("file", "reason"), errors)
 
 
 def expose(parsed: dict[str, SnmpFile], cache: SampleCache) -> Iterable[Metric]:

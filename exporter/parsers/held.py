@@ -162,9 +162,7 @@ class HeldDirectory:
                 results.append((name, memo[1]))
                 continue
             same = False
-            text = as_text(raw if len(raw) <= SMALL_FILE_BYTES else "too_large", name, self.path)
-            answer = text if parse is None or text.__class__ is ReadProblem else parse(text, self.path, name)
-            parsed[name] = (raw, answer)
+            answer = self._answer(name, raw, parse)
             results.append((name, answer))
         self.unchanged = same
         if plannable:
@@ -176,7 +174,7 @@ class HeldDirectory:
         (read() then goes the long way, which reports it)."""
         results = []
         same = True
-        pread, size, directory = os.pread, SMALL_FILE_BYTES + 1, self.path
+        pread, size = os.pread, SMALL_FILE_BYTES + 1
         for slot in self._plan:
             try:
                 raw = pread(slot[0], size, 0)
@@ -185,13 +183,18 @@ class HeldDirectory:
             if raw != slot[1]:
                 same = False
                 name = slot[2][0]
-                text = as_text(raw if len(raw) <= SMALL_FILE_BYTES else "too_large", name, directory)
-                answer = text if parse is None or text.__class__ is ReadProblem else parse(text, directory, name)
-                self._parsed[name] = (raw, answer)
-                slot[1], slot[2] = raw, (name, answer)
+                slot[1], slot[2] = raw, (name, self._answer(name, raw, parse))
             results.append(slot[2])
         self.unchanged = same
         return results
+
+    def _answer(self, name: str, raw: bytes, parse: Callable[[str, str, str], object] | None) -> object:
+        """What bytes a file read anew say (its text, or parse's answer), remembered for
+        the next read of the same bytes."""
+        text = as_text(raw if len(raw) <= SMALL_FILE_BYTES else "too_large", name, self.path)
+        answer = text if parse is None or text.__class__ is ReadProblem else parse(text, self.path, name)
+        self._parsed[name] = (raw, answer)
+        return answer
 
     def _list(self) -> dict[str, int]:
         """name -> inode of the directory's entries, listed again only when they may have

@@ -6,6 +6,7 @@ ReadProblems so the collector can report them per interface without losing the r
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -144,17 +145,10 @@ def read_net_device(sysfs: Path, name: str, files: NetDeviceFiles | None = None)
 _ABSENT = ReadProblem(Path("."), "absent")
 
 
-# statistics/ file names seen, and whether each is one the kernel would use.
-_STAT_NAMES_CHECKED: dict[str, bool] = {}
-
-
+@functools.lru_cache(maxsize=4096)       # bounded: a hostile tree cannot grow it
 def _valid_stat_name(stat: str) -> bool:
-    valid = _STAT_NAMES_CHECKED.get(stat)
-    if valid is None:
-        valid = bool(_STAT_NAME.match(stat))
-        if len(_STAT_NAMES_CHECKED) < 4096:       # a hostile tree cannot grow it without bound
-            _STAT_NAMES_CHECKED[stat] = valid
-    return valid
+    """Whether a statistics/ file name is one the kernel would use (checked once per name)."""
+    return bool(_STAT_NAME.match(stat))
 
 
 def _read_statistics(held: HeldDirectory, device: NetDevice) -> dict[str, int]:
