@@ -5,6 +5,11 @@ Everything here runs on the server's event loop thread, so plain counters need n
 - `SourceConnections` caps open connections in total and per source address: beyond its
   share a new connection from that address is closed at once, so one client holding a
   thousand silent sockets cannot take the slots everyone else needs (nginx `limit_conn`).
+  When the total is reached, the oldest connection that has not yet completed a request
+  is dropped for the new one rather than the new one refused: a crowd of silent sockets
+  from many addresses (a NAT, a pod network) then holds capacity only until someone uses
+  it. Configured scrapers' addresses (`TrustedSources`) have slots of the total kept for
+  them alone, and theirs are never the ones dropped.
 - `FairPool` is a bounded set of worker threads. A complete request waits for a worker
   here, on the loop, costing no thread. Free workers go round-robin to the waiting
   sources, each source and each key (the credential the request carries) may have only
@@ -15,32 +20,113 @@ Everything here runs on the server's event loop thread, so plain counters need n
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import queue
 import threading
 from collections import Counter, OrderedDict, deque
 from typing import Any, Callable
 
 
+class TrustedSources:
+    """The configured scrapers' networks (`--web.trusted-sources`, the sidecar's
+    `trusted_sources`): a list of CIDRs, validated when the process starts."""
+
+    def __init__(self, cidrs: "list[str] | tuple[str, ...]" = ()) -> None:
+        self.networks = tuple(parse_cidr(cidr) for cidr in cidrs)
+        self._known: dict[str, bool] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.networks)
+
+    def __contains__(self, source: str) -> bool:
+        known = self._known.get(source)
+        if known is None:
+            try:
+                address = ipaddress.ip_address(source)
+            except ValueError:
+                return False
+            known = any(address in network for network in self.networks)
+            if len(self._known) < 65536:        # a cache, bounded: addresses are the client's choice
+                self._known[source] = known
+        return known
+
+
+def parse_cidr(text: str) -> "ipaddress.IPv4Network | ipaddress.IPv6Network":
+    """A network from `10.0.0.0/8`, `192.0.2.7` (one address) or `::1`; ValueError naming
+    the text otherwise."""
+    try:
+        return ipaddress.ip_network(text.strip(), strict=False)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an IP address or CIDR network (e.g. 10.0.0.0/8)") from None
+
+
+class Slot:
+    """One admitted connection. `evict` (set once its task runs) ends it; `proven` once it
+    has sent a whole request, after which it is never dropped for another."""
+
+    __slots__ = ("source", "trusted", "evict", "proven", "released")
+
+    def __init__(self, source: str, trusted: bool) -> None:
+        self.source, self.trusted = source, trusted
+        self.evict: Callable[[], Any] | None = None
+        self.proven = self.released = False
+
+
 class SourceConnections:
     """Open connections, in total and per source address."""
 
-    def __init__(self, total: int, per_source: int) -> None:
+    def __init__(self, total: int, per_source: int, trusted: TrustedSources | None = None,
+                 reserved: int | None = None) -> None:
         self.total, self.per_source = total, per_source
+        self.trusted = trusted or TrustedSources()
+        # Slots only trusted sources may take: a sixteenth of the total by default.
+        self.reserved = (max(1, total // 16) if reserved is None else reserved) if self.trusted else 0
         self.open: Counter[str] = Counter()
         self.count = 0
+        self.evicted = 0
+        # Connections that have not completed a request, oldest first: the ones dropped
+        # when the total is reached.
+        self._unproven: OrderedDict[Slot, None] = OrderedDict()
 
-    def admit(self, source: str) -> bool:
-        if self.count >= self.total or self.open[source] >= self.per_source:
-            return False
+    def admit(self, source: str) -> Slot | None:
+        """A slot for a new connection from `source`, or None (close it)."""
+        if self.open[source] >= self.per_source:
+            return None
+        trusted = source in self.trusted
+        limit = self.total if trusted else self.total - self.reserved
+        if self.count >= limit and not self._evict_oldest_unproven():
+            return None
+        slot = Slot(source, trusted)
         self.open[source] += 1
         self.count += 1
-        return True
+        if not trusted:
+            self._unproven[slot] = None
+        return slot
 
-    def release(self, source: str) -> None:
+    def prove(self, slot: Slot) -> None:
+        """The connection has sent a complete request: it is in use, not merely held."""
+        if not slot.proven:
+            slot.proven = True
+            self._unproven.pop(slot, None)
+
+    def _evict_oldest_unproven(self) -> bool:
+        for slot in self._unproven:
+            if slot.evict is not None:          # its task is running: it can be ended
+                self.release(slot)
+                self.evicted += 1
+                slot.evict()
+                return True
+        return False
+
+    def release(self, slot: Slot) -> None:
+        if slot.released:
+            return
+        slot.released = True
+        self._unproven.pop(slot, None)
         self.count -= 1
-        self.open[source] -= 1
-        if not self.open[source]:
-            del self.open[source]
+        self.open[slot.source] -= 1
+        if not self.open[slot.source]:
+            del self.open[slot.source]
 
 
 class Busy(Exception):

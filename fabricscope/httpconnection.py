@@ -14,15 +14,21 @@ Deadlines, as Apache's mod_reqtimeout sets them:
   received; slower is a 408.
 - writing an answer may take `timeout` plus a second per `body_min_rate` bytes.
 
-Framing is read strictly (h11 parses; a proxy in front that reads a request's end
-differently from us is how requests are smuggled): a repeated Host, both Content-Length
-and Transfer-Encoding, whitespace before a colon, a malformed chunk are 400s and close the
-connection; so does every refusal, after a brief lingering close so the client reads it.
+Framing is read strictly (a proxy in front that reads a request's end differently from
+us is how requests are smuggled). The raw head is checked before h11 sees it, because h11
+normalises what it parses: it merges a repeated identical Content-Length (and `5, 5`),
+unfolds obs-fold lines and takes bare LF line ends, each of which is a 400 here
+(RFC 9112 sections 2.2, 5.2 and 6.3 let a server refuse them). h11 then parses the rest: a
+repeated Host, both Content-Length and Transfer-Encoding, whitespace before a colon, a
+malformed chunk are 400s; a chunk announcing more than the body limit is a 413 at once.
+Every refusal closes the connection, after a brief lingering close so the client reads
+it; what came after the refused request is never parsed.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import ssl
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -30,7 +36,7 @@ from typing import TYPE_CHECKING, Callable
 
 import h11
 
-from .httpadmission import Busy
+from .httpadmission import Busy, Slot
 from .httpwsgi import WsgiAnswer, build_environ
 
 if TYPE_CHECKING:
@@ -47,6 +53,30 @@ LINGER_SECONDS = 1.0
 MAX_MESSAGE = 1024
 
 ErrorBody = Callable[[int, str], tuple[str, bytes]]
+
+
+# The end of a request head: an empty line, however its line ends are written (a bare LF
+# included, so that one is found and refused rather than waited on).
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+_BARE_LF = re.compile(rb"(?<!\r)\n")
+_DIGITS = re.compile(rb"[0-9]+\Z")
+
+
+def check_raw_head(head: bytes) -> None:
+    """Refuse what h11 would quietly normalise, on the head's bytes as they came."""
+    if _BARE_LF.search(head):
+        raise Refusal(400, "a line of the request head ends in a bare LF; end lines with CRLF")
+    lengths = 0
+    for line in head.split(b"\r\n")[1:]:
+        if line[:1] in (b" ", b"\t"):
+            raise Refusal(400, "a header line is folded (obs-fold); send each header on one line")
+        name, colon, value = line.partition(b":")
+        if colon and name.lower() == b"content-length":
+            lengths += 1
+            if lengths > 1:
+                raise Refusal(400, "Content-Length is repeated; send it once")
+            if not _DIGITS.match(value.strip(b" \t")):
+                raise Refusal(400, "Content-Length is not one decimal number")
 
 
 def capped(message: str) -> str:
@@ -75,13 +105,16 @@ class Refusal(Exception):
 
 
 class Connection:
-    def __init__(self, server: "HttpServer", reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.server, self.reader, self.writer = server, reader, writer
+    def __init__(self, server: "HttpServer", reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 slot: "Slot | None" = None) -> None:
+        self.server, self.reader, self.writer, self.slot = server, reader, writer, slot
         self.peer = writer.get_extra_info("peername")[:2]
         self.source = self.peer[0]
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=server.max_header_bytes)
         self.loop = asyncio.get_running_loop()
         self.tls = False
+        self._raw_head = bytearray()
+        self._head_checked = True
 
     async def serve(self) -> None:
         deadlines = self.server.deadlines
@@ -118,6 +151,8 @@ class Connection:
             raise Refusal(503, str(busy)) from None
         try:
             body = await self._read_body()
+            if self.slot is not None and not self.slot.proven:
+                self.server.connections.prove(self.slot)     # in use: never dropped for another
             answer = await self._dispatch(request, body)
             await self._write_answer(request, answer)
         finally:
@@ -133,7 +168,11 @@ class Connection:
         # one large read would pass its check.
         room = self.server.max_header_bytes + 1
         saw_line_end = False
-        event = self._next_event()
+        # What h11 holds unparsed already (a pipelined request) and every read until the
+        # head is complete: checked raw before h11 parses it.
+        self._raw_head = bytearray(self.h11.trailing_data[0])
+        self._head_checked = False
+        event = self._next_event(head=True)
         if event is h11.NEED_DATA and deadline is None:
             # Between requests: wait for the next one to begin, up to the idle timeout.
             try:
@@ -143,7 +182,7 @@ class Connection:
                 return None
             room -= len(data)
             saw_line_end = b"\n" in data
-            self.h11.receive_data(data)
+            self._receive_head(data)
             event = self._next_event(head=True, saw_line_end=saw_line_end)
         if event is h11.NEED_DATA:
             event = await self._read_rest_of_head(deadline, room, saw_line_end)
@@ -165,13 +204,28 @@ class Connection:
                     data = await self.reader.read(max(1, room))
                     room -= len(data)
                     saw_line_end = saw_line_end or b"\n" in data
-                    self.h11.receive_data(data)
+                    self._receive_head(data)
                     event = self._next_event(head=True, saw_line_end=saw_line_end)
         except TimeoutError:
             raise Refusal(408, "the request line and headers did not arrive in time") from None
         return event
 
+    def _receive_head(self, data: bytes) -> None:
+        if not self._head_checked:
+            self._raw_head += data
+        self.h11.receive_data(data)
+
+    def _check_raw_head(self) -> None:
+        end = _HEAD_END.search(self._raw_head)
+        if end is not None:
+            self._head_checked = True
+            head = bytes(self._raw_head[:end.end()])
+            self._raw_head = bytearray()
+            check_raw_head(head.lstrip(b"\r\n"))     # h11 skips empty lines before a request
+
     def _next_event(self, head: bool = False, saw_line_end: bool = True):
+        if head and not self._head_checked:
+            self._check_raw_head()
         try:
             return self.h11.next_event()
         except h11.RemoteProtocolError as exc:
@@ -208,6 +262,8 @@ class Connection:
         try:
             async with asyncio.timeout_at(start) as timer:
                 while True:
+                    if len(body) + self._announced_chunk() > limit:
+                        raise Refusal(413, f"a chunk announces more than the {limit}-byte body limit")
                     if event is h11.NEED_DATA:
                         data = await self.reader.read(READ_SIZE)
                         received += len(data)
@@ -226,6 +282,12 @@ class Connection:
         except TimeoutError:
             raise Refusal(408, "the request body did not arrive in time; send it faster or in smaller "
                                "requests") from None
+
+    def _announced_chunk(self) -> int:
+        """Bytes of the current chunk still to come, as its size line announced them. h11
+        keeps this in its chunked reader and does not expose it; without it a chunk size of
+        2^64 would be found out only at the body's deadline (a 408), not at once."""
+        return getattr(getattr(self.h11, "_reader", None), "_bytes_in_chunk", 0) or 0
 
     async def _dispatch(self, request: h11.Request, body: bytes) -> WsgiAnswer:
         environ = build_environ(request, body, scheme="https" if self.tls else "http",

@@ -8,7 +8,11 @@ worker thread. A slow, silent or half-sent client costs a buffer, not a thread, 
 goroutine per connection does in Go's net/http. Admission is fair per source address
 (fabricscope/httpadmission.py, as nginx's `limit_conn`): each address may hold only its
 share of the connections and of the requests in progress, and workers go round-robin
-to the addresses waiting, so one client cannot lock the others out.
+to the addresses waiting, so one client cannot lock the others out. The total is set in
+thousands (a silent socket costs a buffer and a descriptor, so the process's descriptor
+limit is raised to fit), and when it is reached the oldest connection that has not yet
+sent a whole request is dropped for the new one: a crowd from many addresses cannot hold
+the server either. Configured scrapers (`trusted_sources`) have slots of their own.
 
 Workers come in pools: one by default; an application that has handlers waiting on a
 slow backend passes `pools` and `route`, so those handlers queue only behind each other
@@ -24,17 +28,40 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import socket
 import ssl
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .httpadmission import FairPool, SourceConnections, SourceRequests
+from .httpadmission import FairPool, Slot, SourceConnections, SourceRequests, TrustedSources
 from .httpconnection import Connection, Deadlines, ErrorBody, plain_error_body
 from .httpwsgi import WsgiAnswer, WsgiApp, run_wsgi
 
 log = logging.getLogger("fabricscope.http")
+
+# Open connections in all, by default. A silent socket costs the event loop a buffer
+# (about 70 KB with TLS) and a descriptor, not a thread: thousands fit, as in Go's net/http.
+MAX_CONNECTIONS = 4096
+# Descriptors kept for everything else the process opens (files, database, Prometheus).
+SPARE_DESCRIPTORS = 256
+
+
+def connection_limit(wanted: int) -> int:
+    """`wanted`, or what the descriptor limit allows: the soft limit is raised to the hard
+    one first (as Go's runtime does at start), since 1,024 is a common default."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        target = wanted + SPARE_DESCRIPTORS if hard == resource.RLIM_INFINITY else hard
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, target), hard))
+            soft = max(soft, target)
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(16, min(wanted, soft - SPARE_DESCRIPTORS))
 
 # Which pool a request runs in, and the key it counts against there (None: no key).
 Route = Callable[[dict[str, Any]], "tuple[str, str | None]"]
@@ -55,8 +82,8 @@ class HttpServer:
                  body_min_rate: float = 32 * 1024,
                  max_header_bytes: int = 64 * 1024, max_body_bytes: int = 4 * 1024 * 1024,
                  ssl_context: ssl.SSLContext | None = None,
-                 max_connections: int = 512, max_connections_per_source: int = 64,
-                 max_requests_per_source: int | None = None,
+                 max_connections: int = MAX_CONNECTIONS, max_connections_per_source: int = 64,
+                 max_requests_per_source: int | None = None, trusted_sources: TrustedSources | None = None,
                  pools: dict[str, PoolSize] | None = None, route: Route | None = None,
                  error_body: ErrorBody = plain_error_body) -> None:
         self.app, self.name = app, name
@@ -69,7 +96,8 @@ class HttpServer:
                                    body_min_rate=body_min_rate)
         self.max_header_bytes, self.max_body_bytes = max_header_bytes, max_body_bytes
         self.error_body = error_body
-        self.connections = SourceConnections(max_connections, max_connections_per_source)
+        self.connections = SourceConnections(connection_limit(max_connections), max_connections_per_source,
+                                             trusted_sources)
         # By default an address may have half the default pool's workers busy (at least
         # two requests): the rest stay for everyone else.
         per_source = max_requests_per_source or max(2, threads // 2)
@@ -151,39 +179,42 @@ class HttpServer:
             except OSError as exc:                # out of descriptors: retry on the next event
                 log.warning("%s: accept failed: %s", self.name, exc)
                 return
-            source = peer[0]
-            if not self.connections.admit(source):
+            slot = self.connections.admit(peer[0])
+            if slot is None:
                 conn.close()
                 continue
             conn.setblocking(False)
-            task = self._loop.create_task(self._adopt(conn, source))
+            task = self._loop.create_task(self._adopt(conn, slot))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _adopt(self, conn: socket.socket, source: str) -> None:
+    async def _adopt(self, conn: socket.socket, slot: Slot) -> None:
         # As asyncio.start_server does for each connection: a stream protocol whose
         # connected callback serves it (the callback's writer is the one start_tls keeps).
         reader = asyncio.StreamReader(limit=self.max_header_bytes)
-        protocol = asyncio.StreamReaderProtocol(reader, lambda r, w: self._on_connection(r, w, source))
+        protocol = asyncio.StreamReaderProtocol(reader, lambda r, w: self._on_connection(r, w, slot))
         try:
             await self._loop.connect_accepted_socket(lambda: protocol, sock=conn)
         except OSError:
             conn.close()
-            self.connections.release(source)
+            self.connections.release(slot)
 
-    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, source: str) -> None:
+    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slot: Slot) -> None:
         task = asyncio.current_task()
         self._tasks.add(task)
+        # Dropped for a newer connection (the total reached): cancelled, and aborted below.
+        slot.evict = task.cancel
         try:
-            await Connection(self, reader, writer).serve()
+            await Connection(self, reader, writer, slot).serve()
         except asyncio.CancelledError:
             writer.transport.abort()
         except Exception:
-            log.exception("%s: serving a connection from %s failed", self.name, source)
+            log.exception("%s: serving a connection from %s failed", self.name, slot.source)
             writer.transport.abort()
         finally:
+            slot.evict = None
             self._tasks.discard(task)
-            self.connections.release(source)
+            self.connections.release(slot)
 
     async def dispatch(self, environ: dict[str, Any], source: str) -> WsgiAnswer:
         """Run the application for a complete request in its pool, in this source's turn."""
