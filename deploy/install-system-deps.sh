@@ -43,6 +43,10 @@ have buildah || need+=(buildah)
 have runc || need+=(runc)
 [ -x /usr/lib/podman/netavark ] || need+=(netavark)
 [ -x /usr/lib/podman/aardvark-dns ] || need+=(aardvark-dns)
+# netavark's firewall driver execs iptables to set up every container network (build
+# steps included); podman only suggests it, and without it a build fails with a bare
+# "netavark: No such file or directory".
+have iptables || need+=(iptables)
 
 if [ ${#need[@]} -eq 0 ]; then
     exit 0

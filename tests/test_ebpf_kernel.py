@@ -8,6 +8,7 @@ Needs root and kernel BTF; skips with the reason elsewhere.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import subprocess
@@ -293,26 +294,67 @@ def test_missing_objects_report_object_missing(collector, tmp_path):
     assert families[0].samples[0].value == 0
 
 
-def test_without_tracefs_only_the_classic_tracepoints_stay_detached(collector, tmp_path):
-    # A sysfs root with the kernel's BTF but no kernel/tracing directory to mount on.
+# The ebpf collector of a container: a host sysfs mounted elsewhere (the DaemonSet's
+# --path.sysfs=/host/sys), run in a mount namespace of its own so that what it mounts, or
+# fails to, is its alone. Prints the collector's samples as JSON.
+CONTAINER_COLLECTOR = textwrap.dedent("""
+    import argparse, json, logging, sys
+    from pathlib import Path
+    from fabricscope.exporter.context import Context
+    from fabricscope.exporter.framework import COLLECTORS, load_collector_modules
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    load_collector_modules()
+    args = argparse.Namespace(ebpf_object_dir=None)
+    c = COLLECTORS["ebpf"](Context(node="", sysfs=Path(sys.argv[1]), config={"ebpf": {"objects": ["tcp"]}}, args=args))
+    print(json.dumps([[s.name, s.labels, s.value] for f in c.collect() for s in f.samples]))
+    c.close()
+""")
+
+
+def collector_in_own_mount_namespace(sysfs: Path, prelude: str) -> tuple[dict, str]:
+    """(samples {(name, frozenset(labels)): value}, log) of CONTAINER_COLLECTOR run after
+    `prelude` (shell) in a private mount namespace."""
+    require_tool("unshare")
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                           f'{prelude}\nexec "$0" -c "$1" "$2"', sys.executable, CONTAINER_COLLECTOR, str(sysfs)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = {(name, frozenset(labels.items())): v for name, labels, v in json.loads(done.stdout)}
+    return found, done.stderr
+
+
+def host_sysfs_elsewhere(tmp_path: Path) -> Path:
+    """A sysfs root as a container sees the host's at /host/sys: the kernel's BTF, and no
+    tracefs under it (libbpf never reads one there anyway)."""
     (tmp_path / "kernel/btf").mkdir(parents=True)
     (tmp_path / "kernel/btf/vmlinux").symlink_to("/sys/kernel/btf/vmlinux")
-    c = collector({"objects": ["tcp"]}, sysfs=tmp_path)
-    reg = scrape(c)
-    assert reg.get_sample_value("fabric_ebpf_available", {"reason": "ok"}) == 1
-    assert reg.get_sample_value("fabric_ebpf_program_attached", {"program": "tcp_probe"}) == 1
-    assert reg.get_sample_value("fabric_ebpf_program_attached", {"program": "tcp_retransmit_skb"}) == 0
-    assert reg.get_sample_value("fabric_ebpf_program_attached", {"program": "inet_sock_set_state"}) == 0
-    # Only the selected object was loaded.
-    assert reg.get_sample_value("fabric_ebpf_program_attached", {"program": "sched_switch"}) is None
-    assert reg.get_sample_value("fabric_sched_context_switches_total") is None
-    before = reg.get_sample_value("fabric_tcp_rtt_seconds_count")
-    server = EchoServer()
-    try:
-        with socket.create_connection(("127.0.0.1", server.port)) as client:
-            for _ in range(5):
-                client.sendall(b"ping")
-                client.recv(100)
-    finally:
-        server.close()
-    assert value(c, "fabric_tcp_rtt_seconds_count") > before
+    return tmp_path
+
+
+def test_host_sysfs_elsewhere_still_attaches_every_tcp_program(built, tmp_path):
+    """tracefs is mounted where libbpf reads tracepoint ids (the process's own
+    /sys/kernel/tracing), not under --path.sysfs: all three TCP programs attach."""
+    sysfs = host_sysfs_elsewhere(tmp_path)
+    found, log = collector_in_own_mount_namespace(sysfs, "umount /sys/kernel/tracing 2>/dev/null; true")
+    attached = {dict(labels)["program"]: v for (name, labels), v in found.items() if name == "fabric_ebpf_program_attached"}
+    assert attached == {"tcp_probe": 1, "inet_sock_set_state": 1, "tcp_retransmit_skb": 1}, log[-3000:]
+    assert found[("fabric_ebpf_available", frozenset({("reason", "ok")}))] == 1
+
+
+def test_without_tracefs_where_libbpf_looks_the_partial_attach_is_reported(built, tmp_path):
+    """libbpf reads /sys/kernel/debug/tracing when that path exists: a file there (no
+    tracefs can be mounted on it) leaves the two classic tracepoints detached. The tp_btf
+    program still serves, and nothing says "ok": fabric_ebpf_available is 0 with the
+    reason, each detached program is 0, and the log says what to mount."""
+    if not Path("/sys/kernel/debug").is_dir():
+        could_not_run("/sys/kernel/debug is missing: kernel without CONFIG_DEBUG_FS")
+    sysfs = host_sysfs_elsewhere(tmp_path)
+    found, log = collector_in_own_mount_namespace(
+        sysfs, "mount -t tmpfs fabricscope-test /sys/kernel/debug && touch /sys/kernel/debug/tracing")
+    attached = {dict(labels)["program"]: v for (name, labels), v in found.items() if name == "fabric_ebpf_program_attached"}
+    assert attached == {"tcp_probe": 1, "inet_sock_set_state": 0, "tcp_retransmit_skb": 0}, log[-3000:]
+    assert found[("fabric_ebpf_available", frozenset({("reason", "no_tracefs")}))] == 0
+    assert ("fabric_ebpf_available", frozenset({("reason", "ok")})) not in found
+    # The attached program keeps serving its histogram.
+    assert any(name == "fabric_tcp_rtt_seconds_count" for name, _ in found)
+    assert "eBPF partly attached" in log and "/sys/kernel/debug/tracing" in log

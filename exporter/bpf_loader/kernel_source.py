@@ -34,6 +34,7 @@ class KernelMapSource:
         self.tracker = tracker
         self._objects: dict[str, object] = {}           # object name -> BpfObject
         self._attached: dict[str, bool] = {p: False for d in decls for p in d.programs}
+        self._detached: dict[str, tuple[str, str]] = {}   # program -> (reason, message) it did not attach
         self._stats = None
         self._lock = threading.Lock()
         self._reason, self._message = reasons.DISABLED, "not started"
@@ -56,21 +57,29 @@ class KernelMapSource:
             skip: tuple[str, ...] = ()
             if decl.tracefs_programs:
                 if tracefs_ok is None:
-                    tracefs_ok, tracefs_message = ensure_tracefs(self.sysfs)
+                    tracefs_ok, tracefs_message = ensure_tracefs()
                     log.log(logging.INFO if tracefs_ok else logging.ERROR, "%s", tracefs_message)
                 if not tracefs_ok:
                     # The object's tp_btf/raw_tp programs still run; these stay unattached.
                     skip = decl.tracefs_programs
                     problems[decl.object] = (reasons.NO_TRACEFS, tracefs_message)
+                    self._detach(skip, reasons.NO_TRACEFS, tracefs_message)
             if set(skip) == set(decl.programs):
                 continue
             try:
                 self._objects[decl.object] = self._load(decl, skip)
             except BpfUnavailable as exc:
                 problems[decl.object] = (exc.reason, exc.message)
+                self._detach(decl.programs, exc.reason, exc.message)
                 log.error("eBPF object %s unavailable (%s): %s", decl.object, exc.reason, exc.message)
-        if self._objects:
+        if self._objects and not self._detached:
             self._reason, self._message = reasons.OK, ""
+        elif self._objects:
+            # Partly attached: the loaded programs serve, but "ok" would hide the rest.
+            program, (reason, message) = next(iter(self._detached.items()))
+            self._reason = reason
+            self._message = (f"{len(self._detached)} of {len(self._attached)} declared programs not attached "
+                             f"({', '.join(self._detached)}); {program}: {message}")
         elif problems:
             self._reason, self._message = next(iter(problems.values()))
         else:
@@ -103,12 +112,17 @@ class KernelMapSource:
                 self._attached[program] = True
             except (BpfUnavailable, KeyError) as exc:
                 failures.append(exc)
+                self._detach((program,), getattr(exc, "reason", reasons.ATTACH_FAILED), str(exc))
                 log.error("eBPF program %s.%s not attached: %s", decl.object, program, exc)
         if failures and not any(self._attached[p] for p in decl.programs if p not in skip):
             obj.close()
             first = failures[0]
             raise first if isinstance(first, BpfUnavailable) else BpfUnavailable(reasons.ATTACH_FAILED, str(first))
         return obj
+
+    def _detach(self, programs, reason: str, message: str) -> None:
+        for program in programs:
+            self._detached.setdefault(program, (reason, message))
 
     def availability(self) -> tuple[str, str]:
         return self._reason, self._message

@@ -10,6 +10,8 @@ import errno as _errno
 import os
 from pathlib import Path
 
+from .tracefs import tracefs_ready
+
 OK = "ok"
 NOT_ROOT = "not_root"
 NO_BTF = "no_btf"
@@ -70,10 +72,6 @@ def reason_for_errno(stage: str, err: int, euid: int | None = None) -> str:
             return MAP_FULL
         return LOAD_FAILED
     raise ValueError(f"unknown stage {stage!r}")
-
-
-def tracefs_ready(root: Path = Path("/sys/kernel/tracing")) -> bool:
-    return (root / "events").is_dir()
 
 
 def preflight(sysfs: Path = Path("/sys"), euid: int | None = None) -> tuple[str, str] | None:

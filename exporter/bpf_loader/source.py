@@ -11,7 +11,8 @@ from typing import Protocol
 
 class MapSource(Protocol):
     def availability(self) -> tuple[str, str]:
-        """(reason, message): reason "ok" when at least one object is loaded."""
+        """(reason, message): reason "ok" when every declared program is attached; otherwise
+        why the first one is not (programs() says which of them serve)."""
 
     def programs(self) -> dict[str, bool]:
         """Every declared program -> attached now."""

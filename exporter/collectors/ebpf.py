@@ -63,9 +63,13 @@ class EbpfCollector(Collector):
             self._source = self._kernel_source(config)
         self._converter = MapConverter(self._decls, self._peers(config))
         reason, message = self._source.availability()
+        attached = sorted(p for p, ok in self._source.programs().items() if ok)
         if reason == reasons.OK:
-            attached = sorted(p for p, ok in self._source.programs().items() if ok)
             log.info("eBPF ready: %d programs attached (%s)", len(attached), ", ".join(attached))
+        elif attached:
+            log.error("eBPF partly attached: %d programs serve (%s), the rest do not (%s): %s; exporting "
+                      "fabric_ebpf_available 0 and fabric_ebpf_program_attached per program",
+                      len(attached), ", ".join(attached), reason, message)
         else:
             log.warning("eBPF unavailable (%s): %s; exporting fabric_ebpf_available 0", reason, message)
 
@@ -116,11 +120,12 @@ class EbpfCollector(Collector):
         with self._lock:
             reason, _message = self._source.availability()
             available = GaugeMetricFamily("fabric_ebpf_available",
-                                          "1 if eBPF programs are loaded; reason says why not otherwise.",
-                                          labels=["reason"])
+                                          "1 if every declared eBPF program is attached; 0 otherwise, reason "
+                                          "says why (attached programs keep serving: "
+                                          "fabric_ebpf_program_attached).", labels=["reason"])
             available.add_metric([reason], 1.0 if reason == reasons.OK else 0.0)
             yield available
-            if reason != reasons.OK:
+            if not any(self._source.programs().values()):
                 return
             self._source.refresh()
             yield from self._self_metrics()

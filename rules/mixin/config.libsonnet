@@ -203,6 +203,9 @@
       exporterDown: '5m',
       collectorFailing: '5m',
       ebpfUnavailable: '5m',
+      // A program that did not attach at start-up stays detached until the exporter is
+      // restarted with what it lacked (tracefs, privileges): no reason to wait long.
+      ebpfProgramNotAttached: '5m',
       ruleGroupMissed: '0s',
     },
 
@@ -243,6 +246,7 @@
       exporterDown: 'critical',
       collectorFailing: 'warning',
       ebpfUnavailable: 'warning',
+      ebpfProgramNotAttached: 'warning',
       ruleGroupMissed: 'warning',
     },
   },

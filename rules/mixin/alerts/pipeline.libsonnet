@@ -32,15 +32,34 @@ local utils = import '../lib/utils.libsonnet';
           c.alert(
             'FabricEbpfUnavailable',
             c.sev.ebpfUnavailable,
+            // Nothing attached at all; a node where some programs still serve is
+            // FabricEbpfProgramNotAttached's.
             |||
               fabric_ebpf_available == 0
               and ignoring (reason)
               (max_over_time(fabric_ebpf_available[%s]) == 1)
+              unless on (cluster, job, node)
+              (fabric_ebpf_program_attached == 1)
             ||| % c.w.ebpfWasAvailable,
             c.forOf.ebpfUnavailable,
             'eBPF telemetry stopped on a node where it was working.',
             'eBPF on {{ $labels.node }} is unavailable ({{ $labels.reason }}) after working within the last '
             + c.w.ebpfWasAvailable + ': TCP RTT, scheduler and NCCL uprobe metrics are missing.',
+          ),
+          c.alert(
+            'FabricEbpfProgramNotAttached',
+            c.sev.ebpfProgramNotAttached,
+            // The reason is fabric_ebpf_available's (the first detached program's); the
+            // exporter's log names each program's own.
+            |||
+              (fabric_ebpf_program_attached == 0)
+              + on (cluster, job, node) group_left (reason)
+              (0 * (fabric_ebpf_available == 0))
+            |||,
+            c.forOf.ebpfProgramNotAttached,
+            'A declared eBPF program is not attached while others on the node serve.',
+            'eBPF program {{ $labels.program }} on {{ $labels.node }} is not attached ({{ $labels.reason }}) '
+            + 'for ' + c.forOf.ebpfProgramNotAttached + ': the metrics it feeds are missing there.',
           ),
           c.alert(
             'FabricRuleGroupIterationsMissed',
