@@ -31,9 +31,18 @@ local attributionOf = import '../lib/attribution.libsonnet';
           c.alert(
             'FabricNcclHang',
             c.sev.ncclHang,
-            // One alert per communicator (a hung job of 8,192 ranks is one incident);
-            // the value is the longest elapsed time among its ranks.
-            'max by (%s) (comm_rank:fabric_nccl_inflight_elapsed_seconds:hanging)' % c.comm,
+            // One alert per culprit rank, named by its node and GPU so that the node's
+            // health and drill-downs show the hang (the communicator is still one
+            // incident: Alertmanager groups NCCL alerts by comm); one alert for the
+            // communicator, without a node, while no culprit is identified. The value
+            // is the longest elapsed time among its ranks.
+            local hung = 'max by (%s) (comm_rank:fabric_nccl_inflight_elapsed_seconds:hanging)' % c.comm;
+            attribution.locate(|||
+              %(hung)s
+              * on (%(comm)s) group_right ()
+              max by (%(rank)s) (comm_rank:fabric_nccl_hang_culprit)
+            ||| % { hung: hung, comm: c.comm, rank: c.rank }, labels=['gpu'])
+            + 'or on (%s)\n' % c.comm + hung + '\n',
             c.forOf.ncclHang,
             'An NCCL communicator is hung: its collectives have been in flight far longer than their recent average.',
             'Comm {{ $labels.comm }} has been hung for {{ $value | humanizeDuration }} (more than '
@@ -48,11 +57,13 @@ local attributionOf = import '../lib/attribution.libsonnet';
           c.alert(
             'FabricNcclRankStalled',
             tier.severity,
-            |||
+            // Located: the rank's GPU is added where known.
+            attribution.locate(|||
               (time() - comm_rank:fabric_nccl_last_call_timestamp_seconds:max) > %(stalled)s
               and on (%(comm)s)
               (time() - comm:fabric_nccl_last_call_timestamp_seconds:max) < %(peers)s
             ||| % { stalled: c.num(tier.seconds), comm: c.comm, peers: c.num(c.th.ncclPeersActiveSeconds) },
+            labels=['gpu']),
             c.forOf.ncclRankStalled,
             'An NCCL rank stopped issuing collectives while the other ranks of its communicator continue.',
             'Rank {{ $labels.rank }} of comm {{ $labels.comm }} on {{ $labels.node }} has issued no NCCL call for '
@@ -68,13 +79,15 @@ local attributionOf = import '../lib/attribution.libsonnet';
           c.alert(
             'FabricNcclNodeClockUnsettled',
             c.sev.ncclClockUnsettled,
-            // The node's clock offset against Prometheus' keeps moving (stepped forward
-            // again and again, or slewing): its offset estimate is stale, so the late-node
-            // judgement leaves the node out (comm_node:fabric_nccl_arrival_offset_seconds).
-            'node:fabric_nccl_clock_offset_seconds:unsettled > %s' % c.num(c.th.ncclClockOffsetMaxStepSeconds),
+            // The node's clock provably moved forward against Prometheus' (a recent scrape's
+            // lower bound on its offset above an older scrape's upper bound), and keeps doing
+            // so (stepped again and again, or slewing): its offset estimate is stale, and the
+            // late-node judgement leaves it out. Slow or uneven scrapes cannot raise it
+            // (rules/nccl.libsonnet, "clocks"): nodes sharing one clock never alert.
+            'node:fabric_nccl_clock_offset_seconds:moved > %s' % c.num(c.th.ncclClockOffsetMaxStepSeconds),
             c.forOf.ncclClockUnsettled,
             "A node's clock keeps moving against Prometheus': late nodes are not judged on it.",
-            'The clock of {{ $labels.node }} moved {{ $value | humanizeDuration }} against Prometheus\' within '
+            'The clock of {{ $labels.node }} moved at least {{ $value | humanizeDuration }} against Prometheus\' within '
             + c.w.ncclClockOffset + ' (more than ' + c.num(c.th.ncclClockOffsetMaxStepSeconds * 1000) + ' ms): '
             + 'FabricNcclStragglerNode does not judge this node until its clock settles.',
           ),
@@ -84,7 +97,7 @@ local attributionOf = import '../lib/attribution.libsonnet';
             // Every rank of the node enters late against the comm's earliest rank
             // elsewhere. The floor is above what NTP keeps between nodes.
             |||
-              comm_node:fabric_nccl_arrival_offset_seconds:min1m > %(abs)s
+              comm_node:fabric_nccl_arrival_offset_seconds:min > %(abs)s
               and
               comm_node:fabric_nccl_arrival_offset:step_share1m > %(share)s
             ||| % { abs: c.num(c.th.stragglerNodeMinOffsetSeconds), share: c.num(c.th.stragglerMinStepShare) },
@@ -115,7 +128,7 @@ local attributionOf = import '../lib/attribution.libsonnet';
               (comm:fabric_nccl_arrival_lag_seconds:ranks1m >= %(ranks)s)
               unless on (%(node)s)
               (
-                comm_node:fabric_nccl_arrival_offset_seconds:min1m > %(nodeAbs)s
+                comm_node:fabric_nccl_arrival_offset_seconds:min > %(nodeAbs)s
                 and
                 comm_node:fabric_nccl_arrival_offset:step_share1m > %(share)s
               )

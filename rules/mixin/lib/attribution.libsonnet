@@ -42,19 +42,28 @@ function(c) {
     + '{{ if %(L)s.device }}, {{ %(L)s.device }} port {{ %(L)s.port }}{{ end }})' % { L: L },
 
   // An alert expression over (cluster, node, comm, rank) series, with the rank's gpu,
-  // device and port added where its location is known; unchanged where it is not.
-  locate(expr)::
+  // device and port (or only the `labels` asked for) added where its location is known;
+  // unchanged where it is not. The node is already the rank's: every per-node panel and
+  // route sees an alert that names a rank.
+  locate(expr, labels=['gpu', 'device', 'port'])::
     |||
       (
         %(expr)s
       )
-      * on (%(rank)s) group_left (gpu, device, port)
-      comm_rank:fabric_nccl_rank_location:info
+      * on (%(rank)s) group_left (%(labels)s)
+      %(location)s
       or on (%(rank)s)
       (
         %(expr)s
       )
-    ||| % { expr: utils.indent(expr), rank: c.rank },
+    ||| % {
+      expr: utils.indent(expr),
+      rank: c.rank,
+      labels: std.join(', ', labels),
+      // One series per rank whatever `labels` leaves out (a GPU's NIC is one row).
+      location: if labels == ['gpu', 'device', 'port'] then 'comm_rank:fabric_nccl_rank_location:info'
+                else 'max by (%s, %s) (comm_rank:fabric_nccl_rank_location:info{gpu!=""})' % [c.rank, std.join(', ', labels)],
+    },
 
   stragglerDiagnosis::
     where('$labels') + ' enters each collective {{ $value | humanizeDuration }} later than the median rank'

@@ -77,54 +77,92 @@ local utils = import '../lib/utils.libsonnet';
             ||| % { rank: c.rank, w: c.w.ncclLag },
           },
           // ---- clocks ------------------------------------------------------------------
+          // Each node's clock against Prometheus', from every scrape of the node: the
+          // exporter reads its clock (fabric_nccl_scrape_timestamp_seconds) after Prometheus
+          // stamped the scrape (timestamp(), whole milliseconds, rounded down) and before the
+          // scrape ended (scrape_duration_seconds later). So each scrape brackets the offset:
+          //   upper = value - timestamp                      (>= offset: the read came after)
+          //   lower = upper - scrape duration - 1 ms          (<= offset: it came before the end)
+          // A clock that stands still keeps every lower bound under every upper bound,
+          // however slow or uneven the scrapes (a loaded host, nodes sharing one clock); only
+          // a clock that moved can put a later lower bound above an earlier upper bound.
+          // Recorded once per evaluation and per node, so the windows below read these
+          // series, not a subquery over every node's raw samples.
           {
-            // The node's clock minus Prometheus' at each scrape: its offset plus the
-            // time from the scrape's start to the exporter reading its clock (>= 0).
-            // The smallest over the window is the offset, up to the quickest scrape's
-            // delay (sub-millisecond on a LAN). A node without the sample (an exporter
-            // older than it) has no offset, and its ranks stay out of the join.
-            record: 'node:fabric_nccl_clock_offset_seconds:min%(window)s' % { window: c.w.ncclClockOffset },
+            record: 'node:fabric_nccl_clock_offset_seconds:upper',
             expr: |||
-              min by (%(node)s) (
-                min_over_time((fabric_nccl_scrape_timestamp_seconds - timestamp(fabric_nccl_scrape_timestamp_seconds))[%(window)s:])
-              )
-            ||| % { node: c.host, window: c.w.ncclClockOffset },
+              min by (%(node)s) (fabric_nccl_scrape_timestamp_seconds - timestamp(fabric_nccl_scrape_timestamp_seconds))
+            ||| % { node: c.host },
           },
           {
-            // How far the offset over the recent window sits above the whole window's:
-            // a clock stepped forward (or slewing) inside the window leaves the older,
-            // smaller minimum in the estimate. A step back is taken up at once.
+            // Absent where Prometheus (or the agent scraping for it) records no
+            // scrape_duration_seconds: then no movement is ever proven (no alert below).
+            record: 'node:fabric_nccl_clock_offset_seconds:lower',
+            expr: |||
+              max by (%(node)s) (
+                fabric_nccl_scrape_timestamp_seconds - timestamp(fabric_nccl_scrape_timestamp_seconds)
+                - on (instance, job) group_left ()
+                scrape_duration_seconds
+              ) - 0.001
+            ||| % { node: c.host },
+          },
+          {
+            // The offset: the least upper bound over the window, high by at most the
+            // quickest scrape's delay before its read (sub-millisecond on a LAN): an
+            // NTP-style minimum-delay filter. A node without the sample (an exporter older
+            // than it) has no offset, and its ranks stay out of the join.
+            record: 'node:fabric_nccl_clock_offset_seconds:min%(window)s' % { window: c.w.ncclClockOffset },
+            expr: 'min_over_time(node:fabric_nccl_clock_offset_seconds:upper[%s])' % c.w.ncclClockOffset,
+          },
+          {
+            // How far the recent least upper bound sits above the whole window's: a clock
+            // stepped forward (or slewing) inside the window leaves the older, smaller
+            // minimum in the estimate. A step back is taken up at once. Slow scrapes raise
+            // it too (a busy node's delays), so it only holds the node out of the join
+            // (settled, below): it proves nothing, and never alerts.
             record: 'node:fabric_nccl_clock_offset_seconds:unsettled',
             expr: |||
-              min by (%(node)s) (
-                min_over_time((fabric_nccl_scrape_timestamp_seconds - timestamp(fabric_nccl_scrape_timestamp_seconds))[%(recent)s:])
-              )
+              min_over_time(node:fabric_nccl_clock_offset_seconds:upper[%(recent)s])
+              - on (%(node)s)
+              node:fabric_nccl_clock_offset_seconds:min%(window)s
+            ||| % { node: c.host, recent: c.w.ncclClockOffsetRecent, window: c.w.ncclClockOffset },
+          },
+          {
+            // How far the clock provably moved forward within the window: a recent lower
+            // bound above the window's least upper bound. Never above 0 for a clock that
+            // stands still (see above), whatever the scrapes' delays:
+            // FabricNcclNodeClockUnsettled reads this.
+            record: 'node:fabric_nccl_clock_offset_seconds:moved',
+            expr: |||
+              max_over_time(node:fabric_nccl_clock_offset_seconds:lower[%(recent)s])
               - on (%(node)s)
               node:fabric_nccl_clock_offset_seconds:min%(window)s
             ||| % { node: c.host, recent: c.w.ncclClockOffsetRecent, window: c.w.ncclClockOffset },
           },
           {
             // The offset the cross-node join takes out, only for a node whose estimate
-            // can be trusted: not stepped (unsettled above), and with at least
-            // ncclClockOffsetSettle of scrapes behind it. A fresh exporter's or fresh
-            // Prometheus' first few scrapes give a minimum still raised by their delays,
-            // milliseconds on a busy node (a rank of the node read as that much earlier,
-            // its peers elsewhere as that much late: measured, a false late-node pending
-            // in the first 20 s of tests/test_nccl_multinode.py on a loaded 2-core
-            // machine). A node left out is neither judged nor anyone's reference.
+            // can be trusted: not stepped (unsettled above); with ncclClockOffsetSettle of
+            // scrapes behind it; and not improved by more than the step within that time.
+            // A fresh exporter's or fresh Prometheus' first scrapes give a minimum still
+            // raised by their delays, milliseconds on a busy node (a rank of the node read
+            // as that much earlier, its peers elsewhere as that much late: measured, a
+            // false late-node pending in the first 20 s of tests/test_nccl_multinode.py on
+            // a loaded 2-core machine); the estimate is used once a quicker scrape no
+            // longer lowers it. A node left out is neither judged nor anyone's reference.
             record: 'node:fabric_nccl_clock_offset_seconds:settled',
             expr: |||
               node:fabric_nccl_clock_offset_seconds:min%(window)s
               unless on (%(node)s)
               (node:fabric_nccl_clock_offset_seconds:unsettled > %(step)s)
-              unless on (%(node)s)
+              and on (%(node)s)
               (
-                time()
-                - min by (%(node)s) (min_over_time(timestamp(fabric_nccl_scrape_timestamp_seconds)[%(window)s:]))
-                < %(settle)s
+                node:fabric_nccl_clock_offset_seconds:min%(window)s
+                - on (%(node)s)
+                min_over_time(node:fabric_nccl_clock_offset_seconds:upper[%(window)s] offset %(settle)s)
+                > -%(step)s
               )
             ||| % { node: c.host, window: c.w.ncclClockOffset, step: c.num(c.th.ncclClockOffsetMaxStepSeconds),
-                    settle: utils.seconds(c.w.ncclClockOffsetSettle) },
+                    settle: c.w.ncclClockOffsetSettle },
           },
           {
             // Cross-node join: each rank's entry into the same boundary op, on
@@ -162,7 +200,9 @@ local utils = import '../lib/utils.libsonnet';
             // The least over the window of the evaluations where the boundaries lined up:
             // a node late on every step is late on every join, while a busy node's
             // scheduling delays (one-sided: they only ever make a rank later) come and go.
-            record: 'comm_node:fabric_nccl_arrival_offset_seconds:min1m',
+            // Short (the last joins, docs/nccl.md "Across nodes, measured"): the alert's
+            // for: is what holds a late node to account, this only drops a single spike.
+            record: 'comm_node:fabric_nccl_arrival_offset_seconds:min',
             expr: 'min_over_time(comm_node:fabric_nccl_arrival_offset_seconds[%s])' % c.w.ncclNodeOffset,
           },
           {
@@ -175,7 +215,7 @@ local utils = import '../lib/utils.libsonnet';
               (
                 comm_rank:fabric_nccl_arrival_lag_seconds:local_mean1m
                 + on (%(node)s) group_left
-                comm_node:fabric_nccl_arrival_offset_seconds:min1m
+                comm_node:fabric_nccl_arrival_offset_seconds:min
               )
               or
               comm_rank:fabric_nccl_arrival_lag_seconds:local_mean1m
@@ -228,10 +268,54 @@ local utils = import '../lib/utils.libsonnet';
           {
             record: 'comm_node:fabric_nccl_arrival_offset:step_share1m',
             expr: |||
-              comm_node:fabric_nccl_arrival_offset_seconds:min1m
+              comm_node:fabric_nccl_arrival_offset_seconds:min
               * on (%(node)s)
               max by (%(node)s) (comm_rank:fabric_nccl_collectives:rate1m)
             ||| % { node: c.commNode },
+          },
+          // ---- how late each rank is, a hung one included ----------------------------
+          // A rank that never entered the op its peers wait in (or is stuck inside it)
+          // has no arrival lag at all: it never arrives. While the hang lasts it is late
+          // by the time since its peers entered (their in-flight elapsed time), all of
+          // their time is lost to it, and every GPU of the communicator waits.
+          {
+            // How much later than the median rank each rank enters: the panels' "late by".
+            record: 'comm_rank:fabric_nccl_lateness_seconds',
+            expr: |||
+              max by (%(rank)s) (comm_rank:fabric_nccl_hang_culprit)
+              * on (%(comm)s) group_left ()
+              max by (%(comm)s) (comm_rank:fabric_nccl_inflight_elapsed_seconds:hanging)
+              or
+              comm_rank:fabric_nccl_arrival_lag_seconds:deviation1m
+            ||| % { rank: c.rank, comm: c.comm },
+          },
+          {
+            // Share of the job's time its other ranks spend waiting for this rank: all
+            // of it (1) for a hang's culprit.
+            record: 'comm_rank:fabric_nccl_lateness:step_share',
+            expr: |||
+              max by (%(rank)s) (comm_rank:fabric_nccl_hang_culprit)
+              and on (%(comm)s)
+              comm_rank:fabric_nccl_inflight_elapsed_seconds:hanging
+              or
+              comm_rank:fabric_nccl_arrival_lag:step_share1m
+            ||| % { rank: c.rank, comm: c.comm },
+          },
+          {
+            // GPUs idle on average waiting for late ranks, per communicator: each rank's
+            // share times the other ranks; while the communicator is hung, all its ranks.
+            record: 'comm:fabric_nccl_idle_gpus',
+            expr: |||
+              count by (%(comm)s) (max by (%(rank)s) (fabric_nccl_operation_sequence))
+              and on (%(comm)s)
+              comm_rank:fabric_nccl_inflight_elapsed_seconds:hanging
+              or
+              sum by (%(comm)s) (
+                comm_rank:fabric_nccl_arrival_lag:step_share1m
+                * on (%(comm)s) group_left ()
+                (comm:fabric_nccl_arrival_lag_seconds:ranks1m - 1)
+              )
+            ||| % { rank: c.rank, comm: c.comm },
           },
           // ---- a rank that stopped calling while its peers go on ------------------
           {
