@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
 import signal
 import threading
 from dataclasses import dataclass
@@ -11,6 +12,8 @@ from typing import Callable
 from pathlib import Path
 
 from prometheus_client.core import GaugeMetricFamily
+
+from fabricscope.httpadmission import TrustedSources
 
 from . import __version__
 from .context import Context
@@ -28,6 +31,8 @@ log = logging.getLogger("fabricscope.exporter")
 
 # Outside the 9100-9999 range that the Prometheus default-port registry has allocated.
 DEFAULT_LISTEN = ":19400"
+# SIGTERM to exit: well inside any runtime's grace period.
+SHUTDOWN_SECONDS = 2.0
 
 
 def build_info(version: str) -> GaugeMetricFamily:
@@ -65,8 +70,10 @@ def _close_all(collectors: list[Collector]) -> None:
 
 def start_exporter(ctx: Context, enabled: list[str], address: str = DEFAULT_LISTEN,
                    web_config_file: str | None = None,
-                   collector_timeout: float = DEFAULT_COLLECTOR_TIMEOUT) -> RunningExporter:
+                   collector_timeout: float = DEFAULT_COLLECTOR_TIMEOUT,
+                   trusted_sources: TrustedSources | None = None) -> RunningExporter:
     web = load_web_config(web_config_file)   # before any probe is attached: fail fast
+    web.trusted = trusted_sources or TrustedSources()
     load_collector_modules()
     collectors = build_collectors(ctx, enabled)
     scrape = ScrapeCollector(collectors, node=ctx.node, timeout=collector_timeout)
@@ -94,6 +101,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"address to serve /metrics on (default {DEFAULT_LISTEN})")
     parser.add_argument("--web.config.file", dest="web_config", default=None,
                         help="exporter-toolkit web config (TLS, basic auth)")
+    parser.add_argument("--web.trusted-sources", dest="trusted_sources", type=trusted_sources_flag,
+                        default=TrustedSources(), metavar="CIDR,...",
+                        help="the scrapers' addresses (e.g. 10.0.0.5/32,10.1.0.0/16): connection slots are "
+                             "kept for them when a crowd fills the rest, and a password flood from another "
+                             "client at their address does not throttle their own user's login")
     parser.add_argument("--path.sysfs", dest="sysfs", default="/sys")
     parser.add_argument("--path.procfs", dest="procfs", default="/proc")
     parser.add_argument("--path.rootfs", dest="rootfs", default="/")
@@ -117,8 +129,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         group.add_argument(f"--collector.{name}", dest=f"collector_{name}", action="store_true",
                            default=None, help=f"enable the {name} collector ({state} by default). {cls.description}")
         group.add_argument(f"--no-collector.{name}", dest=f"collector_{name}", action="store_false",
-                           default=None, help=argparse.SUPPRESS)
+                           default=None, help=f"disable the {name} collector")
         cls.add_arguments(parser)
+
+
+def trusted_sources_flag(text: str) -> TrustedSources:
+    """--web.trusted-sources: comma-separated CIDRs, refused at start-up when one is not."""
+    try:
+        return TrustedSources([part for part in text.split(",") if part.strip()])
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def enabled_collectors(args: argparse.Namespace) -> list[str]:
@@ -162,7 +182,33 @@ def settle_after_start() -> None:
     return_free_heap()
 
 
+def _exit_on_signal(signum, _frame) -> None:
+    """Stopped while starting: exit at once. Unwinding could wait on threads a collector
+    has started; BPF links and uprobes are descriptors the kernel releases on exit."""
+    log.info("signal %d during start-up: exiting", signum)
+    logging.shutdown()
+    os._exit(128 + signum)
+
+
+def stop_within(exporter: RunningExporter, seconds: float) -> None:
+    """Stop the exporter, but never past `seconds`: a container runtime kills PID 1 after
+    its grace period (10 s under podman, 30 s in Kubernetes), and a probe detach or a
+    collector close that hangs must not turn a rolling update into SIGKILLs. What is left
+    holds nothing to save: state files are written atomically as they change."""
+    stopper = threading.Thread(target=exporter.stop, name="shutdown", daemon=True)
+    stopper.start()
+    stopper.join(seconds)
+    if stopper.is_alive():
+        log.warning("shutdown took longer than %.0f s; exiting without waiting for it", seconds)
+        logging.shutdown()
+        os._exit(0)
+
+
 def run(args: argparse.Namespace) -> int:
+    # PID 1 of a container ignores a signal it has no handler for: without these, SIGTERM
+    # during start-up (probes attaching, eBPF loading) waits out the grace period.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGINT, _exit_on_signal)
     # Before any thread starts: glibc's per-thread malloc arenas (8 per core) grow the RSS
     # with the host's core count (exporter/malloc.py).
     cap_malloc_arenas()
@@ -171,7 +217,8 @@ def run(args: argparse.Namespace) -> int:
     ctx = context_from_args(args)
     enabled = enabled_collectors(args)
     try:
-        exporter = start_exporter(ctx, enabled, args.listen, args.web_config, args.collector_timeout)
+        exporter = start_exporter(ctx, enabled, args.listen, args.web_config, args.collector_timeout,
+                                  args.trusted_sources)
     except (ConfigError, OSError, IsolatedStepError) as exc:   # bad web config, address in use, ...
         raise SystemExit(f"fabricscope exporter: {exc}") from None
     settle_after_start()
@@ -181,5 +228,5 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     stop.wait()
-    exporter.stop()
+    stop_within(exporter, SHUTDOWN_SECONDS)
     return 0

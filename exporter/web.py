@@ -93,4 +93,5 @@ def serve(address: str, render_metrics: Callable[[], bytes], web: WebConfig,
     host = host.strip("[]") or "0.0.0.0"
     return HttpServer(make_app(render_metrics, web, routes, node), host, int(port), name=f"http-{address}",
                       threads=WORKER_THREADS, timeout=CLIENT_TIMEOUT_SECONDS,
-                      max_body_bytes=MAX_BODY_BYTES, ssl_context=web.ssl_context).start()
+                      max_body_bytes=MAX_BODY_BYTES, ssl_context=web.ssl_context,
+                      trusted_sources=web.trusted).start()

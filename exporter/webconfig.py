@@ -33,6 +33,8 @@ from enum import Enum
 from pathlib import Path
 from types import SimpleNamespace
 
+from fabricscope.httpadmission import TrustedSources
+
 from .isolated import IsolatedStepError, in_child
 from .parsers.files import UnreadableFile, read_file_bytes
 from .schema import ConfigError
@@ -67,7 +69,9 @@ class _FailureRate:
     """Token bucket for bcrypt checks of credentials not seen before: a flood of wrong
     passwords costs at most `per_second` hash computations, not a CPU per request."""
     # One bucket per client address: a flood from one address must not throttle the
-    # scraper's correct credentials from another.
+    # scraper's correct credentials from another. At a trusted source's address (the
+    # scraper's, perhaps shared through a NAT) one bucket per configured user, and one for
+    # unknown users: a flood there against another user does not throttle the scraper's.
 
     def __init__(self, per_second: float, burst: int) -> None:
         self.per_second, self.burst = per_second, burst
@@ -104,6 +108,7 @@ class WebConfig:
     # Hash checked for unknown users, at the configured cost, so an unknown user costs
     # the same as a wrong password and usernames cannot be found by timing.
     _decoy: bytes = b""
+    trusted: TrustedSources = field(default_factory=TrustedSources)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def authorized(self, header: str | None, source: str = "") -> bool:
@@ -129,7 +134,8 @@ class WebConfig:
                 return Auth.OK
             if key in self._refused:
                 return Auth.DENIED
-        if not self._rate_of(source).take():
+        bucket = (source, user if user in self.users else None) if source in self.trusted else source
+        if not self._rate_of(bucket).take():
             return Auth.THROTTLED
         hashed = self.users.get(user)
         import bcrypt   # users are configured (none: returned above)
@@ -145,7 +151,7 @@ class WebConfig:
         return Auth.OK if ok else Auth.DENIED
 
 
-    def _rate_of(self, source: str) -> _FailureRate:
+    def _rate_of(self, source: "str | tuple[str, str | None]") -> _FailureRate:
         with self._lock:
             rate = self._rates.get(source)
             if rate is None:

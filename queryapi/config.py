@@ -57,6 +57,9 @@ class SidecarConfig(BaseModel):
     # comes from its address: raise both to what the balancer sends one replica.
     max_connections_per_source: int = Field(64, ge=1)
     max_requests_per_source: int = Field(0, ge=0)
+    # The scrapers' and dashboards' networks (CIDRs; comma-separated in the environment and
+    # the flag): connection slots are kept for them when a crowd fills the rest.
+    trusted_sources: tuple[str, ...] = ()
     slo_default_ms: float = Field(DEFAULT_SLO_MS, gt=0)
     # (service, operation) -> ms, from TRACING_SLO_<service>_<operation>; see slo_for().
     slo_overrides: dict[str, float] = Field(default_factory=dict)
@@ -91,6 +94,19 @@ class SidecarConfig(BaseModel):
             example = "http://127.0.0.1:19093" if info.field_name == "alertmanager_url" else "http://127.0.0.1:19090"
             raise ValueError(f"must be an http:// or https:// URL, e.g. {example}")
         return value.rstrip("/")
+
+    @field_validator("trusted_sources", mode="before")
+    @classmethod
+    def _cidrs(cls, value: Any) -> Any:
+        from fabricscope.httpadmission import parse_cidr
+
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, (list, tuple)):
+            for part in value:
+                if isinstance(part, str):
+                    parse_cidr(part)                 # ValueError: named with the key path
+        return value
 
     @field_validator("gpu_hour_rates")
     @classmethod

@@ -66,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds a client has for its TLS handshake, request line and headers, and for "
                              f"each later read; idle connections close after it (default 10) "
                              f"{env('client_timeout_seconds')}")
+    parser.add_argument("--trusted-sources", default=None, metavar="CIDR,...",
+                        help="networks of Prometheus, Grafana and other configured clients: connection slots "
+                             f"are kept for them when a crowd fills the rest {env('trusted_sources')}")
     parser.add_argument("--gpu-hour-rates", default=None,
                         help="GPU-hour prices per rate class for get_cost, e.g. default=2.5,h100=4 "
                              f"{env('gpu_hour_rates')}")
@@ -90,7 +93,7 @@ def flags_from_args(args: argparse.Namespace) -> dict:
     flags = {name: getattr(args, name) for name in (
         "host", "port", "tls_cert", "tls_key", "insecure_no_tls", "keys_file", "prometheus_url",
         "prometheus_timeout_seconds", "database", "max_body_bytes", "retention_hours", "audit_log", "threads",
-        "client_timeout_seconds", "gpu_hour_rates", "chaos_topology", "chaos_refresh_seconds",
+        "client_timeout_seconds", "trusted_sources", "gpu_hour_rates", "chaos_topology", "chaos_refresh_seconds",
         "alertmanager_url", "alertmanager_reconcile_seconds")}
     rate = {k: v for k, v in (("per_second", args.rate_limit), ("burst", args.rate_burst)) if v is not None}
     if rate:
@@ -111,7 +114,8 @@ def tls_context(config: SidecarConfig) -> ssl.SSLContext:
 def serve(app, config: SidecarConfig) -> int:
     """Serve until SIGTERM or SIGINT, then stop the workers and close storage; the exit
     status (2 when the port cannot be bound)."""
-    from fabricscope.httpserver import HttpServer
+    from fabricscope.httpadmission import TrustedSources
+    from fabricscope.httpserver import MAX_CONNECTIONS, HttpServer
 
     from .bulkheads import make_route, pool_sizes
     from .errors import server_error_body
@@ -122,7 +126,8 @@ def serve(app, config: SidecarConfig) -> int:
         server = HttpServer(app, config.host, config.port, name="sidecar", threads=config.threads,
                             timeout=config.client_timeout_seconds,
                             max_body_bytes=config.max_body_bytes, ssl_context=context,
-                            max_connections=max(512, config.max_connections_per_source),
+                            max_connections=max(MAX_CONNECTIONS, config.max_connections_per_source),
+                            trusted_sources=TrustedSources(config.trusted_sources),
                             max_connections_per_source=config.max_connections_per_source,
                             max_requests_per_source=config.max_requests_per_source or None,
                             pools=pool_sizes(config.threads), route=make_route(app),
