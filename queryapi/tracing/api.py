@@ -93,6 +93,14 @@ def _body() -> bytes:
     return out
 
 
+def _refuse_json_past_cap(body: bytes) -> None:
+    """422 for a JSON body with more objects and arrays than a full batch could need,
+    before it is parsed into that many dicts and lists."""
+    if otlp.json_may_hold_too_many(body, MAX_BATCH_SPANS):
+        raise ApiError(422, f"a batch holds at most {MAX_BATCH_SPANS} spans, and this body has more JSON objects "
+                            f"and arrays than {otlp.JSON_CONTAINERS_PER_SPAN} per span of that", code="batch_too_large")
+
+
 @bp.post("/tracing/spans")
 @require_scope("write")
 @documented_body(SpanBatchIn)
@@ -100,8 +108,10 @@ def _body() -> bytes:
 @bp.doc(summary="Ingest a batch of spans (seed format); bad spans are rejected by index, good ones kept",
         responses={422: "no span of the batch was valid, or the body is not a batch"})
 def ingest_spans():
+    raw = _body()
+    _refuse_json_past_cap(raw)
     try:
-        body = jsonbody.loads(_body())
+        body = jsonbody.loads(raw)
     except ValueError as exc:
         raise ApiError(400, f"body is not JSON: {exc}", code="bad_json") from None
     if not isinstance(body, dict) or not isinstance(body.get("spans"), list):
@@ -134,16 +144,25 @@ class OtlpTracesJson(BaseModel):
 def otlp_traces():
     as_json = request.mimetype == "application/json"
     body = _body()
+    # The seed format's cap, counted before anything is parsed: 4 million empty spans fit
+    # in 8 KB of gzip, and parsing them took 700 MB before the count could refuse them.
+    # The key's span budget is spent before the parse too.
     try:
+        if as_json:
+            _refuse_json_past_cap(body)
+        else:
+            _spend_spans(otlp.count_protobuf_spans(body, MAX_BATCH_SPANS))
         message = otlp.parse_json(body) if as_json else otlp.parse_protobuf(body)
+    except otlp.TooManySpans as exc:
+        raise ApiError(422, str(exc), code="batch_too_large") from None
     except otlp.OtlpError as exc:
         raise ApiError(400, str(exc), code="bad_otlp") from None
-    count = otlp.span_count(message)
-    # The seed format's cap, counted before a span is converted: 150,000 spans fit in
-    # 0.8 MB of gzip, and their conversion took gigabytes.
-    if count > MAX_BATCH_SPANS:
-        raise ApiError(422, f"a batch holds at most {MAX_BATCH_SPANS} spans, got {count}", code="batch_too_large")
-    _spend_spans(count)
+    if as_json:
+        count = otlp.span_count(message)
+        if count > MAX_BATCH_SPANS:
+            raise ApiError(422, f"a batch holds at most {MAX_BATCH_SPANS} spans, got {count}",
+                           code="batch_too_large")
+        _spend_spans(count)
     spans = list(otlp.seed_spans(message))
     state = sidecar()
     rows, rejected = validate_batch(spans, state.config.slo_for, "otlp",

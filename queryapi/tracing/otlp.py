@@ -33,6 +33,91 @@ class OtlpError(ValueError):
     """The request is not an OTLP trace export (the message says why)."""
 
 
+class TooManySpans(OtlpError):
+    """More spans (or span containers) than the cap: found before anything is parsed."""
+
+    def __init__(self, cap: int, what: str = "spans") -> None:
+        super().__init__(f"a batch holds at most {cap} {what}; this one has more")
+        self.cap = cap
+
+
+# Field numbers on the wire: ExportTraceServiceRequest.resource_spans = 1,
+# ResourceSpans.scope_spans = 2, ScopeSpans.spans = 2.
+_RESOURCE_SPANS, _SCOPE_SPANS, _SPANS = 1, 2, 2
+
+
+def _varint(data: memoryview, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(data) or shift > 63:
+            raise OtlpError("body is not an OTLP ExportTraceServiceRequest protobuf: truncated varint")
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
+
+
+def _fields(data: memoryview, wanted: int):
+    """The payloads of length-delimited field `wanted` in one message, without decoding
+    the rest (other fields are skipped by their wire type)."""
+    at = 0
+    while at < len(data):
+        key, at = _varint(data, at)
+        number, wire_type = key >> 3, key & 7
+        if wire_type == 0:
+            _, at = _varint(data, at)
+        elif wire_type == 1:
+            at += 8
+        elif wire_type == 5:
+            at += 4
+        elif wire_type == 2:
+            length, at = _varint(data, at)
+            if at + length > len(data):
+                raise OtlpError("body is not an OTLP ExportTraceServiceRequest protobuf: a field runs past the end")
+            if number == wanted:
+                yield data[at:at + length]
+            at += length
+        else:                               # groups (3, 4) are not in the OTLP messages
+            raise OtlpError(f"body is not an OTLP ExportTraceServiceRequest protobuf: wire type {wire_type}")
+        if at > len(data):
+            raise OtlpError("body is not an OTLP ExportTraceServiceRequest protobuf: truncated")
+
+
+def count_protobuf_spans(body: bytes, cap: int) -> int:
+    """Spans in a protobuf export, counted from the wire format without building a message;
+    TooManySpans as soon as they, or the resource and scope containers holding them, pass
+    `cap`. Parsing builds an object per span: 4 million empty spans fit in 8 MiB (8 KB
+    gzipped) and took 700 MB to parse, before the count could refuse them."""
+    data = memoryview(body)
+    spans = containers = 0
+    for resource_spans in _fields(data, _RESOURCE_SPANS):
+        containers += 1
+        for scope_spans in _fields(resource_spans, _SCOPE_SPANS):
+            containers += 1
+            for _ in _fields(scope_spans, _SPANS):
+                spans += 1
+                if spans > cap:
+                    raise TooManySpans(cap)
+        if containers > cap:
+            raise TooManySpans(cap, "resource and scope span groups")
+    return spans
+
+
+def json_may_hold_too_many(body: bytes, cap: int) -> bool:
+    """Whether a JSON body has more objects and arrays than `cap` spans could need, counted
+    in the raw bytes (a brace inside a string counts too, so this errs towards refusing
+    only far past any real batch). Every object becomes a dict when parsed: 2.8 million
+    empty spans fit in 8 MiB of JSON."""
+    return body.count(b"{") + body.count(b"[") > cap * JSON_CONTAINERS_PER_SPAN
+
+
+# Objects and arrays a span may carry in OTLP/JSON (its attributes' key-value objects,
+# events, links): 64 each on average, far above what the demo and tests send.
+JSON_CONTAINERS_PER_SPAN = 64
+
+
 def parse_protobuf(body: bytes) -> ExportTraceServiceRequest:
     request = ExportTraceServiceRequest()
     try:
