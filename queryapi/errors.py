@@ -9,6 +9,7 @@ subclass) from any handler; werkzeug's own HTTP errors map to the same shape.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from apiflask import HTTPError
@@ -44,11 +45,30 @@ class ApiError(HTTPError):
                          extra_data={"code": code or DEFAULT_CODES.get(status, "error")})
 
 
+# An address inside a message: a URL, an IP address (with or without its port), or a
+# host:port. The sidecar's backends (Prometheus, Alertmanager, PostgreSQL) are internal.
+_ADDRESS = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+|\b\d{1,3}(?:\.\d{1,3}){3}\b|\[[0-9A-Fa-f:.]+\]"
+                      r"|\b[A-Za-z0-9][A-Za-z0-9.-]*:\d{2,5}\b")
+
+
+def public_message(status: int, code: str, message: str) -> str:
+    """What a client is told: a 5xx message that names an address is replaced by its
+    code's public meaning (docs/sidecar.md's table). One place for every route and both
+    tool transports, so a backend error worded anywhere cannot carry an internal URL out;
+    the logs keep the full message."""
+    if status < 500 or not _ADDRESS.search(message):
+        return message
+    from .error_codes import MEANINGS   # that module scans this package: imported late
+
+    return MEANINGS.get(code) or MEANINGS[DEFAULT_CODES.get(status, "internal_error")]
+
+
 def error_body(error: HTTPError) -> dict[str, Any]:
     code = (error.extra_data or {}).get("code") or DEFAULT_CODES.get(error.status_code, "error")
     detail = error.detail
+    message = public_message(error.status_code, code, str(error.message))
     # Capped: a message that quotes a client's value never sends a whole one back.
-    return {"error": {"code": code, "message": capped(str(error.message)), "detail": detail or {}}}
+    return {"error": {"code": code, "message": capped(message), "detail": detail or {}}}
 
 
 def server_error_body(status: int, message: str) -> tuple[str, bytes]:

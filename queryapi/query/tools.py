@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..errors import DEFAULT_CODES
+from ..errors import DEFAULT_CODES, public_message
 from ..prom import PrometheusError
 from . import executor
 from .calls import Caller, QueryBudgetExceeded, QueryForbidden, ToolUnavailable
@@ -36,7 +36,8 @@ class ToolError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"code": self.code, "message": self.message, "detail": self.detail}}
+        return {"error": {"code": self.code, "message": public_message(self.status, self.code, self.message),
+                          "detail": self.detail}}
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def classify(exc: BaseException) -> ToolError:
         return ToolError(422, code, exc.message, body)
     if isinstance(exc, PrometheusError):
         status = 504 if exc.reason == "timeout" else 502 if exc.reason in ("bad_response", "query_error") else 503
-        return ToolError(status, f"prometheus_{exc.reason}", str(exc))
+        return ToolError(status, f"prometheus_{exc.reason}", exc.public_message)
     if isinstance(exc, ToolUnavailable):
         return ToolError(503, "tool_unavailable", str(exc))
     if isinstance(exc, QueryForbidden):
