@@ -15,9 +15,10 @@ setup: system-deps $(STAMP) bpf
 bpf: system-deps
 	@if [ -f exporter/bpf/Makefile ]; then $(MAKE) -s -C exporter/bpf; fi
 
-# The wheel a node installs (dist/): built after the BPF objects, so it carries them.
-wheel: bpf $(STAMP)
-	$(PY) -m pip wheel -q --no-deps -w dist .
+# The wheel a node installs (dist/): built after the BPF objects, so it carries them. pip
+# builds it in an isolated environment: the development venv is not needed for it.
+wheel: bpf
+	$(PYTHON) -m pip wheel -q --no-deps -w dist .
 
 # The OCI images (exporter/sidecar, Prometheus, Alertmanager) from a debootstrap'ed Debian
 # base, no registry needed; as root (docs/deploy.md).

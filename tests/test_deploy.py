@@ -7,21 +7,34 @@ without them is.)"""
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import yaml
 
+from fabricscope import deploy_secrets
 from fabricscope.dashboards import model
 from fabricscope.exporter import main as exporter_main
+from fabricscope.exporter.framework import COLLECTORS
 from fabricscope.queryapi import server as sidecar_main
 from tests import procs
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
-COMPOSE = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
-GRAFANA_OVERLAY = yaml.safe_load((DEPLOY / "compose" / "grafana.yaml").read_text())
+COMPOSE_PORT_DEFAULTS = {"FABRICSCOPE_PROMETHEUS_PORT": "19090", "FABRICSCOPE_ALERTMANAGER_PORT": "19093",
+                         "FABRICSCOPE_EXPORTER_PORT": "19400", "FABRICSCOPE_SIDECAR_PORT": "19500"}
+
+
+def compose_file(name: str, env: dict[str, str] | None = None) -> dict:
+    """A compose file as the engine reads it: ${NAME:-default} from `env` or the default."""
+    text = (DEPLOY / "compose" / name).read_text()
+    return yaml.safe_load(re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: (env or {}).get(m[1], m[2]), text))
+
+
+COMPOSE = compose_file("compose.yaml")
+GRAFANA_OVERLAY = compose_file("grafana.yaml")
 EXPORTER_PORT = 19400
 
 
@@ -128,7 +141,7 @@ def test_kubernetes_daemonset_service_and_servicemonitor_agree():
 
 
 def test_compose_secrets_are_written_once_and_alertmanager_config_passes_amtool(tmp_path):
-    from fabricscope import deploy_secrets
+
     from fabricscope.queryapi.keys import hash_key, parse_key_file
 
     paths = deploy_secrets.write_secrets(tmp_path, "https://sidecar:19500")
@@ -173,6 +186,41 @@ def test_compose_exporter_has_the_daemonsets_privileges_and_mounts():
         assert getattr(compose_args, path) == getattr(daemonset_args, path), path
 
 
+def test_compose_ports_are_variables_that_every_service_agrees_on():
+    """Each port is one variable with the documented default; set to other values, every
+    service that listens on or reaches that port follows it."""
+    text = (DEPLOY / "compose" / "compose.yaml").read_text()
+    assert dict(re.findall(r"\$\{(FABRICSCOPE_\w+_PORT):-(\d+)\}", text)) == COMPOSE_PORT_DEFAULTS
+    assert not re.search(r"(?<![{-])\b19(090|093|400|500)\b", re.sub(r"(?m)^\s*#.*$", "", text))
+    ports = {name: str(20000 + i) for i, name in enumerate(COMPOSE_PORT_DEFAULTS)}
+    services = compose_file("compose.yaml", ports)["services"]
+    command = {name: " ".join(s.get("command") or s.get("entrypoint")) for name, s in services.items()}
+    assert f"--web.listen-address=:{ports['FABRICSCOPE_PROMETHEUS_PORT']}" in command["prometheus"]
+    assert f"--web.listen-address=:{ports['FABRICSCOPE_ALERTMANAGER_PORT']}" in command["alertmanager"]
+    assert f"--web.listen-address=:{ports['FABRICSCOPE_EXPORTER_PORT']}" in command["exporter"]
+    assert f"--port={ports['FABRICSCOPE_SIDECAR_PORT']}" in command["sidecar"]
+    assert f"--prometheus-url=http://127.0.0.1:{ports['FABRICSCOPE_PROMETHEUS_PORT']}" in command["sidecar"]
+    assert f"--alertmanager-url=http://127.0.0.1:{ports['FABRICSCOPE_ALERTMANAGER_PORT']}" in command["sidecar"]
+    # Prometheus's targets come from the files sidecar-init writes from the same variables.
+    init = command["sidecar-init"]
+    assert f"--exporter-address=127.0.0.1:{ports['FABRICSCOPE_EXPORTER_PORT']}" in init
+    assert f"--alertmanager-address=127.0.0.1:{ports['FABRICSCOPE_ALERTMANAGER_PORT']}" in init
+    assert f"--sidecar-url=https://127.0.0.1:{ports['FABRICSCOPE_SIDECAR_PORT']}" in init
+    grafana = compose_file("grafana.yaml", ports)["services"]["grafana"]["environment"]
+    assert grafana["FABRICSCOPE_PROMETHEUS_URL"].endswith(f":{ports['FABRICSCOPE_PROMETHEUS_PORT']}")
+    assert grafana["FABRICSCOPE_SIDECAR_URL"].endswith(f":{ports['FABRICSCOPE_SIDECAR_PORT']}")
+
+
+def test_compose_prometheus_targets_are_the_files_sidecar_init_writes(tmp_path):
+    config = yaml.safe_load((DEPLOY / "compose" / "prometheus.yml").read_text())
+    mounted = "/etc/prometheus/fabricscope/"
+    written = deploy_secrets.write_targets(tmp_path, exporter="127.0.0.1:1", sidecar="127.0.0.1:2",
+                                           alertmanager="127.0.0.1:3")
+    files = [f for job in config["scrape_configs"] for sd in job["file_sd_configs"] for f in sd["files"]]
+    files += [f for am in config["alerting"]["alertmanagers"] for sd in am["file_sd_configs"] for f in sd["files"]]
+    assert sorted(files) == sorted(mounted + str(p.relative_to(tmp_path)) for p in written.glob("*.json"))
+
+
 def test_compose_sidecar_reconciles_with_the_compose_alertmanager():
     """Without --alertmanager-url an alert that resolved while inhibited (no resolution is
     sent) stays firing in the sidecar's records."""
@@ -181,3 +229,48 @@ def test_compose_sidecar_reconciles_with_the_compose_alertmanager():
 
     am_port = flag(COMPOSE["services"]["alertmanager"]["command"], "--web.listen-address").rsplit(":", 1)[1]
     assert flag(COMPOSE["services"]["sidecar"]["command"], "--alertmanager-url") == f"http://127.0.0.1:{am_port}"
+
+
+def _daemonset_container() -> dict:
+    daemonset = next(d for d in yaml.safe_load_all((DEPLOY / "kubernetes/exporter.yaml").read_text())
+                     if d["kind"] == "DaemonSet")
+    [container] = daemonset["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _unit_settings() -> dict[str, str]:
+    lines = (DEPLOY / "systemd/fabricscope-exporter.service").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+
+
+def test_systemd_unit_has_the_daemonsets_memory_and_cpu_limits():
+    limits = _daemonset_container()["resources"]["limits"]
+    unit = _unit_settings()
+    mebibytes = {"Mi": 1, "Gi": 1024}
+    memory = limits["memory"]
+    assert unit["MemoryMax"] == f"{int(memory[:-2]) * mebibytes[memory[-2:]]}M"
+    millicores = int(limits["cpu"].removesuffix("m")) if limits["cpu"].endswith("m") else int(limits["cpu"]) * 1000
+    assert unit["CPUQuota"] == f"{millicores // 10}%"
+
+
+def test_exporter_help_lists_every_collector_switch():
+    """--no-collector.NAME is how a collector is turned off: --help must say so."""
+    parser = argparse.ArgumentParser()
+    exporter_main.add_arguments(parser)
+    usage = parser.format_help()
+    for name in COLLECTORS:
+        assert f"--collector.{name}" in usage and f"--no-collector.{name}" in usage, name
+
+
+def test_daemonset_pulls_what_the_docs_push_from_what_the_build_tags():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("image_build", DEPLOY / "image" / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    built = build.fabricscope_image()
+    pulled = _daemonset_container()["image"]
+    section = (REPO / "docs" / "deploy.md").read_text().split("## Kubernetes", 1)[1]
+    lines = section.split("```sh", 1)[1].split("```", 1)[0].split()
+    assert lines[:4] == ["podman", "tag", built, pulled], lines
+    assert lines[4:7] == ["podman", "push", pulled], lines
+    assert pulled.rsplit("/", 1)[1] == built.rsplit("/", 1)[1]

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from fabricscope.exporter.context import Context
 from fabricscope.exporter.bpf_loader import objects
 from fabricscope.exporter.framework import COLLECTORS, load_collector_modules
 from tests.conftest import could_not_run, require_tool
+from tests.installed import loopback_retransmits
 
 load_collector_modules()
 
@@ -133,31 +133,7 @@ def test_dropped_segments_count_as_retransmits_to_the_named_peer(collector):
     require_tool("nft", "nftables")
     c = collector({"peers": {"127.0.0.1": "loopback-peer"}})
     before = value(c, "fabric_tcp_retransmits_total", {"peer": "loopback-peer"})
-    server = EchoServer()
-    table = f"fabric_test_{os.getpid()}"
-    client = socket.create_connection(("127.0.0.1", server.port))
-    try:
-        client.sendall(b"warm-up")
-        client.recv(100)
-        subprocess.run(["nft", "-f", "-"], check=True, text=True, input=textwrap.dedent(f"""
-            table inet {table} {{
-                chain in {{
-                    type filter hook input priority 0; policy accept;
-                    tcp dport {server.port} drop
-                }}
-            }}
-        """))
-        client.sendall(b"lost" * 100)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:   # RTO is >= 200 ms: poll rather than sleep blindly
-            time.sleep(0.2)
-            if value(c, "fabric_tcp_retransmits_total", {"peer": "loopback-peer"}) > before:
-                break
-    finally:
-        subprocess.run(["nft", "delete", "table", "inet", table], check=False)
-        client.close()
-        server.close()
-    assert value(c, "fabric_tcp_retransmits_total", {"peer": "loopback-peer"}) > before
+    assert loopback_retransmits(lambda: value(c, "fabric_tcp_retransmits_total", {"peer": "loopback-peer"}) > before)
     # Only configured cluster hosts or "other": never a raw address.
     reg = scrape(c)
     peers = {s.labels["peer"] for fam in reg.collect() if fam.name == "fabric_tcp_retransmits" for s in fam.samples}

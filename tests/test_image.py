@@ -19,9 +19,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,7 +34,7 @@ from fabricscope.exporter.nccl.commid import comm_label
 from fabricscope.demo.stack.binaries import free_port
 from tests import procs
 from tests.conftest import could_not_run, missing_tool, require_tool
-from tests.installed import label_values, loopback_traffic, samples, value
+from tests.installed import label_values, loopback_retransmits, loopback_traffic, samples, value
 from tests.nccl_fake import identity
 from tests.nccl_fake.build import build_fake_nccl
 from tests.test_nccl_uprobe import salted_unique_id
@@ -44,7 +46,20 @@ DAEMONSET = next(d for d in yaml.safe_load_all((REPO / "deploy/kubernetes/export
                  if d["kind"] == "DaemonSet")
 COMPOSE_FILE = REPO / "deploy" / "compose" / "compose.yaml"
 PODMAN_COMPOSE = Path(sys.executable).parent / "podman-compose"      # the test extra's
-COMPOSE_PORTS = {"Prometheus": 19090, "Alertmanager": 19093, "exporter": 19400, "sidecar": 19500}
+
+def distinct_free_ports(names: list[str]) -> dict[str, int]:
+    ports: dict[str, int] = {}
+    while len(ports) < len(names):
+        port = free_port()
+        if port not in ports.values():
+            ports[names[len(ports)]] = port
+    return ports
+
+
+# The compose stack on free ports, through the compose file's own port variables: a
+# deployment of it on this host's default ports is left alone, and the variables are tested.
+COMPOSE_PORTS = distinct_free_ports(["FABRICSCOPE_PROMETHEUS_PORT", "FABRICSCOPE_ALERTMANAGER_PORT",
+                                     "FABRICSCOPE_EXPORTER_PORT", "FABRICSCOPE_SIDECAR_PORT"])
 # Each test names its containers with this prefix: a crashed run's leftovers are found
 # and removed before the next one starts.
 PREFIX = "fabricscope-test-"
@@ -83,6 +98,35 @@ def images(tmp_path_factory) -> dict:
         if probe.returncode != 0:
             could_not_run(f"podman cannot run {tag}: {probe.stderr[-2000:]}")
     return found
+
+
+# Programs the tests and `make test`'s set-up exec that no require_tool/require_binary call
+# names (those are found in the test sources below): the BPF build, the rules, the engines.
+EXECUTED_BY_THE_SUITE = {"jsonnet", "clang", "bpftool", "vmagent", "vmalert", "prometheus-node-exporter",
+                         "ip", "nft", "openssl", "gcc", "readelf", "debootstrap", "podman", "buildah", "runc",
+                         "iptables", "unshare", "chromium", "promtool", "amtool"}
+
+
+def binaries_the_suite_needs() -> set[str]:
+    named = set()
+    for source in (REPO / "tests").glob("*.py"):
+        named |= set(re.findall(r'(?:require_tool|require_binary)\("([\w.+-]+)"', source.read_text()))
+    return (named | EXECUTED_BY_THE_SUITE) - {"no-such-tool-anywhere"}
+
+
+def test_system_deps_installer_provides_every_binary_from_a_bare_bookworm(images):
+    """deploy/install-system-deps.sh, run as CI runs it but in the bare debootstrap'ed
+    bookworm base, leaves every program the suite execs on PATH (PostgreSQL's initdb where
+    the tests look for it), and a second run finds nothing left to install."""
+    wanted = sorted(binaries_the_suite_needs())
+    script = ("set -e; /deploy/install-system-deps.sh >/tmp/install.log 2>&1 || { tail -40 /tmp/install.log; exit 1; }; "
+              "for b in " + " ".join(wanted) + "; do command -v $b >/dev/null || echo MISSING $b; done; "
+              "ls /usr/lib/postgresql/*/bin/initdb >/dev/null || echo MISSING initdb; "
+              "/deploy/install-system-deps.sh | sed 's/^/SECOND RUN: /'")
+    done = podman("run", "--rm", "-v", f"{REPO / 'deploy'}:/deploy:ro", images["tags"]["base"], "bash", "-c", script,
+                  timeout=1500, check=False)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert "MISSING" not in done.stdout and "SECOND RUN" not in done.stdout, done.stdout[-4000:]
 
 
 def remove_containers(*names: str) -> None:
@@ -188,17 +232,72 @@ def test_exporter_in_the_image_counts_another_containers_nccl_calls_and_loopback
                 remove_containers(rank_name)
                 rank.wait(60)
 
-        def rtt(f):
-            return value(f, "fabric_tcp_rtt_seconds_count", node="image-node") or 0
-        baseline = rtt(samples(url))
-        loopback_traffic()
-        procs.wait_for(lambda: rtt(samples(url)) - baseline >= 20, 30, "20 loopback RTT samples")
+        assert_every_tcp_program_serves(url, "image-node")
     finally:
         remove_containers(exporter_name)
 
 
+def assert_every_tcp_program_serves(url: str, node: str) -> None:
+    """Every program the exporter declares is attached and "ok" says so; each of the three
+    TCP programs fills its own series: RTT (tp_btf), connect latency
+    (tracepoint sock/inet_sock_set_state) and retransmits (tracepoint tcp/tcp_retransmit_skb),
+    the last two through tracefs where libbpf looks for it inside the container."""
+    found = samples(url)
+    attached = {dict(labels)["program"]: v for (name, labels), v in found.items()
+                if name == "fabric_ebpf_program_attached"}
+    assert attached and all(v == 1 for v in attached.values()), attached
+    assert {"tcp_probe", "inet_sock_set_state", "tcp_retransmit_skb"} <= set(attached)
+    assert value(found, "fabric_ebpf_available", node=node, reason="ok") == 1, \
+        label_values(found, "fabric_ebpf_available", "reason")
+
+    def counts(f):
+        return (value(f, "fabric_tcp_rtt_seconds_count", node=node) or 0,
+                value(f, "fabric_tcp_connect_latency_seconds_count", node=node) or 0)
+    rtt, connects = counts(found)
+    loopback_traffic()
+    procs.wait_for(lambda: (lambda now: now[0] - rtt >= 20 and now[1] - connects >= 20)(counts(samples(url))), 30,
+                   "20 loopback RTT samples and 20 connect latencies")
+
+    def retransmits() -> float:
+        return sum(v for (name, _labels), v in samples(url).items() if name == "fabric_tcp_retransmits_total")
+    before = retransmits()
+    assert loopback_retransmits(lambda: retransmits() > before), "no retransmit counted"
+
+
+def test_exporter_container_stops_within_three_seconds_of_sigterm(images, tmp_path):
+    """`podman stop` sends SIGTERM to PID 1 (the exporter) and kills it after its grace
+    period: the exporter must end well inside it, whether it is serving or still starting."""
+    name = PREFIX + "stop"
+    (tmp_path / "state").mkdir()
+    for serving in (True, False):
+        remove_containers(name)
+        port = free_port()
+        podman("run", "-d", "--name", name, *daemonset_run_flags(tmp_path / "state"),
+               images["tags"]["fabricscope"], *daemonset_args("stop-node", f"127.0.0.1:{port}"))
+        try:
+            if serving:
+                procs.wait_for(lambda: _answers(f"http://127.0.0.1:{port}/metrics"), 90, "the exporter to answer")
+            began = time.monotonic()
+            podman("stop", "--time", "10", name, timeout=60)
+            took = time.monotonic() - began
+            state = podman("inspect", "--format", "{{.State.ExitCode}} {{.State.Status}}", name).stdout.split()
+            # 137 is SIGKILL after the grace period.
+            assert state[1] == "exited" and state[0] != "137", (state, podman("logs", name).stderr[-2000:])
+            assert took <= 3, f"podman stop took {took:.1f} s (serving: {serving})"
+        finally:
+            remove_containers(name)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=5).status_code == 200
+    except requests.ConnectionError:
+        return False
+
+
 def compose(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([str(PODMAN_COMPOSE), "-p", COMPOSE_PROJECT, "-f", str(COMPOSE_FILE), *args], env=ENGINE_ENV,
+    env = {**ENGINE_ENV, **{name: str(port) for name, port in COMPOSE_PORTS.items()}}
+    return subprocess.run([str(PODMAN_COMPOSE), "-p", COMPOSE_PROJECT, "-f", str(COMPOSE_FILE), *args], env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -216,14 +315,14 @@ def test_compose_stack_pages_a_fault_written_to_the_kernel_log(images):
     """podman-compose up: the exporter reads the host's /dev/kmsg; a mlx5 firmware command
     timeout written there fires FabricKernelLogFatal, Alertmanager routes it to the pager
     receiver and delivers the copy to the sidecar's webhook (TLS, API key)."""
-    taken = [f"{name} {port}" for name, port in COMPOSE_PORTS.items() if port_in_use(port)]
+    taken = [f"{name}={port}" for name, port in COMPOSE_PORTS.items() if port_in_use(port)]
     if taken:
         could_not_run(f"the compose stack's host ports are taken: {', '.join(taken)}")
     compose("down", "-v", timeout=300)
     try:
         up = compose("up", "-d")
         assert up.returncode == 0, (up.stdout + up.stderr)[-4000:]
-        prometheus = "http://127.0.0.1:19090"
+        prometheus = f"http://127.0.0.1:{COMPOSE_PORTS['FABRICSCOPE_PROMETHEUS_PORT']}"
 
         def scraped():
             try:
@@ -233,11 +332,13 @@ def test_compose_stack_pages_a_fault_written_to_the_kernel_log(images):
             return {t["labels"]["job"] for t in targets if t["health"] == "up"} >= {"fabricscope", "fabricscope-sidecar"}
         procs.wait_for(scraped, 180, f"Prometheus to scrape the exporter and the sidecar "
                                      f"({compose('logs', timeout=60).stdout[-2000:]})")
+        assert_every_tcp_program_serves(f"http://127.0.0.1:{COMPOSE_PORTS['FABRICSCOPE_EXPORTER_PORT']}/metrics",
+                                        "compose-host")
 
         marker = f"fabricscope-compose-test-{random.randrange(1 << 30):x}"
         with open("/dev/kmsg", "w") as kmsg:
             kmsg.write(f"<3>mlx5_core 0000:3b:00.0: cmd_work_handler:964:(pid 1): {marker} command timeout\n")
-        alertmanager = "http://127.0.0.1:19093"
+        alertmanager = f"http://127.0.0.1:{COMPOSE_PORTS['FABRICSCOPE_ALERTMANAGER_PORT']}"
 
         def paged():
             alerts = requests.get(f"{alertmanager}/api/v2/alerts", timeout=5,
@@ -252,7 +353,7 @@ def test_compose_stack_pages_a_fault_written_to_the_kernel_log(images):
         token = (secrets / "sidecar-token").read_text().strip()
 
         def delivered():
-            rows = requests.get("https://127.0.0.1:19500/alerts", params={"since_ms": 0}, timeout=5,
+            rows = requests.get(f"https://127.0.0.1:{COMPOSE_PORTS['FABRICSCOPE_SIDECAR_PORT']}/alerts", params={"since_ms": 0}, timeout=5,
                                 verify=str(secrets / "ca.pem"), headers={"Authorization": f"Bearer {token}"}).json()
             # The sidecar also reconciles with Alertmanager's API, which can list the alert
             # (receive_count 0, no receiver) before group_wait lets the webhook deliver it.

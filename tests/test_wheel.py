@@ -231,16 +231,38 @@ def test_installed_stack_pages_a_scripted_fault(installed, tmp_path):
 
 
 SYSTEMD_UNIT = REPO / "deploy" / "systemd" / "fabricscope-exporter.service"
+DEPLOY_DOC = REPO / "docs" / "deploy.md"
+DOCUMENTED_PREFIX = "/opt/fabricscope"
+
+
+def documented_install_lines() -> list[str]:
+    """docs/deploy.md's systemd install lines that put the CLI in place (the venv and the
+    pip install; the others copy the unit and start it)."""
+    section = DEPLOY_DOC.read_text().split("## systemd", 1)[1]
+    block = section.split("```sh", 1)[1].split("```", 1)[0]
+    return [line for line in block.strip().splitlines() if DOCUMENTED_PREFIX in line]
 
 
 def test_systemd_unit_starts_the_installed_exporter(installed, tmp_path):
-    """Where systemd runs, the unit itself is started (under a test name, its `fabricscope`
-    the wheel's, its port a free one); elsewhere its ExecStart runs with the installed CLI.
-    Either way the exporter answers with every argument the unit gives it."""
-    bin_dir, outside = installed
+    """docs/deploy.md's install lines run (into a temporary prefix, with the wheel built
+    here) and the unit's ExecStart is the CLI they installed. Where systemd runs, the unit
+    itself is started (under a test name, its port a free one); elsewhere its ExecStart runs
+    as systemd would run it. Either way the exporter answers with every argument the unit
+    gives it."""
+    _bin_dir, outside = installed
+    [wheel] = (outside.parent / "dist").glob("fabricscope-*.whl")
+    prefix = tmp_path / "opt-fabricscope"
+    lines = documented_install_lines()
+    assert any("-m venv" in line for line in lines) and any("pip install" in line for line in lines), lines
+    for line in lines:
+        line = line.replace(DOCUMENTED_PREFIX, str(prefix)).replace(f"dist/{wheel.name}", str(wheel))
+        run(["bash", "-c", line], cwd=outside)
     unit = SYSTEMD_UNIT.read_text()
     argv = next(line for line in unit.splitlines() if line.startswith("ExecStart=")).removeprefix("ExecStart=").split()
-    assert Path(argv[0]).name == "fabricscope" and argv[1] == "exporter"
+    assert argv[0] == f"{DOCUMENTED_PREFIX}/bin/fabricscope" and argv[1] == "exporter", argv
+    cli = Path(argv[0].replace(DOCUMENTED_PREFIX, str(prefix)))
+    assert cli.is_file() and os.access(cli, os.X_OK), f"the documented install did not produce {argv[0]}"
+    bin_dir = cli.parent
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     installed_argv = [str(bin_dir / "fabricscope"), *[f"--web.listen-address=127.0.0.1:{port}"

@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,7 @@ DEFAULT_MIRROR = "http://deb.debian.org/debian"
 HOST_EXTRA_CAS = Path("/usr/local/share/ca-certificates")
 DOCS_BEGIN = "<!-- image-build:begin (deploy/image/build.py --docs writes this table) -->"
 DOCS_END = "<!-- image-build:end -->"
+BUILD_STAGE_LABEL = "io.fabricscope.stage=build"   # set by the Containerfiles' build stage
 
 # What a minbase rootfs lacks to be a good image base: no services start from package
 # scripts (there is no init in a container), no recommended packages, no apt caches.
@@ -49,6 +51,23 @@ APT_CONF = ('APT::Install-Recommends "false";\nAPT::Install-Suggests "false";\n'
 
 class BuildError(RuntimeError):
     pass
+
+
+# Host programs the build execs, and why: checked before anything starts, so a missing one
+# is named instead of surfacing as a container engine's bare "No such file or directory".
+HOST_TOOLS = {
+    "debootstrap": "debootstrap (makes the Debian base)",
+    "podman": "podman (builds and runs the images)",
+    "runc": "runc (the OCI runtime containers.conf names)",
+    "iptables": "iptables (netavark's firewall driver runs it to set up every build step's network)",
+    "/usr/lib/podman/netavark": "netavark (podman's network backend)",
+}
+
+
+def missing_host_tools() -> list[str]:
+    """The HOST_TOOLS entries this host lacks, each with its Debian package and purpose."""
+    return [why for tool, why in HOST_TOOLS.items()
+            if not (os.access(tool, os.X_OK) if tool.startswith("/") else shutil.which(tool))]
 
 
 def version() -> str:
@@ -136,6 +155,9 @@ def build_all(mirror: str = DEFAULT_MIRROR, rebuild_base: bool = False, only: li
         record["steps"][name] = round(time.monotonic() - began, 1)
         record["tags"][name] = tag
         record["sizes"][name] = image_size(tag)
+    # The build stage's image (compiler, headers, sources: ~1.2 GB) is nobody's product: no
+    # tag names it, and every build with changed sources would leave another.
+    run(["podman", "image", "prune", "-f", "--filter", f"label={BUILD_STAGE_LABEL}"], timeout=600)
     record["total_seconds"] = round(time.monotonic() - start, 1)
     return record
 
@@ -175,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("build.py: needs root (debootstrap and podman build)", file=sys.stderr)
+        return 2
+    missing = missing_host_tools()
+    if missing:
+        print("build.py: missing on this host: " + "; ".join(missing)
+              + " (deploy/install-system-deps.sh installs them)", file=sys.stderr)
         return 2
     try:
         record = build_all(args.mirror, args.rebuild_base, args.only, args.cache)
