@@ -22,7 +22,7 @@ import requests
 from apiflask import APIBlueprint
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .auth import require_scope
+from .auth import current_key, require_scope
 from .context import sidecar
 from .errors import ApiError
 from .workers import PeriodicWorker
@@ -146,6 +146,9 @@ def webhook(json_data: WebhookIn):
     state = sidecar()
     alerts = [a.model_dump() for a in json_data.alerts]
     new, repeats = state.storage.record_alerts(alerts, int(time.time() * 1000), json_data.receiver)
+    if state.chaos is not None and current_key() is not None:
+        # The blast radii these alerts will need, charged to the key that posted them.
+        state.chaos.alerts.charge(current_key().id, alerts)
     for alert in json_data.alerts:
         state.metrics.alerts_received.labels(alert.status).inc()
     return {"recorded": new, "repeats": repeats}

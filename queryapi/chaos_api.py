@@ -25,15 +25,19 @@ chaos.live.DeviceIndex) computed once per alert episode and kept beside it in th
 (simulation id `alert-<hash of fingerprint and startsAt>`), for dashboards to read. The
 worker pages through the alerts oldest first with a cursor that moves only past alerts it
 handled, so a storm of 1,500 alerts delays the last ones instead of skipping them. It has a
-budget of its own (`chaos_alert_simulations_per_minute`), separate from any API key's, and
-a result is reused for every alert naming the same device on the same topology version: a
-storm on one switch costs one simulation.
+budget of its own (`chaos_alert_simulations_per_minute`), and a result is reused for every
+alert naming the same device on the same topology version: a storm on one switch costs one
+simulation. The simulations a webhook post will need are also charged, when it is posted,
+to the key that posted it (`chaos_alert_simulations_per_key_per_minute`, one per device not
+simulated yet): an alert past that key's budget is stored as `over_budget` and never
+simulated, so one write key cannot spend the budget every other poster shares.
 """
 from __future__ import annotations
 
 import hashlib
 import logging
 import math
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -131,11 +135,12 @@ class AlertBlastRadius:
     episode, oldest alert first, under its own simulation budget."""
     name = "chaos-alerts"
 
-    def __init__(self, service: ChaosService, storage, per_minute: int) -> None:
+    def __init__(self, service: ChaosService, storage, per_minute: int, per_key_per_minute: int = 20) -> None:
         self.service = service
         self.storage = storage
-        self.per_minute = per_minute
+        self.per_minute, self.per_key_per_minute = per_minute, per_key_per_minute
         self.limiter = RateLimiter()
+        self._charge_lock = threading.Lock()          # request threads share the device index
         # (last_received_ms, fingerprint, starts_at) of the last alert handled.
         self.cursor: tuple[int, str, str] = (_now_ms() - ALERT_LOOKBACK_MS, "", "")
         self._index: tuple[str, DeviceIndex] | None = None
@@ -147,6 +152,35 @@ class AlertBlastRadius:
             self._index = (engine.version, DeviceIndex(engine.topology))
             self._results.clear()
         return self._index[1]
+
+    def charge(self, key_id: str, alerts: list[dict]) -> int:
+        """At the webhook: one simulation of the posting key's budget for each device the
+        new critical firing alerts name that has no result yet. Alerts past the budget are
+        stored `over_budget` (the worker then skips them); how many were."""
+        engine = self.service.topology.engine()
+        charged: set[str] = set()
+        refused = 0
+        with self._charge_lock:
+            index = DeviceIndex(engine.topology) if self._index is None or self._index[0] != engine.version \
+                else self._index[1]
+            for alert in alerts:
+                if alert["status"] != "firing" or alert["labels"].get("severity") != "critical":
+                    continue
+                sim_id = alert_simulation_id(alert["fingerprint"], alert["startsAt"])
+                device = index.device_for_labels(alert["labels"])
+                if device is None or device in charged or self.storage.load_simulation(sim_id) is not None:
+                    continue
+                allowed, _ = self.limiter.allow(f"key:{key_id}", self.per_key_per_minute / 60.0,
+                                                self.per_key_per_minute)
+                if allowed:
+                    charged.add(device)
+                    continue
+                refused += 1
+                record = {"alertname": alert["labels"].get("alertname", ""), "fingerprint": alert["fingerprint"],
+                          "starts_at": alert["startsAt"], "labels": alert["labels"]}
+                self.storage.save_simulation(sim_id, "over_budget", {"alert": record, "submitted_ms": _now_ms(),
+                                                                      "key_id": key_id})
+        return refused
 
     def run_once(self) -> int:
         """Handle alerts past the cursor until none is left or the budget runs out (the
@@ -207,7 +241,8 @@ def setup(app, state) -> None:
     service = ChaosService(topology, config.chaos_simulations_per_minute)
     state.chaos = service
     state.workers.append(service)
-    service.alerts = AlertBlastRadius(service, state.storage, config.chaos_alert_simulations_per_minute)
+    service.alerts = AlertBlastRadius(service, state.storage, config.chaos_alert_simulations_per_minute,
+                                      config.chaos_alert_simulations_per_key_per_minute)
     state.workers.append(service.alerts.worker)
     if query is not None:
         state.workers.append(PeriodicWorker("chaos-topology", config.chaos_refresh_seconds, topology.refresh))

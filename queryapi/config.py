@@ -79,6 +79,8 @@ class SidecarConfig(BaseModel):
     chaos_simulations_per_minute: int = Field(5, ge=1)
     # Blast radii of critical alerts (a budget of their own, not any key's).
     chaos_alert_simulations_per_minute: int = Field(60, ge=1)
+    # ... and charged, when posted, to the key that posted the alerts (its own budget).
+    chaos_alert_simulations_per_key_per_minute: int = Field(20, ge=1)
     # Alertmanager's API (alerts.py): the recorded alerts are reconciled with its own
     # every this many seconds, so an alert resolved while inhibited or silenced (no
     # notification carries that resolution) is shown resolved. None: webhook only.

@@ -269,6 +269,35 @@ def test_alert_budget_defers_and_never_skips(env):
     assert all(state.storage.load_simulation(alert_simulation_id(a["fingerprint"], a["startsAt"])) for a in alerts)
 
 
+def test_webhook_simulations_are_charged_to_the_posting_key(env):
+    """Past its own per-minute budget a key's alerts are stored over_budget and never
+    simulated; another key's alerts, posted after, still get theirs."""
+    make_app, keys = env
+    app = make_app(chaos_alert_simulations_per_key_per_minute=2)
+    client = app.test_client()
+
+    def post(key, nodes, prefix):
+        sent = [alert("FabricExporterDown", "critical", node=f"gpu-node-{i}") for i in nodes]
+        for i, one in zip(nodes, sent):
+            one["fingerprint"] = f"{prefix}{i}"
+        reply = client.post("/alerts/webhook", json={"receiver": "r", "alerts": sent}, headers=bearer(keys[key]))
+        assert reply.status_code == 200, reply.get_json()
+        return sent
+
+    flooded = post("writer-1", range(0, 6), "flood")
+    other = post("writer-2", range(6, 8), "other")
+    worker = app.extensions["fabricscope"].chaos.alerts
+    assert worker.run_once() == 4                   # 2 of the flooding key's, 2 of the other's
+    from fabricscope.queryapi.chaos_api import alert_simulation_id
+    state = app.extensions["fabricscope"].storage
+
+    def status(sent):
+        return state.load_simulation(alert_simulation_id(sent["fingerprint"], sent["startsAt"]))["status"]
+
+    assert [status(a) for a in flooded] == ["complete"] * 2 + ["over_budget"] * 4
+    assert [status(a) for a in other] == ["complete"] * 2
+
+
 def test_real_sidecar_process_simulates_and_keeps_results_across_a_restart(tmp_path):
     """`fabricscope sidecar` (TLS): the pool and the refresh worker run in the serving
     process, and a result outlives the process."""
