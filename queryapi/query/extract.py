@@ -82,6 +82,11 @@ class Extraction:
     slots: dict[str, Any] = field(default_factory=dict)
     spans: list[tuple[str, int, int]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Names shaped like a host, device, rack or job that the cluster does not know, with the
+    # known names closest to each: never dropped, never guessed (the matcher abstains).
+    unknown: dict[str, list[str]] = field(default_factory=dict)
+    # Slots filled from another slot, not named by the question (a job's communicator).
+    derived: set[str] = field(default_factory=set)
 
     def put(self, slot: str, value: Any, match: re.Match[str] | None = None) -> None:
         if slot in self.slots:
@@ -89,9 +94,20 @@ class Extraction:
         self.slots[slot] = value
         if match is not None:
             self.spans.append((slot, match.start(), match.end()))
+        else:
+            self.derived.add(slot)
+
+    def named_together(self) -> list[set[str]]:
+        """The slots the question names, grouped by the words that named them: one name
+        can be both a host and a topology device, and either reading honours it."""
+        groups: dict[tuple[int, int], set[str]] = {}
+        for slot, start, end in self.spans:
+            groups.setdefault((start, end), set()).add(slot)
+        return list(groups.values())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"params": dict(self.slots), "notes": list(self.notes)}
+        return {"params": dict(self.slots), "notes": list(self.notes),
+                **({"unknown": dict(self.unknown)} if self.unknown else {})}
 
 
 class Vocabulary:
@@ -140,6 +156,18 @@ class Vocabulary:
             return found[1]
         return self._job_short.get(lowered)
 
+    def knows_names(self) -> bool:
+        """Whether names can be judged at all (Prometheus or the topology answered)."""
+        return bool(self.hosts or self.devices)
+
+    def closest(self, text: str, names: Iterable[str], n: int = 3) -> list[str]:
+        """Known names closest to an unknown one, for the answer to offer."""
+        lowered = {name.lower(): name for name in names}
+        return [lowered[m] for m in difflib.get_close_matches(text.lower(), list(lowered), n=n, cutoff=0.5)]
+
+    def job_ids(self) -> list[str]:
+        return sorted(self.jobs)
+
     def kind_of_device(self, name: str) -> str:
         return "rack" if name in self.racks else "pdu" if name in self.pdus else "device"
 
@@ -157,6 +185,8 @@ class Vocabulary:
             # Names differing only in their trailing number are not typos of each other.
             match = [m for m in match if re.sub(r"[0-9]+$", "", m) != re.sub(r"[0-9]+$", "", lowered)
                      or m == lowered]
+            # A typo is in the letters: a name with other digits is another machine.
+            match = [m for m in match if re.findall(r"[0-9]+", m) == re.findall(r"[0-9]+", lowered)]
             if len(match) == 1:
                 return kind, names[match[0]]
         return None
@@ -238,13 +268,14 @@ def extract(message: str, vocabulary: Vocabulary | None = None) -> Extraction:
         name = (match.group("f") or "fw_version").lower()
         found.put("field", _FIELD_NAMES.get(name, name), match)
         found.put("value", match.group("v") or match.group("fwv"), match)
-    _names(masked, vocabulary, found)
+    _names(_mask(text, found.spans), vocabulary, found)
     _jobs(_mask(text, found.spans), vocabulary, found)
-    if "device" in found.slots and "failure_type" not in found.slots:
+    if "failure_type" not in found.slots:
         # A rack fails as a rack, a PDU takes its power with it.
-        kind = vocabulary.kind_of_device(found.slots["device"])
-        if kind != "device":
-            found.put("failure_type", f"{'rack' if kind == 'rack' else 'power'}_failure")
+        if "rack" in found.slots:
+            found.put("failure_type", "rack_failure")
+        elif "pdu" in found.slots:
+            found.put("failure_type", "power_failure")
     rest = _mask(text, found.spans)
     candidates = [m for pattern in (SERVICE_AFTER, SERVICE_BEFORE) for m in pattern.finditer(rest)
                   if m.group("n").lower() not in _SERVICE_STOP]
@@ -265,9 +296,14 @@ def _jobs(text: str, vocabulary: Vocabulary, found: Extraction) -> None:
     """"job 48213", "job slurm:48213", "the llama70b-pretrain-0 job": the job, and the
     communicator its ranks share (the NCCL queries filter by comm)."""
     for match in JOB.finditer(text):
-        job = vocabulary.job(match.group("j"))
+        token = match.group("j")
+        job = vocabulary.job(token)
         if job:
             found.put("job", job, match)
+        elif any(c.isdigit() for c in token) and "job" not in found.slots:
+            # "job 99999": a job Prometheus has no ranks of. Named, not dropped.
+            found.unknown[token] = vocabulary.closest(token, [*vocabulary.jobs, *vocabulary._job_short])
+            found.spans.append(("job", match.start(), match.end()))
     for match in re.finditer(r"[A-Za-z0-9][A-Za-z0-9._:/-]*[A-Za-z0-9]", text):
         job = vocabulary.job(match.group(0))
         if job and "job" not in found.slots:
@@ -287,7 +323,8 @@ def _names(text: str, vocabulary: Vocabulary, found: Extraction) -> None:
         if host:
             found.put("host", host, match)
         if device:
-            found.put("device", device, match)
+            kind = vocabulary.kind_of_device(device)
+            found.put("device" if kind == "device" else kind, device, match)
         if named and named[0] != "job":
             found.put(named[0], named[1], match)
     for match in SHORT_HOST.finditer(text):
@@ -296,6 +333,9 @@ def _names(text: str, vocabulary: Vocabulary, found: Extraction) -> None:
             found.put("host", host, match)
         elif "host" not in found.slots:
             found.notes.append(f"no known host matches {match.group(0)!r}")
+            if vocabulary.hosts:
+                found.unknown[match.group(0)] = vocabulary.closest(match.group(0), vocabulary.hosts)
+                found.spans.append(("host", match.start(), match.end()))
     for match in NAME_LIKE.finditer(text):
         token = match.group(0).rstrip(".")
         if _NOT_NAMES.match(token) or vocabulary.host(token) or vocabulary.device(token) or vocabulary.named(token) \
@@ -306,8 +346,13 @@ def _names(text: str, vocabulary: Vocabulary, found: Extraction) -> None:
             found.notes.append(f"read {token!r} as {close[1]!r}")
             found.put(close[0], close[1], match)
         elif re.search(r"[-_]", token) and not SHORT_HOST.fullmatch(token):
-            # An unknown name-shaped token: a host or a device Prometheus has not seen
-            # (yet). Offer it for both; the chosen query takes the one it needs.
             found.notes.append(f"{token!r} is not a name Prometheus knows")
-            found.put("host", token, match)
-            found.put("device", token, match)
+            if vocabulary.knows_names():
+                # Named as unknown, with the closest known names: never run unfiltered.
+                found.unknown[token] = vocabulary.closest(token, [*vocabulary.hosts, *vocabulary.devices])
+                found.spans.append(("host", match.start(), match.end()))
+            else:
+                # Nothing to judge against (Prometheus not answering): offer it for both;
+                # the chosen query takes the one it needs.
+                found.put("host", token, match)
+                found.put("device", token, match)

@@ -24,11 +24,13 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from .contract import ACTIONS, OUT_OF_SCOPE, untaken
 from .extract import Extraction
 from .params import ParamError
 from .registry import QuerySpec, Registry
 
 MIN_SCORE = 1.5          # below this, nothing in the question names a query
+CONSTRAINT_MARGIN = 1.0  # a query this close to the best may answer when it takes a constraint the best cannot
 PARAM_BONUS = 0.75       # per extracted parameter the query accepts
 MISSING_PENALTY = 1.0    # per required parameter with no value
 # Confidence = logistic(SLOPE x (score - MIN_SCORE) - UNKNOWN_WEIGHT x unknown words
@@ -39,14 +41,16 @@ ACTION_WEIGHT = 4.0
 CONFIDENCE_FLOOR = 0.5
 # Slots that say something about the question (a window or limit fits almost any query).
 _SPECIFIC = {"host", "device", "gpu", "comm", "ip", "service", "quantile", "severity", "rank", "field", "xid", "op",
-             "cluster", "trace", "threshold", "state", "failure_type"}
+             "cluster", "trace", "threshold", "state", "failure_type", "job", "port", "rack", "pdu"}
 # Words of the fabric's world that name no query by themselves: never "unknown".
 _DOMAIN = frozenset("""
 network networks nccl comm comms communicator communicators threshold request requests collective collectives
 job jobs gpu gpus rank ranks port ports link links device devices switch switches error errors rate rates count
 counts event events cluster clusters fleet value values metric metrics calls threads thread node nodes
-training train pod pods service services host hosts box boxes server servers card cards adapter adapters
+training train service services host hosts box boxes server servers card cards adapter adapters
 pretraining finetuning inference step steps time level regressed regression spans span latency
+detection detect detected delay delays delayed anomaly anomalies open estimate estimated id ids pci bus segments
+segment core cores packet packets
 """.split())
 # Generic English that carries no topic.
 _FILLER = frozenset("""
@@ -56,12 +60,22 @@ anything something nothing thing things currently right tell please much lot lot
 whole across per since morning evening night yet already again okay ok hey folks guys team quick quickly
 anywhere somewhere line lines up bunch whats wanna need want know let lets kind sort
 getting got meeting meet blowing burning holding keep keeps kept giving give shows showing mean means
+but into while via among they it's i'm he she him her his hers ours yours theirs itself myself whose whom
+am isn't aren't wasn't weren't not no yes yeah yep nope should shall may might must cannot cant dont
+doesnt didnt isnt arent wasnt werent wont hasnt havent hadnt couldnt wouldnt shouldnt than too very
+most least few fewer less other others another such same different both either neither each own
+here there where wherever whenever however although though because since until unless whether
+about above below under between through throughout toward towards upon onto off out around near
+find found finding check checking checked report reported reporting show shown list listing listed
+grouped group grouping sorted sort ordered order ranked broken breakdown detail details
+currently current recent recently lately latest last first next previous earlier later ago soon
+hi hello yo sup thanks thank cheers lol btw fyi imo tbh idk ngl asap atm rn pls plz thx
+wait waiting wondering wonder curious think thought guess maybe perhaps probably possibly actually
+basically literally seriously totally quite rather pretty fairly somewhat anyway anyways
+involving involved including include includes adding added add getting hit hits hitting
+throwing throws thrown talking talk talks doing done dealing deal hammering
 """.split())
-# The layer only reads: a question asking for an action has no registered answer.
-_ACTIONS = frozenset("""
-restart reboot drain cordon uncordon kill delete remove create close file fix repair reset shutdown
-disable enable replace reseat submit cancel deploy upgrade install write compose reimage power-cycle
-""".split())
+_ACTIONS = ACTIONS
 _FOLLOW_UP = re.compile(r"^\s*(?:and|also|what about|how about|same for|now|then|ok(?:ay)?|and what about)\b"
                         r"|^\s*(?:for|on|in)\s", re.I)
 _WORD = re.compile(r"[a-z0-9]+")
@@ -75,6 +89,11 @@ our over past please plz previous right seconds server servers show since so som
 there these this those to today top up us was we week weeks were what when where which who why
 will with within would yesterday you your
 """.split())
+# Plain words a typo may stand for ("whcih" for "which"): never read as "unknown".
+_EXPLAINED: dict[str, list[str]] = {}
+for _word in sorted(_PLAIN | _FILLER | _DOMAIN):
+    if len(_word) >= 4:
+        _EXPLAINED.setdefault(_word[0], []).append(_word)
 
 
 @dataclass
@@ -89,12 +108,25 @@ class Match:
     confidence: float = 0.0
     abstained: bool = False
     unexplained: list[str] = field(default_factory=list)   # words no query explains
+    # Why nothing ran, besides unexplained words: constraints the question names that no
+    # registered query can take (slot -> value), names the cluster does not know (name ->
+    # close known names), and action verbs (the layer only reads).
+    unsupported: dict[str, Any] = field(default_factory=dict)
+    unknown_names: dict[str, list[str]] = field(default_factory=dict)
+    actions: list[str] = field(default_factory=list)
+    # Constraints named that the answer covers whole, said with it ("late to the allreduce":
+    # arrival lag has no per-collective breakdown).
+    covered: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"query_name": self.query_name, "params": self.params, "score": round(self.score, 2),
                 "confidence": round(self.confidence, 2), "abstained": self.abstained,
                 "missing": self.missing, "invalid": self.invalid, "follow_up": self.follow_up,
-                "alternatives": self.alternatives, **({"unexplained": self.unexplained} if self.unexplained else {})}
+                "alternatives": self.alternatives, **({"unexplained": self.unexplained} if self.unexplained else {}),
+                **({"unsupported": self.unsupported} if self.unsupported else {}),
+                **({"unknown_names": self.unknown_names} if self.unknown_names else {}),
+                **({"refused_actions": self.actions} if self.actions else {}),
+                **({"covered_not_split": self.covered} if self.covered else {})}
 
 
 def confidence(score: float, unknown: int, actions: int) -> float:
@@ -113,11 +145,13 @@ class Matcher:
             if len(word) >= 4 and word.isalpha():
                 self._stems.setdefault(word[:4], []).append(word)
         self._correct = lru_cache(maxsize=4096)(self._correct_word)
+        self._plain_word = lru_cache(maxsize=4096)(self._plain_word)
 
     def _correct_word(self, word: str) -> str:
         """A typo of a catalog word ("slowets"), or a form of one ("laggards" of "lagging",
         "retransmitting" of "retransmit"), as that word; any other word as it is."""
-        if word in self._vocab_set or word in _PLAIN or len(word) < 5 or not word.isalpha():
+        if (word in self._vocab_set or word in _PLAIN or word in OUT_OF_SCOPE or word in ACTIONS or len(word) < 5
+                or not word.isalpha()):
             return word
         # A typo keeps its first letter and about its length ("hnags"), so "using" is not
         # read as "causing" nor "burning" as "bouncing".
@@ -185,10 +219,20 @@ class Matcher:
             chars[start:end] = " " * (end - start)
         _, words = self.normalise("".join(chars))
         actions = sorted(w for w in words if w in _ACTIONS)
-        unknown = sorted(w for w in words if len(w) >= 3 and w.isalpha() and w not in self._vocab_set
-                         and w not in _PLAIN and w not in _DOMAIN and w not in _FILLER and w not in _ACTIONS
-                         and not (w.endswith("s") and (w[:-1] in self._vocab_set or w[:-1] in _DOMAIN)))
+        unknown = sorted(w for w in words if w in OUT_OF_SCOPE or (
+            len(w) >= 3 and w.isalpha() and w not in self._vocab_set and w not in _ACTIONS
+            and not self._plain_word(w) and not (w.endswith("s") and (w[:-1] in self._vocab_set or w[:-1] in _DOMAIN))))
         return unknown, actions
+
+    def _plain_word(self, word: str) -> bool:
+        """English that carries no topic, or a typo of it ("whcih", "anythign")."""
+        if word in _PLAIN or word in _DOMAIN or word in _FILLER:
+            return True
+        if len(word) < 4:
+            return False
+        # A typo keeps its first letter and about its length: only those are compared.
+        close = difflib.get_close_matches(word, _EXPLAINED.get(word[0], ()), n=1, cutoff=0.8)
+        return bool(close) and abs(len(close[0]) - len(word)) <= 1
 
     def nearest(self, ranked: list, message: str) -> list[dict[str, Any]]:
         """Two or three queries closest to a question none answers: by score, then by the
@@ -207,6 +251,12 @@ class Matcher:
         ranked = self.rank(message, extraction)
         alternatives = [{"query_name": spec.name, "score": round(score, 2)} for score, _, spec in ranked[1:4]]
         unknown, actions = self.unexplained(message, extraction)
+        # The contract (contract.py): an action is refused, an unknown name is named, a word
+        # nothing explains is named; in each case nothing runs.
+        if actions or extraction.unknown or unknown:
+            return Match(None, confidence=confidence(ranked[0][0] if ranked else 0.0, len(unknown), len(actions)),
+                         abstained=True, unexplained=[*actions, *unknown], actions=actions,
+                         unknown_names=dict(extraction.unknown), alternatives=self.nearest(ranked, message))
         looks_like_follow_up = bool(_FOLLOW_UP.match(message)) and not actions
         best_terms = ranked[0][1] if ranked else 0.0
         best = ranked[0][0] if ranked else 0.0
@@ -215,10 +265,13 @@ class Matcher:
                 unknown or actions)) and (
                 not ranked or best < MIN_SCORE
                 or (looks_like_follow_up and (best_terms < 2.0 or same_query))):
-            spec = self.registry.get(previous["query_name"])
+            spec = self._honouring(self.registry.get(previous["query_name"]), extraction)
+            if isinstance(spec, Match):
+                return spec
             params, _ = self.fill(spec, extraction.slots)
-            merged = {**previous.get("params", {}), **params}
+            merged = {k: v for k, v in {**previous.get("params", {}), **params}.items() if k in spec.params}
             result = self._validated(spec, merged, best, alternatives)
+            result.covered = _covered(spec, extraction)
             result.follow_up = True
             # A follow-up is as sure as its reading as one: what it adds is only parameters.
             result.confidence = confidence(MIN_SCORE + 1.0, len(unknown), 0)
@@ -228,10 +281,37 @@ class Matcher:
             return Match(None, confidence=sure, abstained=True, unexplained=[*actions, *unknown],
                          alternatives=self.nearest(ranked, message))
         score, _, spec = ranked[0]
+        spec = self._honouring(spec, extraction, ranked, message)
+        if isinstance(spec, Match):
+            spec.confidence = sure
+            return spec
         params, _ = self.fill(spec, extraction.slots)
         result = self._validated(spec, params, score, alternatives)
         result.confidence = sure
+        result.covered = _covered(spec, extraction)
         return result
+
+    def _honouring(self, spec: QuerySpec, extraction: Extraction, ranked: list | None = None,
+                   message: str = "") -> QuerySpec | Match:
+        """`spec` if it takes every constraint the question names, else the first of its
+        variants that does, else an abstention naming what no registered query takes."""
+        left = untaken(spec, extraction)
+        if not left:
+            return spec
+        for name in spec.variants:
+            variant = self.registry.get(name)
+            if not untaken(variant, extraction):
+                return variant
+        # A query nearly as likely that takes them all: the question's constraint decides.
+        for score, terms, other in (ranked or [])[1:]:
+            if score < ranked[0][0] - CONSTRAINT_MARGIN or terms < MIN_SCORE:
+                break
+            if not untaken(other, extraction):
+                return other
+        closest = [spec, *(self.registry.get(name) for name in spec.variants)]
+        near = [{"query_name": q.name, "score": 0.0, "description": q.description} for q in closest]
+        near += [n for n in self.nearest(ranked or [], message) if n["query_name"] not in {q.name for q in closest}]
+        return Match(None, abstained=True, unsupported=left, alternatives=near[:4])
 
     def _validated(self, spec: QuerySpec, params: dict[str, Any], score: float,
                    alternatives: list[dict[str, Any]]) -> Match:
@@ -244,6 +324,11 @@ class Matcher:
             except ParamError as exc:
                 if exc.param == name:
                     invalid[name] = exc.message
+        if invalid:
+            # A value its type refuses ("the last 45 days" past the longest window) is not
+            # quietly replaced by the default: nothing runs, the answer says why.
+            return Match(None, {}, score, [], invalid, abstained=True, alternatives=[
+                {"query_name": spec.name, "score": round(score, 2), "description": spec.description}])
         missing = [n for n, p in spec.params.items() if p.required and n not in good]
         final = {}
         if not missing:
@@ -255,6 +340,11 @@ class Matcher:
 
 _CONTRACTIONS = {"n't": " not", "'s": " is", "'re": " are", "'ve": " have", "'ll": " will", "'d": " would"}
 _CONTRACTION = re.compile(r"(n't|'s|'re|'ve|'ll|'d)\b")
+
+
+def _covered(spec: QuerySpec, extraction: Extraction) -> dict[str, Any]:
+    return {slot: extraction.slots[slot] for slot in spec.covers
+            if slot in extraction.slots and slot not in spec.params}
 
 
 def _common_prefix(a: str, b: str) -> str:

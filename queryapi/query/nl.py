@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from .contract import expand_shorthand
 from .extract import Extraction, Vocabulary, extract
 from .matcher import Match, Matcher
 from .registry import Registry, default_registry
@@ -36,6 +37,7 @@ class Interpreter:
 
     def interpret(self, message: str, vocabulary: Vocabulary | None = None,
                   previous: dict[str, Any] | None = None) -> Interpretation:
+        message = expand_shorthand(message)
         extraction = extract(message, vocabulary)
         match = self.matcher.match(message, extraction, previous)
         result = Interpretation(match, extraction)

@@ -72,6 +72,14 @@ class QuerySpec(BaseModel):
     # Natural-language matching: words (or "two words") and their weights.
     terms: dict[str, float] = {}
     examples: list[str] = []
+    # Queries that answer the same question with more filters (the windowed form of an
+    # instant query): natural language moves to one when the question names a constraint
+    # this query cannot take.
+    variants: list[str] = []
+    # Constraints the answer covers whole and cannot split by (arrival lag is per rank over
+    # every collective: "late to the allreduce" is answered for all of them, and the answer
+    # says so).
+    covers: list[Literal["op"]] = []
 
     @model_validator(mode="after")
     def _one_body(self) -> "QuerySpec":
@@ -120,6 +128,10 @@ class Registry:
         self.queries = {q.name: q for q in queries}
         if len(self.queries) != len(queries):
             raise RegistryError("duplicate query names in the registry")
+        for query in queries:
+            unknown = [name for name in query.variants if name not in self.queries or name == query.name]
+            if unknown:
+                raise RegistryError(f"query {query.name!r}: variants {unknown} are not other registered queries")
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and name in self.queries

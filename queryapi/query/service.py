@@ -33,6 +33,30 @@ def _message(value: Any) -> str:
     return value
 
 
+def abstention_answer(match) -> str:
+    """Why nothing ran, in the words of the question, and what comes closest."""
+    nearest = "; ".join(f"{a['query_name']} ({a['description']})" for a in match.alternatives
+                        if a.get("description"))
+    if match.actions:
+        why = (f"This layer only reads: it cannot {', '.join(match.actions)} anything, so nothing was run. "
+               "Do it through your own tooling; these read-only queries come closest.")
+    elif match.unknown_names:
+        why = "; ".join(f"{name!r} is not a name the cluster knows"
+                        + (f" (close: {', '.join(close)})" if close else "")
+                        for name, close in match.unknown_names.items()) + ", so nothing was run."
+    elif match.unsupported:
+        constraints = ", ".join(f"{slot} {value}" for slot, value in match.unsupported.items())
+        why = f"No registered query can filter by {constraints}, so nothing was run rather than an unfiltered answer."
+    elif match.invalid:
+        why = "; ".join(f"{name}: {message}" for name, message in match.invalid.items()) + ", so nothing was run."
+    else:
+        unexplained = (f" (words it does not understand: {', '.join(match.unexplained)})"
+                       if match.unexplained else "")
+        why = f"I can't answer that with a registered query{unexplained}, so nothing was run."
+    return (f"{why} " + (f"Nearest: {nearest}. " if nearest else "")
+            + "GET /ai/query/catalog lists what can be asked.")
+
+
 class QueryService:
     def __init__(self, registry: Registry | None = None, refiner: Refiner | None = None) -> None:
         self.registry = registry or default_registry()
@@ -115,14 +139,13 @@ class QueryService:
         body = interpretation.to_dict()
         match = interpretation.match
         if match.query_name is None:
-            nearest = "; ".join(f"{a['query_name']} ({a['description']})" for a in match.alternatives
-                                if a.get("description"))
-            unexplained = f" (nothing registered measures: {', '.join(match.unexplained)})" if match.unexplained else ""
-            body["answer"] = (f"I can't answer that with a registered query{unexplained}, so nothing was run. "
-                              + (f"Nearest: {nearest}. " if nearest else "")
-                              + "GET /ai/query/catalog lists what can be asked.")
+            body["answer"] = abstention_answer(match)
         elif match.missing:
             body["answer"] = f"Query {match.query_name} needs: {', '.join(match.missing)}."
+        elif match.covered:
+            body["answer"] = (f"{match.query_name} covers every "
+                              + ", ".join(f"{slot} (not split by {value})" for slot, value in match.covered.items())
+                              + ": it has no finer breakdown.")
         return body
 
     def _execute(self, state, body: dict[str, Any], caller: Caller | None) -> None:
