@@ -59,7 +59,11 @@
       tcpRate: '1m',  // p99 RTT is computed over this rate window
       tcpBaseline: '5m',  // rolling average of the p99 over 5 minutes
       ncclLag: '1m',  // per-rank mean arrival lag and collective rate (straggler detection)
-      ncclNodeOffset: '1m',  // a node's offset against the comm's earliest rank (cross-node join)
+      // A node's offset against the comm's earliest rank (cross-node join): its least over
+      // the joins of this window. Short: the last join or two under 15-30 s rule groups, so
+      // a late node's condition holds within a boundary, a scrape and a rule interval or
+      // two; a single scheduling spike lasts one join, and the alert's for: waits out more.
+      ncclNodeOffset: '20s',
       // A node's clock against Prometheus': the smallest (node clock - scrape timestamp)
       // seen over this window (docs/nccl.md, "Clocks").
       ncclClockOffset: '5m',
@@ -67,8 +71,9 @@
       // the last ncclClockOffsetRecent and the whole ncclClockOffset window was stepped
       // or slewed: its offset estimate is stale.
       ncclClockOffsetRecent: '1m',
-      // A node's offset estimate is used once this much of its scrapes is behind it
-      // (less than ncclClockOffset: the history is measured inside that window).
+      // A node's offset estimate is used once this much of its scrapes is behind it and
+      // the scrapes of this last stretch lowered it by no more than
+      // ncclClockOffsetMaxStepSeconds (a fresh exporter's first scrapes are slow).
       ncclClockOffsetSettle: '1m',
       // What a late or hung rank's NIC port and NVLinks showed recently (errors, flaps,
       // down): the alerts' diagnosis. Recorded series keep their `10m` names.
