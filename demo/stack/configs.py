@@ -25,7 +25,7 @@ FAST_ALERT_OVERRIDES: dict[str, Any] = {
     "intervals": {group: "15s" for group in ("tcp", "nccl", "infiniband", "nvlink", "kernel", "pipeline")},
     "for": {"ncclHang": "30s", "ncclRankStalled": "30s", "straggler": "1m", "ibPortDown": "30s",
             "ibDeviceMissing": "30s", "ibPortFatal": "30s", "ibFatalCounter": "30s", "ibDegraded": "1m",
-            "ibBer": "1m", "ibAnomaly": "2m", "ibCounterSaturated": "1m", "nvlinkDown": "30s",
+            "ibAnomaly": "2m", "ibCounterSaturated": "1m", "nvlinkDown": "30s",
             "exporterDown": "1m", "collectorFailing": "1m", "ebpfUnavailable": "1m"},
 }
 

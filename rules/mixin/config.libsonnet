@@ -142,11 +142,6 @@
       // IBTA 10^-12 BER boundary: 120 symbol errors per hour. The only home of this
       // number: the exporter's node-local thresholds no longer judge it (docs/rules.md).
       ibSymbolErrorsPerHour: 120,
-      // A BER alert stays raised while the last `signalRecent` still counts symbol errors
-      // at this share of the boundary rate (120/hour -> 5 in 5 minutes at 0.5): under it
-      // the link is back to its background rate. Below 1, so a port hovering at the
-      // boundary does not resolve and page again on every quiet minute.
-      ibBerKeepFraction: 0.5,
       ibFlapDownTransitions: 3,
       ibRepeatedNonFatalEvents: 3,
       // Largest value of each PortCounters error field (IBA widths: 16, 8 or 4 bits).
@@ -194,7 +189,8 @@
       ibPortFatal: '1m',
       ibFatalCounter: '1m',
       ibDegraded: '5m',
-      ibBer: '15m',
+      // Any hour over the boundary is a warning (the count is exact, never extrapolated).
+      ibBer: '0s',
       ibFlap: '0s',
       ibRepeatedDegradation: '0s',
       ibAnomaly: '15m',
