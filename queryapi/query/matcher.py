@@ -74,6 +74,8 @@ wait waiting wondering wonder curious think thought guess maybe perhaps probably
 basically literally seriously totally quite rather pretty fairly somewhat anyway anyways
 involving involved including include includes adding added add getting hit hits hitting
 throwing throws thrown talking talk talks doing done dealing deal hammering
+inside outside beyond against along beside besides despite except like unlike plus versus vs within without
+pressure heavy heavily busy massive huge big small tiny
 """.split())
 _ACTIONS = ACTIONS
 _FOLLOW_UP = re.compile(r"^\s*(?:and|also|what about|how about|same for|now|then|ok(?:ay)?|and what about)\b"
