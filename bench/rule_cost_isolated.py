@@ -1,0 +1,369 @@
+"""What the production rules cost at fleet size, with nothing but the engine running.
+
+    .venv/bin/python bench/rule_cost_record.py --out var/rule-cost/faults.jsonl.gz   # once, real time
+    .venv/bin/python bench/rule_cost_isolated.py var/rule-cost/faults.jsonl.gz --nodes 1000
+
+A recording (bench/rule_cost_record.py: the demo cluster's real exposition every 30 s)
+is expanded to a fleet of --nodes the way `fabricscope demo --fleet` serves one
+(demo/fleet.py: the simulated nodes in full, copies of node 0 for the rest) with the
+labels a scrape adds (cluster, job, instance; `up`), and shifted in time so that its
+rounds run from the past into the next minutes: what the engine reads while it evaluates
+looks like live data, but no scraper, simulator or remote writer runs beside it.
+
+- Prometheus: the rounds go into TSDB blocks (`promtool tsdb create-blocks-from
+  openmetrics`), Prometheus opens them and evaluates rules/*.yaml at their production
+  intervals. The blocks reach into the future, so the recording-rule results (written at
+  now, before the blocks' end) need the out-of-order window (`out_of_order_time_window`).
+- VictoriaMetrics: the rounds are imported (/api/v1/import/prometheus) and vmalert
+  evaluates the same rules (as the stack loads them) against it.
+
+Per group: each evaluation's duration from the engine's own metrics over --measure
+seconds (Prometheus prometheus_rule_group_last_duration_seconds, vmalert
+vmalert_iteration_duration_seconds), as mean and worst, the worst against the interval;
+and the samples each group touches (the sum of its rules' totalQueryableSamples, each
+expression asked once of Prometheus with stats=all after the window; Prometheus 2.42
+has no prometheus_engine_query_samples_total). Figures, not assertions; run on a quiet
+host, since the engine shares the machine's cores with whatever else runs.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+import zlib
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from fabricscope.demo.fleet import FleetCopies  # noqa: E402
+from fabricscope.demo.stack import free_port, write_yaml  # noqa: E402
+from fabricscope.demo.stack.processes import start_prometheus  # noqa: E402
+from fabricscope.demo.stack.victoria import start_victoria_metrics, start_vmalert, vmalert_rules  # noqa: E402
+from fabricscope.rules import rule_files  # noqa: E402
+
+HOST = "127.0.0.1"
+JOB = "fabricscope"
+# In fleet mode every copy is served from one port, so every copy's instance is the same.
+INSTANCE = "fleet:9"
+_LINE_START = re.compile(rb"^([a-zA-Z_:][a-zA-Z0-9_:]*)([{ ])", re.M)
+# Wall-clock values (the NCCL collector's timestamps) move with the rounds they are in.
+_TIMESTAMP_VALUE = re.compile(rb"^([a-zA-Z_:]*_timestamp_seconds(?:\{[^}]*\})?) (\S+)$", re.M)
+
+
+def load_recording(path: Path) -> list[dict]:
+    """Rounds of the recording; a recording still being written is read up to its last
+    complete line."""
+    raw = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(path.read_bytes())
+    rounds = []
+    for line in raw.split(b"\n"):
+        try:
+            rounds.append(json.loads(line))
+        except ValueError:
+            break
+    if len(rounds) < 4:
+        raise SystemExit(f"{path}: {len(rounds)} complete rounds; a recording needs at least 4")
+    return rounds
+
+
+def scraped(text: str, cluster: str, shift: float) -> bytes:
+    """One node's exposition as stored after a scrape: no comments, the target's labels
+    added, wall-clock values shifted with the round."""
+    body = b"\n".join(line for line in text.encode().split(b"\n") if line and not line.startswith(b"#")) + b"\n"
+    labels = b'cluster="%s",instance="%s",job="%s"' % (cluster.encode(), INSTANCE.encode(), JOB.encode())
+    body = _LINE_START.sub(lambda m: m.group(1) + b"{" + labels + (b"," if m.group(2) == b"{" else b"} "), body)
+    body = body.replace(b",}", b"}")
+    return _TIMESTAMP_VALUE.sub(lambda m: m.group(1) + b" " + repr(float(m.group(2)) + shift).encode(), body)
+
+
+class FleetRounds:
+    """The recording's rounds for a fleet of `nodes`, each round's timestamp shifted so
+    that round `present` falls at `now`."""
+
+    def __init__(self, rounds: list[dict], nodes: int, present: int, now: float, cluster: str = "demo"):
+        self.rounds, self.nodes, self.cluster = rounds, nodes, cluster
+        self.present = now
+        self.shift = now - rounds[present]["t"]
+        simulated = list(rounds[0]["nodes"])
+        if nodes < len(simulated):
+            raise SystemExit(f"--nodes {nodes} is fewer than the recording's {len(simulated)} simulated nodes")
+        self.template = simulated[0]
+        prefix = self.template.rstrip("0123456789")
+        self.copy_names = [f"{prefix}{i}" for i in range(len(simulated), nodes)]
+        ranks = int(re.search(r'nranks="(\d+)"', rounds[0]["nodes"][self.template]).group(1)) // len(simulated) \
+            if 'nranks="' in rounds[0]["nodes"][self.template] else 8
+        self.ranks = (ranks, ranks * nodes, ranks * len(simulated))
+
+    def timestamps(self) -> list[float]:
+        return [r["t"] + self.shift for r in self.rounds]
+
+    def body(self, index: int) -> bytes:
+        """All series of round `index`, without timestamps."""
+        nodes = {name: scraped(text, self.cluster, self.shift) for name, text in self.rounds[index]["nodes"].items()}
+        copies = FleetCopies(lambda: nodes[self.template], self.template, *self.ranks)
+        parts = list(nodes.values())
+        parts += [copies.exposition(i, name) for i, name in enumerate(self.copy_names, start=len(nodes))]
+        parts.append(b"".join(b'up{cluster="%s",instance="%s",job="%s",node="%s"} 1\n'
+                              % (self.cluster.encode(), INSTANCE.encode(), JOB.encode(), name.encode())
+                              for name in [*nodes, *self.copy_names]))
+        return b"".join(parts)
+
+    def stamped(self, index: int, millis: bool) -> bytes:
+        """Round `index` with each sample's timestamp: seconds (OpenMetrics) or ms (VictoriaMetrics)."""
+        at = self.rounds[index]["t"] + self.shift
+        stamp = b" %d\n" % int(at * 1000) if millis else b" %.3f\n" % at
+        return self.body(index).replace(b"\n", stamp)
+
+
+def om_blocks(fleet: FleetRounds, work: Path, data_dir: Path) -> int:
+    """The rounds as TSDB blocks in data_dir; returns the samples written."""
+    source, samples = work / "fleet.om", 0
+    with open(source, "wb") as out:
+        for index in range(len(fleet.rounds)):
+            chunk = fleet.stamped(index, millis=False)
+            samples += chunk.count(b"\n")
+            out.write(chunk)
+        out.write(b"# EOF\n")
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(source), str(data_dir)],
+                   check=True, stdout=subprocess.DEVNULL)
+    source.unlink()
+    return samples
+
+
+def victoria_import(fleet: FleetRounds, url: str) -> int:
+    samples = 0
+    for index in range(len(fleet.rounds)):
+        chunk = fleet.stamped(index, millis=True)
+        samples += chunk.count(b"\n")
+        request = urllib.request.Request(f"{url}/api/v1/import/prometheus", data=chunk, method="POST")
+        with urllib.request.urlopen(request, timeout=600) as answer:
+            answer.read()
+    urllib.request.urlopen(f"{url}/internal/force_flush", timeout=60).read()
+    return samples
+
+
+def metrics_page(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url, timeout=60) as answer:
+        text = answer.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            try:
+                out[key] = float(value)
+            except ValueError:
+                pass
+    return out
+
+
+def group_intervals(paths: list[Path], default: float) -> dict[str, float]:
+    out = {}
+    for path in paths:
+        for group in yaml.safe_load(Path(path).read_text())["groups"]:
+            out[group["name"]] = seconds(group.get("interval", default))
+    return out
+
+
+def seconds(text) -> float:
+    for unit, factor in (("ms", 0.001), ("s", 1), ("m", 60), ("h", 3600)):
+        if str(text).endswith(unit):
+            return float(str(text)[: -len(unit)]) * factor
+    return float(text)
+
+
+def label(key: str, name: str) -> str | None:
+    found = re.search(name + r'="([^"]*)"', key)
+    return found.group(1) if found else None
+
+
+def rule_stats(url: str, paths: list[Path]) -> list[dict]:
+    """Each rule's expression asked once with stats=all: the samples it touches and the
+    time it took (the evaluation of one cycle, outside the rule manager)."""
+    out = []
+    for path in paths:
+        for group in yaml.safe_load(Path(path).read_text())["groups"]:
+            for rule in group["rules"]:
+                query = urllib.parse.urlencode({"query": rule["expr"], "stats": "all"})
+                with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=300) as answer:
+                    stats = json.load(answer).get("data", {}).get("stats", {})
+                out.append({"group": group["name"], "rule": rule.get("record") or rule.get("alert"),
+                            "severity": rule.get("labels", {}).get("severity"),
+                            "samples": stats.get("samples", {}).get("totalQueryableSamples", 0),
+                            "seconds": stats.get("timings", {}).get("evalTotalTime", 0.0)})
+    return out
+
+
+def watch(poll, measure: float) -> dict[str, list[float]]:
+    """Each group's evaluation durations during `measure` s. `poll` answers {group:
+    (evaluations so far, seconds spent so far or the last evaluation's)}, cumulative=True
+    when the seconds add up over evaluations."""
+    seen: dict[str, list[float]] = {}
+    last: dict[str, tuple[float, float]] = {}
+    end = time.time() + measure
+    while time.time() < end:
+        time.sleep(5)
+        for group, (count, value, cumulative) in poll().items():
+            # Counters start at 0 with the process: the first evaluation counts too.
+            before = last.get(group, (0.0, 0.0))
+            last[group] = (count, value)
+            if count <= before[0]:
+                continue
+            seen.setdefault(group, []).append((value - before[1]) / (count - before[0]) if cumulative else value)
+    return seen
+
+
+def prometheus_run(fleet: FleetRounds, work: Path, rules: list[Path], measure: float) -> dict:
+    data = work / "prometheus-data"
+    began = time.monotonic()
+    samples = om_blocks(fleet, work, data)
+    loaded = time.monotonic() - began
+    port = free_port(HOST)
+    config = write_yaml(work / "prometheus.yml", {
+        "global": {"evaluation_interval": "30s"}, "rule_files": [str(p) for p in rules],
+        "storage": {"tsdb": {"out_of_order_time_window": "2h"}}})
+    prom = start_prometheus(config, data, HOST, port, work / "prometheus.log",
+                            ["--storage.tsdb.retention.time=30d"], timeout=600)
+    base = f"http://{HOST}:{port}"
+    try:
+        def poll():
+            page = metrics_page(f"{base}/metrics")
+            counts = {label(k, "rule_group"): v for k, v in page.items()
+                      if k.startswith("prometheus_rule_group_iterations_total{")}
+            return {group.split(";")[-1]: (count, page[f'prometheus_rule_group_last_duration_seconds{{rule_group="{group}"}}'],
+                                           False) for group, count in counts.items()}
+        measure_began = time.time()
+        seen = watch(poll, measure)
+        page = metrics_page(f"{base}/metrics")
+        missed = {label(k, "rule_group").split(";")[-1]: v for k, v in page.items()
+                  if k.startswith("prometheus_rule_group_iterations_missed_total{")}
+        stats = rule_stats(base, rules)
+        rss = rss_bytes(prom.process.pid)
+    finally:
+        prom.stop(timeout=60)
+    return {"engine": "Prometheus", "load_seconds": loaded, "samples_loaded": samples, "durations": seen,
+            "missed": missed, "rules": stats, "rss_bytes": rss,
+            "began_after_present": measure_began - fleet.present}
+
+
+def victoria_run(fleet: FleetRounds, work: Path, rules: list[Path], measure: float) -> dict:
+    port, alert_port = free_port(HOST), free_port(HOST)
+    vm = start_victoria_metrics(work / "vm-data", HOST, port, work / "victoria-metrics.log", retention="30d")
+    base = f"http://{HOST}:{port}"
+    alert = None
+    try:
+        began = time.monotonic()
+        samples = victoria_import(fleet, base)
+        loaded = time.monotonic() - began
+        copies, _ = vmalert_rules(rules, work / "vmalert-rules")
+        # Nothing listens on the discard port: vmalert's notifications go nowhere.
+        alert = start_vmalert(copies, base, f"http://{HOST}:9", HOST, alert_port, work / "vmalert.log",
+                              evaluation_interval="30s", labels={"cluster": fleet.cluster})
+
+        def poll():
+            page = metrics_page(f"http://{HOST}:{alert_port}/metrics")
+            sums = {label(k, "group"): v for k, v in page.items()
+                    if k.startswith("vmalert_iteration_duration_seconds_sum{")}
+            return {label(k, "group"): (v, sums[label(k, "group")], True) for k, v in page.items()
+                    if k.startswith("vmalert_iteration_duration_seconds_count{")}
+        measure_began = time.time()
+        seen = watch(poll, measure)
+        rss = rss_bytes(vm.process.pid) + rss_bytes(alert.process.pid)
+    finally:
+        if alert is not None:
+            alert.stop()
+        vm.stop(timeout=60)
+    return {"engine": "vmalert + VictoriaMetrics", "load_seconds": loaded, "samples_loaded": samples,
+            "durations": seen, "missed": {}, "rules": [], "rss_bytes": rss,
+            "began_after_present": measure_began - fleet.present}
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def report(rows: list[dict], intervals: dict[str, float], args, fleet: FleetRounds) -> None:
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    print(f"\n{args.recording.name}: {len(fleet.rounds)} rounds 30 s apart ({args.history} before the "
+          f"measurement began), {args.nodes} nodes x 8 GPUs; rules at commit {commit}; {args.measure:.0f} s "
+          f"measured per engine; {os.cpu_count()} CPUs, load average at the end {os.getloadavg()[0]:.1f}\n")
+    for row in rows:
+        print(f"{row['engine']}: {row['samples_loaded']:,} samples loaded in {row['load_seconds']:.0f} s, "
+              f"measuring began {row['began_after_present']:+.0f} s from the present round, "
+              f"RSS at the end {row['rss_bytes'] / 2**30:.2f} GiB")
+    names = sorted(intervals)
+    print("\n| rule group | interval | " + " | ".join(f"{r['engine']} mean / worst (worst / interval)" for r in rows)
+          + " | samples touched a cycle |")
+    print("|---|---:|" + "---:|" * len(rows) + "---:|")
+    for name in names:
+        cells = []
+        for row in rows:
+            seen = row["durations"].get(name)
+            if not seen:
+                cells.append("-")
+                continue
+            worst = max(seen)
+            cells.append(f"{1000 * sum(seen) / len(seen):,.0f} / {1000 * worst:,.0f} ms "
+                         f"({100 * worst / intervals[name]:.1f}%)" + (
+                             f", {row['missed'][name]:.0f} missed" if row["missed"].get(name) else ""))
+        stats = next((r["rules"] for r in rows if r["rules"]), None)
+        touched = sum(r["samples"] for r in stats if r["group"] == name) if stats else None
+        print(f"| {name} | {intervals[name]:g} s | " + " | ".join(cells) + f" | "
+              f"{'-' if touched is None else f'{touched:,}'} |")
+    stats = next((r["rules"] for r in rows if r["rules"]), [])
+    print("\ncostliest expressions (one evaluation through Prometheus' query API, stats=all):")
+    for rule in sorted(stats, key=lambda r: -r["seconds"])[:args.top]:
+        print(f"  {rule['seconds'] * 1000:>9,.0f} ms {rule['samples']:>12,} samples  {rule['group']:<26} {rule['rule']}"
+              + (f" [{rule['severity']}]" if rule["severity"] else ""))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("recording", type=Path)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--history", type=int, default=22,
+                        help="rounds before the measurement begins (the rest reach into the future)")
+    parser.add_argument("--measure", type=float, default=200.0, help="seconds of evaluation measured per engine")
+    parser.add_argument("--lead", type=float, default=240.0,
+                        help="seconds ahead the present round is placed (about the time loading takes)")
+    parser.add_argument("--engines", default="prometheus,victoriametrics")
+    parser.add_argument("--rules", type=Path, nargs="*", default=None, help="rule files (default: rules/*.yaml)")
+    parser.add_argument("--top", type=int, default=12, help="costliest expressions listed")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    rules = args.rules or rule_files()
+    rounds = load_recording(args.recording)
+    if args.history >= len(rounds):
+        raise SystemExit(f"--history {args.history}: the recording has only {len(rounds)} rounds")
+    intervals = group_intervals(rules, 30.0)
+    rows = []
+    for engine in args.engines.split(","):
+        with tempfile.TemporaryDirectory(prefix="rule-cost-", dir=REPO / "var") as tmp:
+            # Loading takes minutes: the present is placed that far ahead, so measuring
+            # starts about when round --history is due.
+            fleet = FleetRounds(rounds, args.nodes, args.history, time.time() + args.lead)
+            run = prometheus_run if engine == "prometheus" else victoria_run
+            rows.append(run(fleet, Path(tmp), rules, args.measure))
+            print(json.dumps(rows[-1]), flush=True)
+    report(rows, intervals, args, fleet)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
