@@ -4,6 +4,7 @@ scripted fault, what it notified and when, what paged, and when its alerts resol
 after it ended (demo/stack/timeline.py records and attributes them).
 
     .venv/bin/python bench/demo_timeline.py [--duration 1800] [--time-scale 1] [--write-doc docs/demo.md]
+                                            [--save run.pickle | --load run.pickle]
 
 Takes --duration / --time-scale seconds of wall time (the default timeline is 30
 minutes), so it is not part of bench/run_all.py. --time-scale K runs the same timeline on
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import sys
 import tempfile
 from pathlib import Path
@@ -42,8 +44,8 @@ def table(rec: timeline.Recording, result: timeline.Analysis) -> list[str]:
         f"fast alerts; measured on a {_cores()}-core machine shared with other work). Times are scenario "
         "seconds after the fault's start (notifications) or end (resolution in Alertmanager, notified or not).",
         "",
-        "| scripted fault (window, s) | notified (receiver, severity, s after start) | pages | resolved (s after end) |",
-        "|---|---|---|---|",
+        "| scripted fault (window, s) | notified (receiver, severity, s after start) | pages | resolved in Alertmanager (s after end) | resolution notified (s after end) |",
+        "|---|---|---|---|---|",
     ]
     for outcome in result.faults:
         f = outcome.fault
@@ -52,23 +54,44 @@ def table(rec: timeline.Recording, result: timeline.Analysis) -> list[str]:
                              for t, receiver, name, severity in outcome.notified) or "nothing"
         paged = ", ".join(f"`{names[0]}`" + (f" (+{len(names) - 1} more)" if len(names) > 1 else "")
                           for names in outcome.pages.values()) or "none"
+        resolved = "; ".join(
+            [f"+{outcome.resolved_at - outcome.end:.0f}"] if outcome.resolved_at is not None else []) or "–"
+        if outcome.held_within_bound:
+            resolved += "; raised at the end, within its bound: " + ", ".join(
+                f"`{n}` (until +{t - outcome.end:.0f})" for n, t in sorted(outcome.held_within_bound.items()))
         if outcome.still_held:
-            resolved = "still raised at the end: " + ", ".join(f"`{n}`" for n in outcome.still_held)
-        elif outcome.resolved_at is None:
-            resolved = "–"
-        else:
-            resolved = f"+{outcome.resolved_at - outcome.end:.0f}"
-        lines.append(f"| {f.kind} {where(f)} ({f.start:g}–{end}) | {notified} | {paged} | {resolved} |")
+            resolved += "; still raised at the end, past its bound: " + ", ".join(f"`{n}`" for n in outcome.still_held)
+        resolution = "; ".join(f"{receiver} +{t - outcome.end:.0f}"
+                               for receiver, t in sorted(outcome.resolution_notified.items())
+                               if receiver in (timeline.PAGER, timeline.TICKET)) or "–"
+        lines.append(f"| {f.kind} {where(f)} ({f.start:g}–{end}) | {notified} | {paged} | {resolved} | {resolution} |")
     lines += [
         "",
         f"{pages} page(s) and {tickets} ticket(s) in all; notified or raised with no scripted fault to explain it: "
         + (", ".join(f"`{name}` at {t:.0f}" for t, name, _ in result.unexplained) or "nothing")
         + f". At the end the sidecar's firing alerts {'equal' if rec.sidecar_firing == rec.alertmanager_firing else 'differ from'} "
         f"Alertmanager's ({len(rec.alertmanager_firing)} held). Bounds: first notification within "
-        f"{timeline.FIRST_NOTIFICATION_BOUND:g} s of a fault's start, resolution within {timeline.RESOLVE_BOUND:g} s "
-        "of its end.",
+        f"{timeline.FIRST_NOTIFICATION_BOUND:g} s of a fault's start; resolution in Alertmanager within "
+        f"{timeline.RESOLVE_BOUND:g} s of its end ("
+        + ", ".join(f"`{name}` {bound:g} s: the hour it counts" for name, bound in timeline.ALERT_RESOLVE_BOUNDS.items())
+        + "); the resolution notified within that plus the receiver's group_interval: "
+        + ", ".join(f"{r} {timeline.notified_resolve_bound(r):g} s" for r in (timeline.PAGER, timeline.TICKET))
+        + ". Pages per incident: " + _pages_per_incident(result) + "; first page after its fault's start: "
+        + _first_pages(result) + ".",
     ]
     return lines
+
+
+def _pages_per_incident(result: timeline.Analysis) -> str:
+    counts = sorted(len(names) for o in result.faults for names in o.pages.values())
+    return (f"{min(counts)}–{max(counts)}" if counts and min(counts) != max(counts)
+            else f"{counts[0]}" if counts else "none") + f" over {len(counts)} incident(s)"
+
+
+def _first_pages(result: timeline.Analysis) -> str:
+    delays = [min(t for t, receiver, *_ in o.notified if receiver == timeline.PAGER) - o.fault.start
+              for o in result.faults if o.pages]
+    return f"{min(delays):.0f}–{max(delays):.0f} s" if delays else "none"
 
 
 def _relative(source) -> str:
@@ -90,9 +113,17 @@ def main() -> int:
     parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--scenario", default=None, help="default: the demo's default scenario")
     parser.add_argument("--write-doc", type=Path, default=None)
+    parser.add_argument("--save", type=Path, default=None,
+                        help="also keep the recording (pickle) here, to write the table again with --load")
+    parser.add_argument("--load", type=Path, default=None, help="analyse a recording kept with --save; run nothing")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="fabricscope-demo-timeline-") as tmp:
-        rec = timeline.record(args.scenario, args.duration, Path(tmp), time_scale=args.time_scale)
+    if args.load:
+        rec = pickle.loads(args.load.read_bytes())
+    else:
+        with tempfile.TemporaryDirectory(prefix="fabricscope-demo-timeline-") as tmp:
+            rec = timeline.record(args.scenario, args.duration, Path(tmp), time_scale=args.time_scale)
+        if args.save:
+            args.save.write_bytes(pickle.dumps(rec))
     result = timeline.analyse(rec)
     lines = table(rec, result)
     print("\n".join(lines))
