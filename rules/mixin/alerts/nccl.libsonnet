@@ -3,10 +3,12 @@
 // the culprit's location and diagnosis: lib/attribution.libsonnet.
 local utils = import '../lib/utils.libsonnet';
 local attributionOf = import '../lib/attribution.libsonnet';
+local hangOf = import '../lib/nccl_hang.libsonnet';
 
 {
   local c = utils.context($._config),
   local attribution = attributionOf(c),
+  local hang = hangOf(c),
 
   // Query templates in annotations select one comm of one cluster.
   local commSel = c.cluster + '="%s",comm="%s"',
@@ -35,13 +37,19 @@ local attributionOf = import '../lib/attribution.libsonnet';
             // health and drill-downs show the hang (the communicator is still one
             // incident: Alertmanager groups NCCL alerts by comm); one alert for the
             // communicator, without a node, while no culprit is identified. The value
-            // is the longest elapsed time among its ranks.
-            local hung = 'max by (%s) (comm_rank:fabric_nccl_inflight_elapsed_seconds:hanging)' % c.comm;
+            // is the longest elapsed time among its ranks. Both judgements are evaluated
+            // here from the exporters' series (lib/nccl_hang.libsonnet), not read from
+            // their recorded copies: the for: starts one recording-group interval sooner.
+            local hung = 'max by (%s) (\n  %s\n)' % [c.comm, utils.indent(hang.hanging)];
             attribution.locate(|||
               %(hung)s
               * on (%(comm)s) group_right ()
-              max by (%(rank)s) (comm_rank:fabric_nccl_hang_culprit)
-            ||| % { hung: hung, comm: c.comm, rank: c.rank }, labels=['gpu'])
+              max by (%(rank)s) (
+                %(culprit)s
+              )
+            ||| % { hung: hung, comm: c.comm, rank: c.rank,
+                    culprit: utils.indent(hang.culprit(hang.hanging)) },
+            labels=['gpu'])
             + 'or on (%s)\n' % c.comm + hung + '\n',
             c.forOf.ncclHang,
             'An NCCL communicator is hung: its collectives have been in flight far longer than their recent average.',

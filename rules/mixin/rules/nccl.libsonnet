@@ -14,9 +14,11 @@
 // - fabric_nccl_operation_sequence{comm, rank}: collectives entered; during a hang the
 //   rank that is behind never entered the op its peers wait in.
 local utils = import '../lib/utils.libsonnet';
+local hangOf = import '../lib/nccl_hang.libsonnet';
 
 {
   local c = utils.context($._config),
+  local hang = hangOf(c),
 
   prometheusRules+:: {
     groups+: [
@@ -27,44 +29,15 @@ local utils = import '../lib/utils.libsonnet';
           // ---- hang ----------------------------------------------------------------
           {
             // Per rank: the in-flight operation's elapsed time where the exporter calls it
-            // hanging (fabric_nccl_hanging == 1: the tracker's hang_multiplier x the rolling
-            // average of the last `window` completed ops, judged once `min_completed` exist),
-            // above the alert-side floor. The multiplier is not re-applied here: the tracker
-            // is its one home, and it knows an average of 0 and a too-short history apart.
-            // Both series come from the same target with the same labels, so `and` matches
-            // them one to one. The per-rank detail of FabricNcclHang (which pages per comm).
+            // hanging, above the floor (lib/nccl_hang.libsonnet). The per-rank detail of
+            // FabricNcclHang.
             record: 'comm_rank:fabric_nccl_inflight_elapsed_seconds:hanging',
-            expr: |||
-              max by (%(rank)s) (
-                fabric_nccl_inflight_elapsed_seconds > %(floor)s
-                and
-                fabric_nccl_hanging == 1
-              )
-            ||| % { rank: c.rank, floor: c.num(c.th.ncclHangMinElapsedSeconds) },
+            expr: hang.hanging,
           },
           {
-            // The ranks holding a hung comm up: what the exporters name (they see the
-            // ranks of their node), or, across nodes, a rank whose sequence number is
-            // behind the comm's newest (it never entered the op its peers wait in).
+            // The ranks holding a hung comm up (lib/nccl_hang.libsonnet).
             record: 'comm_rank:fabric_nccl_hang_culprit',
-            expr: |||
-              max by (%(rankReason)s) (fabric_nccl_hang_culprit == 1)
-              or
-              max by (%(rankReason)s) (
-                label_replace(
-                  0 * (
-                    (
-                      max by (%(comm)s) (fabric_nccl_operation_sequence)
-                      - on (%(comm)s) group_right
-                      fabric_nccl_operation_sequence
-                    ) > 0
-                  ) + 1,
-                  "reason", "not_entered", "", ""
-                )
-                and on (%(comm)s)
-                comm_rank:fabric_nccl_inflight_elapsed_seconds:hanging
-              )
-            ||| % { rankReason: c.by([c.node, 'comm', 'rank', 'reason']), comm: c.comm },
+            expr: hang.culprit('comm_rank:fabric_nccl_inflight_elapsed_seconds:hanging'),
           },
           // ---- arrival lag -------------------------------------------------------------
           {
