@@ -167,9 +167,13 @@ def _merge(*parts: dict) -> dict:
 
 def timeseries(title: str, targets: Sequence, unit: str, description: str, size: Size = Size(),
                thresholds: Sequence[tuple[float | None, str]] = (), stacked: bool = False,
-               links: Sequence[tuple[str, str]] = (), bars: bool = False) -> g.TimeSeries:
+               links: Sequence[tuple[str, str]] = (), bars: bool = False, log_scale: bool = False) -> g.TimeSeries:
+    """`log_scale`: a log10 y axis, for a panel whose threshold line and incident values
+    lie orders of magnitude apart (a 120/hour line under a storm of thousands, a hang
+    line of milliseconds under a hang of a minute): both stay visible."""
     steps = list(thresholds) or DEFAULT_STEPS
     return g.TimeSeries(
+        scaleDistributionType="log" if log_scale else "linear", scaleDistributionLog=10 if log_scale else 2,
         title=title, description=description, dataSource=PROMETHEUS, targets=_with_refs(targets),
         unit=unit, gridPos=size, lineWidth=1, fillOpacity=40 if stacked or bars else 10,
         drawStyle="bars" if bars else "line", stacking={"mode": "normal"} if stacked else {},

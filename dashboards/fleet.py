@@ -23,19 +23,20 @@ HEALTH = f"""max by (cluster, node) (
 HEALTH_STATES = [(0, "healthy", "green"), (1, "degraded", "orange"), (2, "fatal", "red")]
 
 # How much later than the median rank each rank enters its collectives (recorded by
-# rules/, the statistic the straggler alert uses).
-DEVIATION = f'comm_rank:fabric_nccl_arrival_lag_seconds:deviation1m{{{c.matchers("cluster")}}}'
+# rules/, the statistic the straggler alert uses); a hang's culprit, which never enters,
+# is late by the time its peers have waited (comm_rank:fabric_nccl_lateness_seconds).
+LATENESS = f'comm_rank:fabric_nccl_lateness_seconds{{{c.matchers("cluster")}}}'
 
-# What stragglers cost: step_share1m is the share of the job's time the other ranks of the
-# communicator wait for a rank (its lag past the median × collectives per second); times
-# those other ranks, it is the number of GPUs idle on average; times the operator's
-# $/GPU-hour, dollars per hour.
-IDLE_GPUS = f"""sum by (cluster, comm) (
-  comm_rank:fabric_nccl_arrival_lag:step_share1m{{{c.matchers("cluster")}}}
-  * on (cluster, comm) group_left ()
-  (comm:fabric_nccl_arrival_lag_seconds:ranks1m{{{c.matchers("cluster")}}} - 1)
-)"""
+# What stragglers cost: per communicator, the GPUs idle on average waiting for late ranks
+# (each rank's share of step time lost × the other ranks; every GPU of a hung comm), as
+# recorded by rules/; times the operator's $/GPU-hour, dollars per hour.
+IDLE_GPUS = f'comm:fabric_nccl_idle_gpus{{{c.matchers("cluster")}}}'
 STRAGGLER_COST = f"sum({IDLE_GPUS}) * $gpu_hour_usd"
+
+# Firing alerts as states: 2 critical, 1 warning, one row per alert name.
+FIRING_STATES = [(1, "warning", "orange"), (2, "critical", "red")]
+FIRING = ('max by (alertname) (2 * ALERTS{alertstate="firing", severity="critical", cluster=~"$cluster"} '
+          'or ALERTS{alertstate="firing", severity="warning", cluster=~"$cluster"})')
 
 IB_ERROR_COUNTERS = ("symbol_error|port_rcv_errors|link_downed|link_error_recovery|"
                      "local_link_integrity_errors|excessive_buffer_overrun_errors|port_rcv_remote_physical_errors")
@@ -72,8 +73,8 @@ def dashboard() -> g.Dashboard:
                thresholds=[(None, "green"), (1, "orange")]),
         c.stat("Straggler cost now", [c.prom(STRAGGLER_COST, instant=True)], "currencyUSD",
                "Dollars per hour of GPU time spent waiting for late ranks: the share of step time the other "
-               "ranks wait for each rank (lag past the median × collectives per second), times those ranks, "
-               "times the $ per GPU-hour variable.",
+               "ranks wait for each rank (lag past the median × collectives per second), times those ranks "
+               "(every GPU of a hung communicator while the hang lasts), times the $ per GPU-hour variable.",
                thresholds=[(None, "green"), (10, "orange"), (100, "red")]),
         c.timeline("Node health", [c.prom(HEALTH, legend="{{node}}")],
                    "Per node: healthy, degraded (warning alert) or fatal (critical alert or exporter down). "
@@ -89,9 +90,10 @@ def dashboard() -> g.Dashboard:
             links=[c.dashboard_link(infiniband.UID, "InfiniBand view of ${__data.fields.node} ${__data.fields.device}",
                                     cluster="${cluster}", node="${__data.fields.node}",
                                     device="${__data.fields.device}")]),
-        c.table("Slowest ranks", [c.prom(f"topk(10, {DEVIATION} > 0)", instant=True, table=True)], "s",
+        c.table("Slowest ranks", [c.prom(f"topk(10, {LATENESS} > 0)", instant=True, table=True)], "s",
                 "The ten ranks entering their collectives latest, relative to the median rank of their "
-                "communicator (mean over 1 minute). Click a row for that rank.",
+                "communicator (mean over 1 minute); a rank a hang waits for (it never entered the operation "
+                "its peers are in) is late by the time they have waited. Click a row for that rank.",
                 size=c.Size(12, 8), renames={"Value": "late by"},
                 links=[c.dashboard_link(nvlink_nccl.UID, "NCCL view of comm ${__data.fields.comm} rank ${__data.fields.rank}",
                                         cluster="${cluster}", comm="${__data.fields.comm}",
@@ -108,12 +110,11 @@ def dashboard() -> g.Dashboard:
                                     cluster="${cluster}", node="${__data.fields.node}", gpu="${__data.fields.gpu}")]),
         c.timeseries("Idle GPUs waiting for stragglers", [c.prom(IDLE_GPUS, legend="comm {{comm}}")], "none",
                      "GPU-seconds per second spent waiting for late ranks of each communicator: "
-                     "the number of GPUs idle on average.", size=c.Size(12, 8)),
+                     "the number of GPUs idle on average (all of a hung communicator's).", size=c.Size(12, 8)),
         c.row("Alerts and exporters"),
-        c.timeseries("Firing alerts", [c.prom(
-            'count by (alertname, severity) (ALERTS{alertstate="firing", cluster=~"$cluster"})',
-            legend="{{alertname}} ({{severity}})")], "none",
-            "Firing alerts over time, by name and severity.", stacked=True, size=c.Size(12, 8)),
+        c.timeline("Firing alerts", [c.prom(FIRING, legend="{{alertname}}")],
+                   "When each alert fired, one row per alert name: critical (pages) or warning (tickets).",
+                   FIRING_STATES, size=c.Size(12, 8)),
         c.timeseries("Exporters up", [c.prom(f"sum by (cluster, job) (up{{{SCOPE}}})", legend="{{job}} up"),
                                       c.prom(f"count by (cluster, job) (up{{{SCOPE}}})", legend="{{job}} targets")],
                      "none", "Scrape targets answering, against all targets.", size=c.Size(6, 8)),

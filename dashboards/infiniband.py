@@ -64,12 +64,16 @@ def dashboard() -> g.Dashboard:
             f"""sum by ({PORT}, counter) (rate(fabric_infiniband_port_counter_total{{{SEL}, counter=~"{ERROR_COUNTERS}"}}[{c.RATE}])) > 0""",
             legend=PORT_LEGEND + " {{counter}}")], "eps",
             "Link error counters per second, ports with errors only."),
-        c.timeseries(f"Symbol errors per hour (BER line at {ber_limit:g})", [c.prom(
-            f"""increase(fabric_infiniband_port_counter_total{{{SEL}, counter="symbol_error"}}[1h]) > 0""",
-            legend=PORT_LEGEND)], "short",
-            f"Symbol errors in the trailing hour; {ber_limit:g}/hour is the IBTA 10^-12 bit-error-rate boundary "
-            "the FabricInfinibandPreFailureBER alert uses.",
-            thresholds=[(None, "green"), (ber_limit, "red")]),
+        c.timeseries(f"Symbol errors per hour (BER line at {ber_limit:g})", [
+            c.prom(f"""increase(fabric_infiniband_port_counter_total{{{SEL}, counter="symbol_error"}}[1h]) > 0""",
+                   legend=PORT_LEGEND + " in the last hour"),
+            c.prom(f"""rate(fabric_infiniband_port_counter_total{{{SEL}, counter="symbol_error"}}[{c.RATE}]) * 3600 > 0""",
+                   legend=PORT_LEGEND + " now (recent rate, per hour)")], "short",
+            f"Symbol errors in the trailing hour (what FabricInfinibandPreFailureBER judges against {ber_limit:g}, "
+            "the IBTA 10^-12 bit-error-rate boundary: the alert stays raised for the hour it counts), and the "
+            "recent rate as errors per hour: whether they are still arriving. Log scale: the "
+            "line stays visible under a storm of thousands.",
+            thresholds=[(None, "green"), (ber_limit, "red")], log_scale=True),
         c.timeseries(f"Flaps: link-down events in {flap_window}", [
             c.prom(f"increase(fabric_infiniband_port_down_transitions_total{{{SEL}}}[{flap_window}]) > 0",
                    legend=PORT_LEGEND + " down transitions"),

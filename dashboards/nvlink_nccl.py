@@ -27,6 +27,11 @@ DEVIATION = f"comm_rank:fabric_nccl_arrival_lag_seconds:deviation1m{{{COMM_SEL}}
 MAD = f"comm:fabric_nccl_arrival_lag_seconds:mad1m{{{COMM_SEL}}}"
 MAD_SCORE = f"{DEVIATION} / on (cluster, comm) group_left () ({MAD} > 0)"
 STEP_SHARE = f"comm_rank:fabric_nccl_arrival_lag:step_share1m{{{COMM_SEL}}}"
+# Late by / step time lost with a hang's culprit counted (it never arrives: late by its
+# peers' wait, all of their time lost), and the culprits themselves.
+LATENESS = f"comm_rank:fabric_nccl_lateness_seconds{{{COMM_SEL}}}"
+LOST_SHARE = f"comm_rank:fabric_nccl_lateness:step_share{{{COMM_SEL}}}"
+CULPRITS = f"max by (cluster, node, comm, rank) (comm_rank:fabric_nccl_hang_culprit{{{COMM_SEL}}})"
 
 
 def gpu_variable() -> g.Template:
@@ -116,7 +121,8 @@ def dashboard() -> g.Dashboard:
                    legend=RANK_LEGEND + " {{op}} hang line")], "s",
             f"How long the current operation has been in flight, and {hang:g}× (the exporter's default "
             f"hang_multiplier) the average of the last {DEFAULT_WINDOW} completed ones: past that line "
-            f"(and {limits['ncclHangMinElapsedSeconds']:g} s) the operation hangs (FabricNcclHang)."),
+            f"(and {limits['ncclHangMinElapsedSeconds']:g} s) the operation hangs (FabricNcclHang). Log scale: a "
+            "line of milliseconds and a hang of minutes both show.", log_scale=True),
         c.table("Hanging operations", [c.prom(
             f"comm_rank:fabric_nccl_inflight_elapsed_seconds:hanging{{{c.matchers('cluster', 'node', 'comm', 'rank')}}}",
             instant=True, table=True)], "s",
@@ -138,16 +144,18 @@ def dashboard() -> g.Dashboard:
         c.timeseries("Step time lost waiting for each rank", [c.prom(STEP_SHARE, legend=RANK_LEGEND)], "percentunit",
                      "Share of the job's time the other ranks spend waiting for this one: its lag past the median "
                      "times collectives per second."),
-        c.table("Straggler ranks", [c.prom(f"{MAD_SCORE} > {mad:g}", instant=True, table=True),
-                                    c.prom(f"{DEVIATION} and on (cluster, comm, rank) ({MAD_SCORE} > {mad:g})",
-                                           instant=True, table=True),
-                                    c.prom(f"{STEP_SHARE} and on (cluster, comm, rank) ({MAD_SCORE} > {mad:g})",
-                                           instant=True, table=True)], "suffix: MAD",
-                f"Ranks more than {mad:g} median absolute deviations late, how much later than the median they "
-                "enter, and the share of step time the others lose to them.",
-                hidden=("Time", "__name__", "job", "instance"),
-                renames={"Value #A": "MAD score", "Value #B": "late by", "Value #C": "step time lost"},
-                column_units={"late by": "s", "step time lost": "percentunit"}, size=c.Size(12, 8)),
+        c.table("Straggler ranks", [
+            c.prom(f"{LATENESS} and on (cluster, comm, rank) ({MAD_SCORE} > {mad:g} or {CULPRITS})",
+                   instant=True, table=True),
+            c.prom(f"{LOST_SHARE} and on (cluster, comm, rank) ({MAD_SCORE} > {mad:g} or {CULPRITS})",
+                   instant=True, table=True),
+            c.prom(f"{MAD_SCORE} > {mad:g}", instant=True, table=True)], "s",
+            f"Ranks more than {mad:g} median absolute deviations late, and the ranks a hang waits for: how much "
+            "later than the median they enter (a hang's culprit: how long its peers have waited), the share of "
+            "step time the others lose to them (all of it during a hang), and the MAD score.",
+            hidden=("Time", "__name__", "job", "instance"),
+            renames={"Value #A": "late by", "Value #B": "step time lost", "Value #C": "MAD score"},
+            column_units={"step time lost": "percentunit", "MAD score": "suffix: MAD"}, size=c.Size(12, 8)),
     ]
     return c.dashboard(__file__, TITLE, "NVLink links and topology, NCCL collectives, hangs and straggler ranks.",
                        c.fleet_variables(c.node_variable(), gpu_variable(), comm_variable(), rank_variable()),
