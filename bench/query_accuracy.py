@@ -12,9 +12,14 @@ It prints, per part and endpoint: the right query, the right query with the righ
 parameters (registry defaults added), abstention on the questions with no answer (and its
 precision: of all abstentions, how many were right to), and the per-question latency.
 The older set bench/query_eval.yaml (tuned on, follow-ups) is reported as a regression
-figure only.
+figure only. bench/query_eval_fresh.yaml (part `fresh`) is a batch written and frozen
+before the answer contract's tuning, in another style (shorthand, typos, chat), with
+out-of-scope questions, action requests, unknown names and constraints no query takes.
+Each part also prints "exact" (right answer or rightly named abstention), "constraints
+dropped" (a constraint the question names that an answer which ran does not filter by) and
+abstention recall and precision.
 
-    python bench/query_accuracy.py [--verbose] [--part dev|heldout] [--write-docs docs/query.md]
+    python bench/query_accuracy.py [--verbose] [--part dev|heldout|fresh] [--write-docs docs/query.md]
 
 --write-docs puts the table of this run between the markers of docs/query.md.
 """
@@ -31,7 +36,7 @@ import yaml
 from fabricscope.queryapi.query.extract import Vocabulary
 from fabricscope.queryapi.query.nl import Interpreter
 from fabricscope.queryapi.query.params import ParamError
-from fabricscope.queryapi.query.registry import UnknownQuery, default_registry
+from fabricscope.queryapi.query.registry import UnknownQuery, default_registry, load_registry
 
 OPERATORS = Path(__file__).with_name("query_eval_operators.yaml")
 TUNED = Path(__file__).with_name("query_eval.yaml")
@@ -236,14 +241,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", action="store_true", help="print every miss")
     parser.add_argument("--part", choices=tuple(PARTS), action="append", help="default: all")
     parser.add_argument("--write-docs", type=Path, help="write the table into this document's markers")
+    parser.add_argument("--registry", type=Path, help="score another queries.yaml (e.g. an older commit's)")
     args = parser.parse_args(argv)
-    evaluate("dev")     # warm-up: compiled patterns and typo caches are per process, as in the sidecar
+    interpreter = Interpreter(load_registry(args.registry) if args.registry else default_registry())
+    evaluate("dev", interpreter=interpreter)     # warm-up: compiled patterns and typo caches are per process
     frozen = frozen_times()
     ok = True
     results: dict[str, dict[str, dict]] = {}
     for part in args.part or tuple(PARTS):
         path, key = PARTS[part]
-        results[part] = evaluate(key, path, verbose=args.verbose)
+        results[part] = evaluate(key, path, verbose=args.verbose, interpreter=interpreter)
         for endpoint, result in results[part].items():
             print(f"{part:8s} {endpoint:12s} ({result['answerable']} answerable, {result['no_answer']} with no answer; "
                   f"frozen {frozen[part]}): exact {result['exact']:.1%}, right query {result['right query']:.1%}, "
