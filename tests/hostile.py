@@ -1,7 +1,9 @@
 """Hostile clients against a real server, for tests/test_hostile_clients.py and
 bench/hostile_clients.py: attackers connect from 127.0.0.1, the normal client from
 127.0.0.2 (both loopback; Linux routes all of 127.0.0.0/8 there), so a server that
-shares itself fairly per address keeps serving the normal client.
+shares itself fairly per address keeps serving the normal client. A crowd (`Crowd`)
+comes from the 241 addresses 127.0.0.10-250, as many clients behind a NAT or in a pod
+network would.
 
 Attack kinds, each connection re-opened half a second after the server closes it, until
 stopped:
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import resource
 import socket
 import ssl
 import threading
@@ -24,6 +27,8 @@ import time
 ATTACKER = "127.0.0.1"
 CLIENT = "127.0.0.2"
 KINDS = ("one_byte", "header_trickle", "body_trickle", "silent")
+CROWD_SOURCES = [f"127.0.0.{last}" for last in range(10, 251)]
+CROWD_REOPEN_SECONDS = 0.2
 TRICKLE_SECONDS = 0.5
 REOPEN_SECONDS = 0.5
 
@@ -114,6 +119,69 @@ class Attack:
                 pass
 
 
+class Crowd:
+    """`count` connect-only sockets spread over CROWD_SOURCES, each re-opened 0.2 s after
+    the server closes it, until stopped; in a thread of its own (a context manager)."""
+
+    def __init__(self, host: str, port: int, count: int = 1000) -> None:
+        self.host, self.port, self.count = host, port, count
+        self.opened = self.holding = self.most_held = 0
+        self.closed_by_server = 0
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < count + 512:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, count + 4096), hard))
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="crowd", daemon=True)
+        self._stop: asyncio.Event | None = None
+        self._started = threading.Event()
+
+    def __enter__(self) -> "Crowd":
+        self._thread.start()
+        self._started.wait(10)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(15)
+
+    def _run(self) -> None:
+        self._loop.run_until_complete(self._main())
+        self._loop.close()
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        tasks = [asyncio.ensure_future(self._socket(CROWD_SOURCES[i % len(CROWD_SOURCES)]))
+                 for i in range(self.count)]
+        self._started.set()
+        await self._stop.wait()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _socket(self, source: str) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stop.is_set():
+            sock = socket.socket()
+            sock.setblocking(False)
+            try:
+                sock.bind((source, 0))
+                await asyncio.wait_for(loop.sock_connect(sock, (self.host, self.port)), 10)
+                self.opened += 1
+                self.holding += 1
+                self.most_held = max(self.most_held, self.holding)
+                try:
+                    while await loop.sock_recv(sock, 4096):
+                        pass                      # (a refusal's answer: read until closed)
+                    self.closed_by_server += 1
+                finally:
+                    self.holding -= 1
+            except (OSError, asyncio.TimeoutError):
+                pass
+            finally:
+                sock.close()
+            await asyncio.sleep(CROWD_REOPEN_SECONDS)
+
+
 def silent_sockets(host: str, port: int, count: int) -> list[socket.socket]:
     """`count` connections from ATTACKER that never send (the server may close them)."""
     socks = []
@@ -159,6 +227,25 @@ def worst(samples: list[tuple[int | None, float]]) -> float:
 def p90(samples: list[tuple[int | None, float]]) -> float:
     times = sorted(seconds if status is not None else float("inf") for status, seconds in samples)
     return times[max(0, -(-len(times) * 9 // 10) - 1)]
+
+
+def otlp_empty_spans(spans: int) -> bytes:
+    """A gzipped OTLP/protobuf export of `spans` empty spans, written on the wire directly
+    (building 4 million messages here would cost what the server must not): one resource,
+    one scope, and each span two bytes (field 2, length 0). 4,194,288 of them are 8 MiB,
+    8 KB gzipped."""
+    import gzip
+
+    def field(number: int, payload: bytes) -> bytes:
+        length, out = len(payload), bytearray([number << 3 | 2])
+        while length >= 0x80:
+            out.append(length & 0x7F | 0x80)
+            length >>= 7
+        out.append(length)
+        return bytes(out) + payload
+
+    scope_spans = b"\x12\x00" * spans
+    return gzip.compress(field(1, field(2, scope_spans)))
 
 
 def otlp_export(spans: int) -> bytes:
