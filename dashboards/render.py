@@ -224,17 +224,54 @@ def _time_axis(ax, start: float, end: float) -> None:
     ax.grid(alpha=0.3)
 
 
+MAX_ANNOTATION_LINES = 8
+
+
 def _annotate(ax, annotations: list[Annotation]) -> None:
-    """Alert bands behind the lines, named once each at the top of the axes."""
-    named = set()
+    """Alert bands behind the lines. Their names are not written on the plot (alerts
+    that fire together would print over one another); `annotation_table` lists them
+    below it, as Grafana shows them on hover."""
     for note in annotations:
         left = datetime.fromtimestamp(note.start, tz=timezone.utc)
         right = datetime.fromtimestamp(max(note.end, note.start + 1), tz=timezone.utc)
         ax.axvspan(left, right, color=note.colour, alpha=0.12, linewidth=0, zorder=0)
-        if note.text not in named:
-            named.add(note.text)
-            ax.text(left, 1.0, note.text, transform=ax.get_xaxis_transform(), fontsize=5.5,
-                    color=note.colour, va="bottom", ha="left", clip_on=False)
+        ax.axvline(left, color=note.colour, linewidth=0.8, alpha=0.7, zorder=0)
+
+
+def annotation_lines(annotations: list[Annotation]) -> list[tuple[str, str]]:
+    """One line per alert (its bands merged): "HH:MM:SS–HH:MM:SS name", earliest first,
+    with its colour; past MAX_ANNOTATION_LINES, a last line counts the rest."""
+    spans: dict[tuple[str, str], list[float]] = {}
+    for note in annotations:
+        span = spans.setdefault((note.text, note.colour), [note.start, note.end])
+        span[0], span[1] = min(span[0], note.start), max(span[1], note.end)
+
+    def clock(t: float) -> str:
+        return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%H:%M:%S")
+
+    ordered = sorted(spans.items(), key=lambda item: (item[1][0], item[0][0]))
+    lines = [(f"{clock(a)}–{clock(b)}  {text}", colour) for (text, colour), (a, b) in ordered]
+    if len(lines) > MAX_ANNOTATION_LINES:
+        rest = len(lines) - (MAX_ANNOTATION_LINES - 1)
+        lines = lines[:MAX_ANNOTATION_LINES - 1] + [(f"… and {rest} more alerts", "#666666")]
+    return lines
+
+
+def annotation_table(fig, ax, annotations: list[Annotation]) -> None:
+    """The alerts of the range as a list under the plot, each in its band's colour, in
+    two columns (the saved image grows to hold it: bbox_inches="tight")."""
+    lines = annotation_lines(annotations)
+    if not lines:
+        return
+    fig.canvas.draw()
+    bottom = min(ax.get_tightbbox(fig.canvas.get_renderer()).transformed(fig.transFigure.inverted()).y0, 0.0)
+    per_column = math.ceil(len(lines) / 2)
+    height = 6.5 * 1.5 / (fig.get_figheight() * 72)     # one line of 6.5 pt text, in figure units
+    fig.text(0.01, bottom - 0.02, "Alerts (bands on the plot):", fontsize=6.5, color="#444444", va="top")
+    for index, (text, colour_) in enumerate(lines):
+        column, row = divmod(index, per_column)
+        fig.text(0.01 + 0.5 * column, bottom - 0.02 - height * (row + 1), "■ " + text, fontsize=6.5,
+                 color=colour_, va="top")
 
 
 def _cut_note(shown: int, total: int, what: str, how: str) -> str | None:
@@ -258,11 +295,18 @@ def timeseries(panel: dict, results: Results, start: float, end: float, path: Pa
             ax.bar(times, values, width=(end - start) / 86400 / 200, label=name)
         else:
             ax.plot(times, values, linewidth=1.2, label=name)
+    log = custom.get("scaleDistribution", {}).get("type") == "log"
+    if log and any(v > 0 for _, series in chosen for v in _values(series)):
+        ax.set_yscale("log", base=custom["scaleDistribution"].get("log", 10))
     if custom.get("thresholdsStyle", {}).get("mode") == "line":
         for limit, step_colour in threshold_steps(panel)[1:]:
             if limit is not None:
                 ax.axhline(limit, color=step_colour, linestyle="--", linewidth=1)
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_value(v, unit)))
+                _keep_in_view(ax, limit)
+    if ax.get_yscale() != "log":
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_value(v, unit)))
+    else:
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_value(v, unit) if v > 0 else ""))
     _time_axis(ax, start, end)
     if any(names):
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=6.5, frameon=False)
@@ -270,8 +314,21 @@ def timeseries(panel: dict, results: Results, start: float, end: float, path: Pa
                                                 "the most anomalous: severity, then distance from the median"))
     if drawn.note:
         fig.text(0.01, 0.0, drawn.note, fontsize=7, color="#666666")
+    annotation_table(fig, ax, [a for a in annotations if a.end >= start and a.start <= end])
     save(fig, path)
     return drawn
+
+
+def _keep_in_view(ax, value: float) -> None:
+    """A threshold line outside the data's range still shows: the axis grows to hold it
+    (with a margin), as Grafana keeps a threshold line on the panel."""
+    low, high = ax.get_ylim()
+    if ax.get_yscale() == "log":
+        if value > 0 and not low <= value <= high:
+            ax.set_ylim(min(low, value / 2), max(high, value * 2))
+    elif not low <= value <= high:
+        margin = 0.05 * (max(high, value) - min(low, value) or 1)
+        ax.set_ylim(min(low, value - margin), max(high, value + margin))
 
 
 def heatmap(panel: dict, results: Results, start: float, end: float, path: Path) -> Drawn:
@@ -359,16 +416,45 @@ def _sortable(value: Any) -> float:
     return value if isinstance(value, float) and not math.isnan(value) else -math.inf
 
 
+MAX_CELL_CHARS = 28
+
+
+def _wrap(text: Any, width: int = MAX_CELL_CHARS) -> str:
+    """A long cell over several lines (at separators where it has them) instead of a
+    column cut off at the image's edge."""
+    import textwrap
+
+    text = str(text)
+    if len(text) <= width:
+        return text
+    return "\n".join(textwrap.wrap(re.sub(r"([,;:/|])(?=\S)", r"\1 ", text), width, break_long_words=True,
+                                    break_on_hyphens=False)[:6])
+
+
 def draw_table(panel: dict, cells: list[list], labels: list[str], note: str | None, path, fontsize: float) -> Path:
+    """Cells wrap (each row as tall as its tallest cell), columns are as wide as their
+    text, and the footer note goes below the last row: never over it."""
     fig = figure(panel)
     ax = fig.add_axes([0.01, 0.02, 0.98, 0.86])
     ax.axis("off")
-    drawn = ax.table(cellText=cells, colLabels=labels, loc="upper center", cellLoc="left")
+    wrapped = [[_wrap(cell) for cell in row] for row in cells]
+    drawn = ax.table(cellText=wrapped, colLabels=[_wrap(label, 18) for label in labels], loc="upper center",
+                     cellLoc="left")
     drawn.auto_set_font_size(False)
     drawn.set_fontsize(fontsize)
-    drawn.scale(1, 1.15)
+    drawn.auto_set_column_width(list(range(len(labels))))
+    line_height = fontsize * 1.3 / 72 / fig.get_figheight() / ax.get_position().height
+    grid = drawn.get_celld()
+    for row in range(len(wrapped) + 1):
+        texts = [grid[row, col].get_text().get_text() for col in range(len(labels)) if (row, col) in grid]
+        lines = max((text.count("\n") + 1 for text in texts), default=1)
+        for col in range(len(labels)):
+            if (row, col) in grid:
+                grid[row, col].set_height(line_height * lines + line_height * 0.4)
     if note:
-        fig.text(0.01, 0.01, note, fontsize=7, color="#666666")
+        fig.canvas.draw()
+        box = drawn.get_window_extent(fig.canvas.get_renderer()).transformed(fig.transFigure.inverted())
+        fig.text(0.01, box.y0 - 0.02, note, fontsize=7, color="#666666", va="top")
     return save(fig, path)
 
 

@@ -404,7 +404,8 @@ def run(args: argparse.Namespace) -> int:
             raise ReportError(f"--to ({args.end}) must be after --from ({args.start})")
         scrape_seconds = parse_interval(args.scrape_interval)
         boards = model.load_all()
-        wanted = args.dashboard or list(boards)
+        # The fleet overview first: what an on-call engineer reads before any drill-down.
+        wanted = args.dashboard or sorted(boards, key=lambda name: name != "fleet")
         unknown = [name for name in wanted if name not in boards]
         if unknown:
             raise ReportError(f"unknown dashboard(s) {', '.join(unknown)}; known: {', '.join(boards)}")
