@@ -123,6 +123,18 @@ def test_openai_compatible_refines_to_a_registered_query(fake):
     assert json.loads(body["messages"][1]["content"])["extracted_parameters"] == {"host": "gpu-node-1"}
 
 
+def test_the_model_cannot_relax_the_answer_contract(fake):
+    """An action, an unknown name or a constraint no query takes is refused before any model
+    is asked: a model's pick cannot turn them into a run."""
+    config = llm.detect({"LLM_BASE_URL": fake.url + "/v1"})
+    fake.answers.extend([("text", '{"query_name": "exporters_down", "params": {}}')] * 3)
+    interpreter = _interpreter(config)
+    for question in ("restart the exporter on gpu-node-1", "p99 latency of gpu-node-9", "nvlinks down in the last 2h"):
+        result = interpreter.interpret(question, VOCAB)
+        assert result.match.query_name is None and not result.llm, question
+    assert fake.requests == []
+
+
 def test_unregistered_query_from_the_model_is_refused(fake):
     config = llm.detect({"LLM_BASE_URL": fake.url + "/v1"})
     fake.answers.append(("text", '{"query_name": "raw_promql", "params": {"expr": "vector(1)"}}'))

@@ -41,7 +41,10 @@ class Interpreter:
         extraction = extract(message, vocabulary)
         match = self.matcher.match(message, extraction, previous)
         result = Interpretation(match, extraction)
-        if self.refiner is not None and self.refiner.available():
+        # An action, an unknown name or a constraint no query takes is refused whatever a
+        # model would pick: the contract is not the LLM's to relax.
+        refused = match.actions or match.unknown_names or match.unsupported
+        if self.refiner is not None and self.refiner.available() and not refused:
             result.llm = self.refiner.refine(message, extraction.slots, match.to_dict(), previous)
             if result.llm.get("used"):
                 # Validated by the registry already; the deterministic pick stays as an alternative.
