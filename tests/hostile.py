@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import re
 import resource
 import socket
 import ssl
@@ -262,3 +263,90 @@ def otlp_export(spans: int) -> bytes:
         span = scope.spans.add()
         span.start_time_unix_nano, span.end_time_unix_nano = now - 1_000_000, now
     return gzip.compress(request.SerializeToString())
+
+
+def prometheus_scraping(port: int, tls: bool, basic_auth: dict[str, str] | None, interval: str) -> dict:
+    """A Prometheus configuration scraping 127.0.0.1:`port`/metrics as job "target"."""
+    job = {"job_name": "target", "scrape_interval": interval, "scrape_timeout": interval, "metrics_path": "/metrics",
+           "scheme": "https" if tls else "http", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+    if tls:
+        job["tls_config"] = {"insecure_skip_verify": True}
+    if basic_auth:
+        job["basic_auth"] = basic_auth
+    return {"global": {"scrape_interval": interval}, "scrape_configs": [job]}
+
+
+def scrapes(prometheus, since: float, until: float) -> tuple[int, int]:
+    """(successful, all) scrapes of job "target" stored for [since, until]."""
+    window = f"{max(1, round(until - since))}s"
+    answer = prometheus.get("/api/v1/query", query=f'up{{job="target"}}[{window}]', time=f"{until:.3f}")
+    values = [float(v) for _, v in answer["data"]["result"][0]["values"]] if answer["data"]["result"] else []
+    return int(sum(values)), len(values)
+
+
+# Each framing case: what follows the request line and Host (headers and body), and the
+# status it gets. The request after it on the same connection must go unanswered.
+FRAMING = {
+    "repeated equal Content-Length": (b"Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}", 400),
+    "Content-Length list": (b"Content-Length: 2, 2\r\n\r\n{}", 400),
+    "obs-fold": (b"X-Note: a\r\n b\r\nContent-Length: 2\r\n\r\n{}", 400),
+    "folded Transfer-Encoding": (b"Transfer-Encoding:\r\n chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 400),
+    "bare LF": (b"Content-Length: 2\n\n{}", 400),
+    "chunk size 2^64": (b"Transfer-Encoding: chunked\r\n\r\n10000000000000000\r\n{}", 413),
+}
+
+
+def framing_exchange(port: int, context: ssl.SSLContext | None, path: str, headers: dict[str, str],
+                     case: str) -> list[int]:
+    """The statuses answered on one connection (TLS where `context` is given) that carries
+    FRAMING[case] (any other case: a well-framed GET) and then a well-framed GET."""
+    auth = b"".join(f"{name}: {value}\r\n".encode() for name, value in headers.items())
+    if case in FRAMING:
+        eol = b"\n" if case == "bare LF" else b"\r\n"
+        first = b"POST " + path.encode() + b" HTTP/1.1" + eol + b"Host: x" + eol + FRAMING[case][0]
+    else:
+        first = b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n"
+    appended = b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + auth + b"\r\n"
+    sock = socket.create_connection(("127.0.0.1", port), timeout=3, source_address=(CLIENT, 0))
+    if context is not None:
+        sock = context.wrap_socket(sock, server_hostname="127.0.0.1")
+    reply = b""
+    with sock:
+        sock.sendall(first + appended)
+        try:
+            while chunk := sock.recv(65536):
+                reply += chunk
+                if b"Connection: close" in reply and reply.endswith(b"\n"):
+                    sock.shutdown(socket.SHUT_WR)        # the server's lingering close ends at once
+        except (OSError, ssl.SSLError):
+            pass
+    # A status line may follow the previous answer's body directly (a body need not end in CRLF).
+    return [int(status) for status in re.findall(rb"HTTP/1\.1 (\d{3}) ", reply)]
+
+
+# Bodies that take the query routes as far as Prometheus (an empty one is refused first).
+ROUTE_BODIES = {"/queries/meshql": {"query": "SHOW SUMMARY"},
+                "/ai/query/conversation": {"message": "which rank is causing the nccl hang?"},
+                "/graph/chaos-simulate": {"device": "x", "failure_type": "device_failure"}}
+
+
+def every_route(base: str, headers: dict[str, str]) -> list[tuple[str, str, int, str]]:
+    """(method, path, status, body) of every route in the sidecar's OpenAPI document (path
+    parameters "x"), every tool over HTTP and over MCP: what each answers to `headers`."""
+    import requests
+
+    spec = requests.get(base + "/api/v1/openapi.json", headers=headers, timeout=10).json()
+    calls = [(method.upper(), re.sub(r"\{[^}]+\}", "x", path), ROUTE_BODIES.get(path, {}))
+             for path, methods in spec["paths"].items() for method in methods
+             if method in ("get", "post", "put", "delete")]
+    tools = [tool["name"] for tool in requests.get(base + "/api/v1/tools/list", headers=headers,
+                                                   timeout=10).json()["tools"]]
+    calls += [("POST", f"/api/v1/tools/{name}", {}) for name in tools]
+    calls += [("POST", "/mcp", {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                "params": {"name": name, "arguments": {}}}) for name in tools]
+    answers = []
+    for method, path, body in calls:
+        reply = requests.request(method, base + path, headers=headers, timeout=30,
+                                 json=None if method == "GET" else body)
+        answers.append((method, path, reply.status_code, reply.text))
+    return answers

@@ -13,9 +13,7 @@ from __future__ import annotations
 import base64
 import http.client
 import os
-import re
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -30,8 +28,9 @@ import pytest
 from fabricscope.demo.stack import free_port
 from fabricscope.demo.stack.sidecar import start_sidecar
 from tests import procs
-from tests.hostile import (ATTACKER, CLIENT, KINDS, Attack, Crowd, otlp_empty_spans, otlp_export, p90,
-                           silent_sockets, timed_get, worst)
+from tests.hostile import (ATTACKER, CLIENT, FRAMING, KINDS, Attack, Crowd, framing_exchange, otlp_empty_spans,
+                           every_route, otlp_export, p90, prometheus_scraping, scrapes, silent_sockets, timed_get,
+                           worst)
 from tests.sidecar_helpers import bearer, make_keys
 
 FIXTURE = Path(__file__).parent / "fixtures" / "node"
@@ -168,32 +167,14 @@ def test_a_thousand_silent_sockets_from_one_address_do_not_lock_out_another(targ
             sock.close()
 
 
-def prometheus_scraping(target: Target, interval: str) -> dict:
-    job = {"job_name": "target", "scrape_interval": interval, "scrape_timeout": interval, "metrics_path": "/metrics",
-           "scheme": "https" if target.context is not None else "http",
-           "static_configs": [{"targets": [f"127.0.0.1:{target.port}"]}]}
-    if target.context is not None:
-        job["tls_config"] = {"insecure_skip_verify": True}
-    if target.scrape_auth:
-        job["basic_auth"] = target.scrape_auth
-    return {"global": {"scrape_interval": interval}, "scrape_configs": [job]}
-
-
-def scrapes(prometheus, since: float, until: float) -> tuple[int, int]:
-    """(successful, all) scrapes of the target whose timestamps fall in [since, until]."""
-    window = f"{max(1, round(until - since))}s"
-    answer = prometheus.get("/api/v1/query", query=f'up{{job="target"}}[{window}]', time=f"{until:.3f}")
-    values = [float(v) for _, v in answer["data"]["result"][0]["values"]] if answer["data"]["result"] else []
-    return int(sum(values)), len(values)
-
-
 @pytest.mark.timing
 def test_a_crowd_of_silent_sockets_from_241_addresses_locks_out_neither_the_client_nor_prometheus(target, tmp_path):
     """1,000 connect-only sockets over 127.0.0.10-250, each re-opened 0.2 s after the server
     closes it, while the normal client asks 40 times and a real Prometheus scrapes every
     0.5 s. Each address stays far inside its share: only the total can run out, and a
     crowd holding it must not lock anyone out."""
-    with procs.prometheus(prometheus_scraping(target, "500ms"), tmp_path / "prometheus") as prometheus:
+    config = prometheus_scraping(target.port, target.context is not None, target.scrape_auth, "500ms")
+    with procs.prometheus(config, tmp_path / "prometheus") as prometheus:
         procs.wait_for(lambda: scrapes(prometheus, time.time() - 3, time.time())[0] >= 1, 20,
                        "Prometheus's first successful scrape")
         with Crowd("127.0.0.1", target.port, 1000) as crowd:
@@ -212,51 +193,11 @@ def test_a_crowd_of_silent_sockets_from_241_addresses_locks_out_neither_the_clie
     assert made >= 19 and good >= 0.95 * made, (good, made)
 
 
-# Each framing case: what the request head (and body) says, and the status it gets. The
-# request after it on the same connection must go unanswered.
-FRAMING = {
-    "repeated equal Content-Length": (b"Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}", 400),
-    "Content-Length list": (b"Content-Length: 2, 2\r\n\r\n{}", 400),
-    "obs-fold": (b"X-Note: a\r\n b\r\nContent-Length: 2\r\n\r\n{}", 400),
-    "folded Transfer-Encoding": (b"Transfer-Encoding:\r\n chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 400),
-    "bare LF": (b"Content-Length: 2\n\n{}", 400),
-    "chunk size 2^64": (b"Transfer-Encoding: chunked\r\n\r\n10000000000000000\r\n{}", 413),
-}
-
-
-def raw_exchange(target: Target, raw: bytes) -> bytes:
-    """Send raw bytes on one connection (TLS where the target is), read every answer until
-    the server closes; once an answer that closes the connection is in, stop sending."""
-    sock = socket.create_connection(("127.0.0.1", target.port), timeout=3, source_address=(CLIENT, 0))
-    if target.context is not None:
-        sock = target.context.wrap_socket(sock, server_hostname="127.0.0.1")
-    with sock:
-        sock.sendall(raw)
-        reply = b""
-        try:
-            while chunk := sock.recv(65536):
-                reply += chunk
-                if b"Connection: close" in reply and reply.endswith(b"\n"):
-                    sock.shutdown(socket.SHUT_WR)        # the server's lingering close ends at once
-        except (OSError, ssl.SSLError):
-            pass
-    return reply
-
-
 @pytest.mark.parametrize("case", [*FRAMING, "well-framed (control)"])
 def test_framing_a_proxy_could_read_differently_is_refused_and_nothing_after_it_is_answered(target, case):
-    head, status = FRAMING.get(case, (b"Content-Length: 2\r\n\r\n{}", 200))
-    line_end = b"\n" if case == "bare LF" else b"\r\n"
-    refused = b"POST " + target.path.encode() + b" HTTP/1.1" + line_end + b"Host: x" + line_end + head
-    if status == 200:
-        refused = (b"GET " + target.path.encode() + b" HTTP/1.1\r\nHost: x\r\n"
-                   + b"".join(f"{k}: {v}\r\n".encode() for k, v in target.headers.items()) + b"\r\n")
-    appended = (b"GET " + target.path.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                + b"".join(f"{k}: {v}\r\n".encode() for k, v in target.headers.items()) + b"\r\n")
-    reply = raw_exchange(target, refused + appended)
-    # A status line may follow the previous answer's body directly (a body need not end in CRLF).
-    answered = [int(status) for status in re.findall(rb"HTTP/1\.1 (\d{3}) ", reply)]
-    assert answered == ([200, 200] if status == 200 else [status]), reply[:500]
+    status = FRAMING[case][1] if case in FRAMING else 200
+    answered = framing_exchange(target.port, target.context, target.path, target.headers, case)
+    assert answered == ([200, 200] if status == 200 else [status]), answered
 
 
 @pytest.fixture(scope="module")
@@ -390,31 +331,11 @@ def test_no_answer_of_any_route_names_the_internal_prometheus_url(tmp_path):
     Prometheus URL carries a marker path: the marker is in no body."""
     import uuid
 
-    import requests
-
     marker = f"internal-{uuid.uuid4().hex[:12]}"
     sidecar, target, tokens = start_sidecar_target(tmp_path, tls=False,
                                                    prometheus_url=f"http://127.0.0.1:{free_port()}/{marker}")
-    admin = bearer(tokens["admin"])
-    base = sidecar.url
-    bodies = {"/queries/meshql": {"query": "SHOW SUMMARY"},
-              "/ai/query/conversation": {"message": "which rank is causing the nccl hang?"},
-              "/graph/chaos-simulate": {"device": "x", "failure_type": "device_failure"}}
     try:
-        spec = requests.get(base + "/api/v1/openapi.json", headers=admin, timeout=10).json()
-        calls = [(method.upper(), re.sub(r"\{[^}]+\}", "x", path), bodies.get(path, {}))
-                 for path, methods in spec["paths"].items() for method in methods
-                 if method in ("get", "post", "put", "delete")]
-        tools = [tool["name"] for tool in requests.get(base + "/api/v1/tools/list", headers=admin,
-                                                       timeout=10).json()["tools"]]
-        calls += [("POST", f"/api/v1/tools/{name}", {}) for name in tools]
-        calls += [("POST", "/mcp", {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                                    "params": {"name": name, "arguments": {}}}) for name in tools]
-        answers = []
-        for method, path, body in calls:
-            reply = requests.request(method, base + path, headers=admin, timeout=30,
-                                     json=None if method == "GET" else body)
-            answers.append((method, path, reply.status_code, reply.text))
+        answers = every_route(sidecar.url, bearer(tokens["admin"]))
     finally:
         sidecar.stop()
     assert len(answers) > 40, len(answers)
