@@ -83,6 +83,10 @@ def test_a_typo_in_letters_is_read_but_other_digits_are_another_machine():
     ("ranks that hung during the last 40 minutes", "nccl_ranks_hung_in_window", {"window": "40m"}),
     ("laggiest ranks over the past 6 hours", "slowest_ranks_over_window", {"window": "6h"}),
     ("alerts that fired in the last 8 hours", "event_history", {"window": "8h"}),
+    ("did rank 6 hang at any point in the last 3 hours", "nccl_ranks_hung_in_window", {"rank": 6, "window": "3h"}),
+    # time words are windows, never dropped
+    ("xid errors overnight", "gpu_xid_errors", {"window": "12h"}),
+    ("retransmits this afternoon", "tcp_retransmits", {"window": "6h"}),
     # job: through its communicator, or the rank_info job_id
     ("slowest ranks of job 5150", "slowest_ranks", {"comm": "0123456789abcdef"}),
     ("which nodes is job bert-ft-3 running on", "job_ranks", {"job": "k8s-pod:bert-ft-3"}),

@@ -33,7 +33,13 @@ DURATION = re.compile(
     rf"(?:(?P<count>{_COUNT_RE})\s*)?(?P<unit>{_UNIT_RE})\b"
     rf"|\b(?P<compact>(?:[0-9]{{1,4}}(?:ms|s|m|h|d|w))+)\b"
     rf"|\b(?P<count2>[0-9]{{1,4}})\s*(?P<unit2>{_UNIT_RE})\b(?:\s+(?:ago|window|back))?"
-    r"|\b(?P<today>today|yesterday|this hour|this week)\b", re.I)
+    r"|\b(?P<today>today|yesterday|this hour|this week|this month|(?:since\s+)?last night|overnight"
+    r"|this morning|this afternoon|this evening|tonight)\b", re.I)
+# Time words for parts of a day: the window that covers them from now (a night or a morning
+# is at most about 12 hours back, an afternoon or evening about 6), so they are never dropped.
+_TIME_WORDS = {"today": "1d", "yesterday": "2d", "this hour": "1h", "this week": "1w", "this month": "30d",
+               "last night": "12h", "overnight": "12h", "this morning": "12h", "this afternoon": "6h",
+               "this evening": "6h", "tonight": "6h"}
 QUANTILE = re.compile(r"\b(?P<median>median)\b|\bp(?P<dotted>99\.99|99\.9)\b|\bp(?P<digits>50|75|90|95|99|999|9999)\b"
                       r"|\b(?P<pct>50|75|90|95|99|99\.9|99\.99)(?:th|st|nd|rd)?\s*(?:percentile|pct|%)", re.I)
 IPV4 = re.compile(r"\b(?:[0-9]{1,3}\.){3}[0-9]{1,3}\b")
@@ -203,7 +209,8 @@ def _duration(match: re.Match[str]) -> str | None:
     if match.group("compact"):
         return match.group("compact").lower()
     if match.group("today"):
-        return {"today": "1d", "yesterday": "2d", "this hour": "1h", "this week": "1w"}[match.group("today").lower()]
+        words = re.sub(r"\s+", " ", match.group("today").lower())
+        return _TIME_WORDS[words.removeprefix("since ")]
     count, unit = ((match.group("count"), match.group("unit")) if match.group("unit")
                    else (match.group("count2"), match.group("unit2")))
     seconds = _count(count) * _UNITS[unit.lower()]

@@ -76,6 +76,8 @@ involving involved including include includes adding added add getting hit hits 
 throwing throws thrown talking talk talks doing done dealing deal hammering
 inside outside beyond against along beside besides despite except like unlike plus versus vs within without
 pressure heavy heavily busy massive huge big small tiny
+confirm confirmed someone anyone somebody anybody point points consistently constantly always never often
+sometimes usually regularly repeatedly fall fell fallen hurting hurt suffering struggling crawling tanking
 """.split())
 _ACTIONS = ACTIONS
 _FOLLOW_UP = re.compile(r"^\s*(?:and|also|what about|how about|same for|now|then|ok(?:ay)?|and what about)\b"
