@@ -131,8 +131,10 @@ def rate_interval(step_seconds: float, scrape_seconds: float) -> str:
 
 def builtin_variables(start: float, end: float, step: float, scrape_seconds: float) -> dict[str, str]:
     span = max(1, int(end - start))
+    # __from / __to: the range in epoch milliseconds, as Grafana gives them.
     return {"__rate_interval": rate_interval(step, scrape_seconds), "__interval": f"{int(max(step, 1))}s",
-            "__range": f"{span}s", "__range_s": str(span)}
+            "__range": f"{span}s", "__range_s": str(span), "__from": str(int(start * 1000)),
+            "__to": str(int(end * 1000))}
 
 
 def resolve_variables(dashboard: dict, label_values: Callable[[str, str | None], list[str]],

@@ -575,10 +575,13 @@ def _cell(value: Any, kind: str) -> str:
     return str(value)
 
 
-def sidecar_table(panel: dict, columns: list[dict], rows: list[dict], path: Path) -> Path:
+def sidecar_table(panel: dict, columns: list[dict], rows: list[dict], path: Path) -> Drawn:
     """Rows of a sidecar response with the columns the panel maps (Infinity's table)."""
     if not rows:
-        return message(panel, "no rows in the time range", path)
-    cells = [[_cell(row.get(c["selector"]), c["type"]) for c in columns] for row in rows[:MAX_TABLE_ROWS]]
-    return draw_table(panel, cells, [c["text"] for c in columns],
-                      _cut_note(len(cells), len(rows), "rows", "as the sidecar ordered them"), path, fontsize=6.5)
+        message(panel, "no rows in the time range", path)
+        return Drawn([], 0)
+    shown = rows[:MAX_TABLE_ROWS]
+    cells = [[_cell(row.get(c["selector"]), c["type"]) for c in columns] for row in shown]
+    drawn = Drawn(shown, len(rows), _cut_note(len(cells), len(rows), "rows", "as the sidecar ordered them"))
+    draw_table(panel, cells, [c["text"] for c in columns], drawn.note, path, fontsize=6.5)
+    return drawn

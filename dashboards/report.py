@@ -289,7 +289,7 @@ def render_sidecar_panel(board: dict, panel: dict, entry: PanelImage, variables:
             return
     columns = [column for cols, _ in tables for column in cols]
     rows = [row for _, found in tables for row in found]
-    render.sidecar_table(panel, columns, rows, path)
+    entry.drawn = render.sidecar_table(panel, columns, rows, path)
     entry.image = str(path)
 
 

@@ -17,16 +17,20 @@ FLOW_LEGEND = "{{service}}/{{operation}}"
 # The alert families the sidecar correlates violations with (queryapi/tracing/correlate.py).
 ANOMALY_ALERTS = "FabricTcp.*|FabricNccl.*|FabricInfiniband.*|FabricNvlink.*"
 
+# The dashboard's time range (epoch ms, as Grafana gives ${__from} and ${__to}): the
+# sidecar lists only what ended inside it.
+RANGE = [("from_ms", "${__from}"), ("to_ms", "${__to}")]
+
 VIOLATIONS = c.InfinityTarget(
     url="/tracing/slo-violations", root_selector="violations",
-    params=[("window_seconds", "${__range_s}"), ("limit", "500")],
+    params=RANGE + [("limit", "500")],
     columns=[("end_ms", "End", "timestamp_epoch"), ("trace_id", "Trace", "string"),
              ("service", "Service", "string"), ("operation", "Operation", "string"),
              ("duration_ms", "Duration (ms)", "number"), ("slo_ms", "SLO (ms)", "number"),
              ("network_path", "Network path", "string")])
 CORRELATIONS = c.InfinityTarget(
     url="/tracing/correlations", root_selector="correlations",
-    params=[("window_seconds", "${__range_s}"), ("limit", "500")],
+    params=RANGE + [("limit", "500")],
     columns=[("span_end_ms", "End", "timestamp_epoch"), ("trace_id", "Trace", "string"),
              ("service", "Service", "string"), ("operation", "Operation", "string"),
              ("duration_ms", "Duration (ms)", "number"), ("slo_ms", "SLO (ms)", "number"),

@@ -13,7 +13,7 @@ from fabricscope.dashboards import build, model
 DASHBOARDS = model.load_all()
 UIDS = {board["uid"]: name for name, board in DASHBOARDS.items()}
 # Grafana's own macros, usable in links and queries without a definition.
-GRAFANA_MACROS = {"__rate_interval", "__interval", "__range", "__range_s", "__url_time_range",
+GRAFANA_MACROS = {"__rate_interval", "__interval", "__range", "__range_s", "__from", "__to", "__url_time_range",
                   "__data", "__field", "__value", "__all"}
 GRID = 24
 

@@ -424,3 +424,28 @@ def test_report_draws_each_faults_anomalous_series(report, name, title, text):
 def test_report_marks_the_nccl_hang_on_the_node_scoped_nccl_view(report):
     annotations = _report_data(report)["dashboards"]["nvlink_nccl"]["annotations"]
     assert "FabricNcclHang" in {a["text"] for a in annotations}
+
+
+def test_report_sidecar_tables_show_no_row_after_the_end_time(run, tmp_path):
+    """A report that ends mid-scenario lists only the spans that ended inside its range,
+    though the sidecar holds later ones (spans were posted until the end of the run): the
+    panels pass the range (from_ms / to_ms) and the sidecar filters by it."""
+    end = run.start + HEALTHY + 20
+    token_file = tmp_path / "sidecar-token"
+    token_file.write_text(run.token)
+    code = cli.main(["report", "--prometheus-url", run.prometheus.url, "--from", str(run.start), "--to", str(end),
+                     "--scrape-interval", str(SCRAPE_SECONDS), "--out", str(tmp_path / "report"),
+                     "--dashboard", "tracing", "--sidecar-url", run.sidecar_url, "--sidecar-ca", str(run.ca),
+                     "--sidecar-token-file", str(token_file)])
+    assert code == 0
+    panels = {p["title"]: p for p in _report_data((code, tmp_path / "report"))["dashboards"]["tracing"]["panels"]}
+    ended = {"SLO violations": "end_ms", "Correlated SLO violations": "span_end_ms"}
+    later = [s for s in run.send(model.infinity_request(
+        next(t for n, p, t in INFINITY if t["url"] == "/tracing/slo-violations"), run.variables["tracing"],
+        run.sidecar_url)).json()["violations"] if s["end_ms"] > end * 1000]
+    assert later, "the sidecar holds no span after the report's end: nothing to leave out"
+    for title, field in ended.items():
+        rows = panels[title]["shown"]
+        assert rows, f"{title}: no rows in the report's range"
+        assert all(run.start * 1000 <= row[field] <= end * 1000 for row in rows), \
+            f"{title}: rows outside {run.start}-{end}: {[row[field] for row in rows]}"

@@ -311,3 +311,17 @@ def test_an_unpaired_surrogate_is_malformed_json_not_a_500(server):
     response = server.request("POST", "/tracing/spans", "writer", data=span.replace("NOTE", "\\ud83d\\ude00"),
                               headers=headers)
     assert response.status_code == 200 and response.json()["stored"] == 1
+
+
+def test_span_listings_keep_to_the_range_they_are_given(server):
+    """A dashboard passes its time range: only spans that ended inside it are listed."""
+    base = int(time.time() * 1000) - 600_000
+    spans = [seed_span("ranged-trace", f"s{minute}", 2500, ["gpu-node-0"], service="svc-ranged",
+                       end_ms=base + minute * 60_000) for minute in range(5)]
+    assert server.request("POST", "/tracing/spans", "writer", json={"spans": spans}).status_code == 200
+    listed = server.request("GET", "/tracing/slo-violations", "reader", params={
+        "service": "svc-ranged", "from_ms": base + 60_000, "to_ms": base + 180_000}).json()["violations"]
+    assert [v["span_id"] for v in listed] == ["s3", "s2", "s1"]
+    response = server.request("GET", "/tracing/correlations", "reader",
+                              params={"from_ms": base + 180_000, "to_ms": base + 60_000})
+    assert response.status_code in (400, 422) and "is before from_ms" in response.text

@@ -85,7 +85,9 @@ class Storage:
     def release_claims(self, span_pks: list[int]) -> None: raise NotImplementedError
     def count_pending_violations(self, trace_id: str | None = None) -> int: raise NotImplementedError
     def correlations(self, trace_id: str | None = None, since_ms: int | None = None,
-                     limit: int = 500) -> list[dict]: raise NotImplementedError
+                     limit: int = 500, until_ms: int | None = None) -> list[dict]:
+        """Correlated violations newest first, whose span ended in [since_ms, until_ms]."""
+        raise NotImplementedError
     def alerts_after(self, cursor: tuple[int, str, str] | None, status: str | None = None,
                      limit: int = 100) -> list[dict]:
         """Alerts oldest first, strictly after `cursor` = (last_received_ms, fingerprint,

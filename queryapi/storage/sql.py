@@ -200,7 +200,7 @@ class SqlStorage(Storage):
                               (trace_id,))
             return int(cur.fetchone()[0])
 
-    def correlations(self, trace_id=None, since_ms=None, limit=500):
+    def correlations(self, trace_id=None, since_ms=None, limit=500, until_ms=None):
         where, params = ["1 = 1"], []
         if trace_id is not None:
             where.append("trace_id = ?")
@@ -208,6 +208,9 @@ class SqlStorage(Storage):
         if since_ms is not None:
             where.append("span_end_ms >= ?")
             params.append(since_ms)
+        if until_ms is not None:
+            where.append("span_end_ms <= ?")
+            params.append(until_ms)
         with self._transaction(write=False) as cur:
             self._execute(cur, f"SELECT {', '.join(CORRELATION_COLUMNS)} FROM correlations "
                                f"WHERE {' AND '.join(where)} ORDER BY span_end_ms DESC, span_pk DESC LIMIT ?",

@@ -7,7 +7,7 @@ from typing import Any
 
 from apiflask import APIBlueprint
 from flask import Response, request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from .. import jsonbody
 from ..auth import current_key, require_scope
@@ -178,7 +178,31 @@ def otlp_traces():
 CURSOR_PATTERN = r"^[0-9]{1,15}:[0-9]{1,18}$"     # "<end_ms>:<pk>" of a page's last span
 
 
-class ViolationsQuery(BaseModel):
+# A dashboard's time range (Grafana's ${__from} and ${__to}, epoch milliseconds): a table
+# for 05:55-06:10 lists what ended in it, not what ended since.
+EPOCH_MS_MAX = 10 ** 14
+
+
+class TimeRange(BaseModel):
+    from_ms: int | None = Field(None, ge=0, le=EPOCH_MS_MAX,
+                                description="only spans that ended at or after this time (epoch ms); "
+                                            "replaces window_seconds")
+    to_ms: int | None = Field(None, ge=0, le=EPOCH_MS_MAX,
+                              description="only spans that ended at or before this time (epoch ms)")
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.from_ms is not None and self.to_ms is not None and self.to_ms < self.from_ms:
+            raise ValueError(f"to_ms ({self.to_ms}) is before from_ms ({self.from_ms})")
+        return self
+
+    def since(self, window_seconds: int | None) -> int | None:
+        if self.from_ms is not None:
+            return self.from_ms
+        return int((time.time() - window_seconds) * 1000) if window_seconds else None
+
+
+class ViolationsQuery(TimeRange):
     service: str | None = Field(None, max_length=128, pattern=NAME_PATTERN)
     operation: str | None = Field(None, max_length=256, pattern=NAME_PATTERN)
     window_seconds: int = Field(3600, ge=1, le=31 * 86400, description="trailing window (default 1 h)")
@@ -214,17 +238,17 @@ class ViolationsOut(BaseModel):
 @bp.doc(summary="Spans over their (service, operation) SLO in the trailing window, newest first, "
                 "paginated: next_cursor leads to the next page")
 def slo_violations(query_data: ViolationsQuery):
-    since = int((time.time() - query_data.window_seconds) * 1000)
+    since = query_data.since(query_data.window_seconds)
     before = tuple(int(part) for part in query_data.cursor.split(":")) if query_data.cursor else None
     # One row more than asked tells whether another page exists without a COUNT.
-    rows = sidecar().storage.slo_violations(since, service=query_data.service, operation=query_data.operation,
-                                            limit=query_data.limit + 1, before=before)
+    rows = sidecar().storage.slo_violations(since, until_ms=query_data.to_ms, service=query_data.service,
+                                            operation=query_data.operation, limit=query_data.limit + 1, before=before)
     page, more = rows[:query_data.limit], len(rows) > query_data.limit
     return {"window_seconds": query_data.window_seconds, "violations": page,
             "next_cursor": f"{page[-1]['end_ms']}:{page[-1]['pk']}" if more else None}
 
 
-class CorrelationsQuery(BaseModel):
+class CorrelationsQuery(TimeRange):
     trace_id: str | None = Field(None, max_length=128, pattern=ID_PATTERN)
     window_seconds: int | None = Field(None, ge=1, le=31 * 86400)
     limit: int = Field(500, ge=1, le=5000)
@@ -258,8 +282,8 @@ class CorrelationsOut(BaseModel):
 @bp.doc(summary="SLO violations correlated with network anomalies on their path (confidence >= 0.25)")
 def correlations(query_data: CorrelationsQuery):
     storage = sidecar().storage
-    since = int((time.time() - query_data.window_seconds) * 1000) if query_data.window_seconds else None
-    rows = storage.correlations(trace_id=query_data.trace_id, since_ms=since, limit=query_data.limit)
+    rows = storage.correlations(trace_id=query_data.trace_id, since_ms=query_data.since(query_data.window_seconds),
+                                until_ms=query_data.to_ms, limit=query_data.limit)
     return {"correlations": rows, "pending": storage.count_pending_violations(query_data.trace_id)}
 
 
