@@ -50,7 +50,7 @@ counts event events cluster clusters fleet value values metric metrics calls thr
 training train service services host hosts box boxes server servers card cards adapter adapters
 pretraining finetuning inference step steps time level regressed regression spans span latency
 detection detect detected delay delays delayed anomaly anomalies open estimate estimated id ids pci bus segments
-segment core cores packet packets
+segment core cores packet packets severity severities detector detectors arrival arrivals
 """.split())
 # Generic English that carries no topic.
 _FILLER = frozenset("""
@@ -78,6 +78,7 @@ inside outside beyond against along beside besides despite except like unlike pl
 pressure heavy heavily busy massive huge big small tiny
 confirm confirmed someone anyone somebody anybody point points consistently constantly always never often
 sometimes usually regularly repeatedly fall fell fallen hurting hurt suffering struggling crawling tanking
+identify verify verified determine obtain review inspect investigate examine lookup fetch retrieve display print dump compute calculate measure monitor watch track logged recorded seen step steps
 """.split())
 _ACTIONS = ACTIONS
 _FOLLOW_UP = re.compile(r"^\s*(?:and|also|what about|how about|same for|now|then|ok(?:ay)?|and what about)\b"
