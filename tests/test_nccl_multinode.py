@@ -29,6 +29,9 @@ HARNESS = REPO / "bench" / "device" / "nccl_multinode.py"
 OVERRIDES = {"intervals": {"nccl": "2s"}, "for": {"straggler": "4s", "ncclHang": "2s"},
              "windows": {"ncclLag": "10s", "ncclNodeOffset": "10s", "ncclClockOffsetSettle": "15s"}, "thresholds": {"ncclHangMinElapsedSeconds": 3}}
 SKEWS_MS = ("-50", "50")
+# A third Prometheus sees node-b's clock drift from 0 at 200 ppm (0.2 ms more every second):
+# its offset estimate goes stale, so node-b must never be named wrongly there.
+DRIFT = "d200"
 # Alert latency of real processes: run after the parallel pass, alone (Makefile).
 pytestmark = pytest.mark.timing
 
@@ -48,7 +51,7 @@ def run(tmp_path_factory):
     prometheus = require_tool("prometheus")
     out = tmp_path_factory.mktemp("multinode")
     done = subprocess.run([sys.executable, str(HARNESS), "--backend", "fake", "--plan", "test",
-                           "--skews-ms=" + ",".join(SKEWS_MS), "--boundary-ops", "512", "--overrides",
+                           "--skews-ms=" + ",".join(SKEWS_MS + (DRIFT,)), "--boundary-ops", "512", "--overrides",
                            json.dumps(OVERRIDES), "--prometheus", prometheus, "--out", str(out)],
                           capture_output=True, text=True, timeout=400)
     log = done.stdout[-4000:] + done.stderr[-2000:]
@@ -94,6 +97,15 @@ def test_the_hang_page_names_the_stopped_rank_and_its_node_at_every_skew(run):
         seen = record["skews"][str(float(skew))]
         assert seen["culprit"] == "rank 3 on node-b (not_entered)", log
         assert seen["wrong"] == [], log
+
+
+def test_a_drifting_clock_never_names_a_node_wrongly(run):
+    results, log = run
+    for phase in results["phases"]:
+        records = phase.get("repeats", []) or []
+        for record in records:
+            assert record["skews"]["drift200ppm"]["wrong"] == [], log
+    assert results["summary"]["false_flags"]["drift200ppm"] == [], log
 
 
 def test_the_rules_measure_the_skew_within_the_late_node_floor(run):

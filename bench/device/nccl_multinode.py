@@ -190,10 +190,17 @@ def node_main(args) -> None:
     ranks = []
     for local in range(args.ranks_per_node):
         rank = args.index * args.ranks_per_node + local
+        rank_env = env
+        if args.backend == "torch" and args.gpus:
+            # Fewer GPUs than ranks: ranks share them. NCCL refuses two ranks of a comm on
+            # one device only when they share a host hash, so each rank gets its own host id
+            # and NCCL joins them over its socket transport (/work/shared/DEVICE.md).
+            rank_env = dict(env, NCCL_HOSTID=f"fabricscope-rank{rank}")
         ranks.append(subprocess.Popen(
             [sys.executable, __file__, "rank", "--backend", args.backend, "--library", args.library or "",
              "--control", args.control, "--world", str(args.world), "--rank", str(rank),
-             "--local-rank", str(args.gpu_base + local), "--compute", str(args.compute)], env=env))
+             "--local-rank", str((args.gpu_base + local) % args.gpus if args.gpus else args.gpu_base + local),
+             "--compute", str(args.compute)], env=rank_env))
     codes = [proc.wait() for proc in ranks]
     print(f"ranks exited {codes}", flush=True)
     time.sleep(1.0)
@@ -271,12 +278,33 @@ class Barrier(threading.Thread):
             return
 
 
+class Skew:
+    """How far one node's clock is off Prometheus': a constant number of milliseconds ("-50"),
+    or a clock drifting from 0 at so many parts per million ("d100": 0.1 ms more each second,
+    as an undisciplined oscillator or a slewing clock does)."""
+
+    def __init__(self, spec: str) -> None:
+        spec = spec.strip()
+        try:
+            if spec.startswith("d"):
+                self.ms, self.ppm, self.key = 0.0, float(spec[1:]), f"drift{float(spec[1:]):g}ppm"
+            else:
+                self.ms, self.ppm, self.key = float(spec), 0.0, str(float(spec))
+        except ValueError:
+            raise SystemExit(f"--skews-ms: {spec!r} is neither milliseconds nor d<ppm>") from None
+        self.t0 = time.time()
+
+    def seconds(self, now: float | None = None) -> float:
+        return self.ms / 1000 + ((time.time() if now is None else now) - self.t0) * self.ppm * 1e-6
+
+
 class SkewProxy(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    """Prometheus' view of one node whose clock is `skew` seconds off: every sample that is a
-    reading of the node's clock (`*_timestamp_seconds`) is shifted; nothing else changes."""
+    """Prometheus' view of one node whose clock is off by `skew` (None: on time): every sample
+    that is a reading of the node's clock (`*_timestamp_seconds`) is shifted; nothing else
+    changes."""
     daemon_threads = True
 
-    def __init__(self, upstream: str, skew: float) -> None:
+    def __init__(self, upstream: str, skew: Skew | None) -> None:
         self.upstream, self.skew = upstream, skew
         super().__init__(("127.0.0.1", 0), _ProxyHandler)
         threading.Thread(target=self.serve_forever, daemon=True).start()
@@ -306,7 +334,7 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
         except OSError as exc:
             self.send_error(502, str(exc))
             return
-        data = shift_timestamps(body, self.server.skew).encode()
+        data = shift_timestamps(body, self.server.skew.seconds() if self.server.skew else 0.0).encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
         self.send_header("Content-Length", str(len(data)))
@@ -357,7 +385,7 @@ class Prometheus:
             self.proc.kill()
 
 
-NCCL_ALERTS = ("FabricNcclStragglerRank", "FabricNcclStragglerNode", "FabricNcclHang")
+NCCL_ALERTS = ("FabricNcclStragglerRank", "FabricNcclStragglerNode", "FabricNcclHang", "FabricNcclNodeClockUnsettled")
 
 
 class Harness:
@@ -367,7 +395,7 @@ class Harness:
         self.lines: list[str] = []
         self.nodes = [f"node-{chr(ord('a') + i)}" for i in range(args.nodes)]
         self.world = args.nodes * args.ranks_per_node
-        self.skews = [float(s) / 1000 for s in args.skews_ms.split(",")]
+        self.skews = [Skew(s) for s in args.skews_ms.split(",")]
         self.workdir = Path(tempfile.mkdtemp(prefix="fabricscope-multinode-"))
         self.procs: list[subprocess.Popen] = []
         self.proms: dict[float, Prometheus] = {}
@@ -397,7 +425,8 @@ class Harness:
                        "--backend", args.backend, "--library", library, "--control", str(self.control_path),
                        "--world", str(self.world), "--ranks-per-node", str(args.ranks_per_node),
                        "--gpu-base", str(i * args.ranks_per_node if args.backend == "torch" else 0),
-                       "--compute", str(args.compute), "--boundary-ops", str(boundary_ops)]
+                       "--compute", str(args.compute), "--boundary-ops", str(boundary_ops),
+                       "--gpus", str(args.gpus)]
             self.procs.append(subprocess.Popen(command, stdout=open(self.workdir / f"{node}.log", "wb"),
                                                stderr=subprocess.STDOUT))
         rules = self.render_rules()
@@ -405,12 +434,12 @@ class Harness:
             targets = []
             for i, node in enumerate(self.nodes):
                 proxy = SkewProxy(f"http://{SUBNET}.{10 + i}:{EXPORTER_PORT}/metrics",
-                                  skew if i == len(self.nodes) - 1 else 0.0)
+                                  skew if i == len(self.nodes) - 1 else None)
                 targets.append(proxy.address)
-            self.proms[skew] = Prometheus(args.prometheus, self.workdir / f"prom{skew * 1000:+g}ms", rules, targets,
-                                          args.scrape)
+            self.proms[skew.key] = Prometheus(args.prometheus, self.workdir / f"prom-{skew.key}", rules, targets,
+                                              args.scrape)
         self.log(f"{len(self.nodes)} nodes x {args.ranks_per_node} ranks ({args.backend}); Prometheus per skew "
-                 f"{[s * 1000 for s in self.skews]} ms on {self.nodes[-1]} ({[p.base for p in self.proms.values()]}); "
+                 f"{[s.key for s in self.skews]} (ms) on {self.nodes[-1]} ({[p.base for p in self.proms.values()]}); "
                  f"workdir {self.workdir}")
 
     def render_rules(self) -> list[Path]:
@@ -468,7 +497,7 @@ class Harness:
         raise SystemExit(f"the nodes' exporters did not each see their ranks within {timeout:g} s: {seen}")
 
     # -- observation --
-    def snapshot(self) -> dict[float, list[dict]]:
+    def snapshot(self) -> dict[str, list[dict]]:
         """Every Prometheus' NCCL alerts now (pending and firing), with labels."""
         out = {}
         for skew, prom in self.proms.items():
@@ -483,22 +512,27 @@ class Harness:
         pending (its condition true) and firing, what it named, and what it named wrongly:
         a straggler alert on another node, a hang culprit on another node, or, with no
         fault, any straggler alert except one still raised for the previous fault's node
-        (`lingering`: its windows have not yet passed)."""
+        (`lingering`: its windows have not yet passed). FabricNcclNodeClockUnsettled is right
+        (`clock`) only for the drifting node; anywhere else it is wrong."""
         start = time.time()
+        drifting = {skew.key for skew in self.skews if skew.ppm}
         for skew in self.skews:
-            phase["skews"].setdefault(str(skew * 1000), {"pending_after_s": None, "firing_after_s": None,
-                                                         "named": [], "wrong": [], "lingering": [], "culprit": None})
+            phase["skews"].setdefault(skew.key, {"pending_after_s": None, "firing_after_s": None, "named": [],
+                                                 "wrong": [], "lingering": [], "clock": [], "culprit": None})
         while time.time() - start < seconds:
             time.sleep(1.0)
             now = time.time() - start
             for skew, alerts in self.snapshot().items():
-                record = phase["skews"][str(skew * 1000)]
+                record = phase["skews"][skew]
                 for alert in alerts:
                     labels = alert["labels"]
                     name = labels["alertname"]
                     who = {"alert": name, "node": labels.get("node"), "rank": labels.get("rank"),
                            "state": alert["state"]}
-                    if fault and self.matches(fault, name, labels):
+                    if name == "FabricNcclNodeClockUnsettled":
+                        right = skew in drifting and who["node"] == self.nodes[-1]
+                        self.note(record["clock"] if right else record["wrong"], who)
+                    elif fault and self.matches(fault, name, labels):
                         if record["pending_after_s"] is None:
                             record["pending_after_s"] = round(now, 1)
                         if alert["state"] == "firing" and record["firing_after_s"] is None:
@@ -545,16 +579,17 @@ class Harness:
 
     def clock_estimates(self) -> dict:
         out = {}
-        for skew, prom in self.proms.items():
+        for skew in self.skews:
             try:
-                rows = prom.query("node:fabric_nccl_clock_offset_seconds:min5m")
+                rows = self.proms[skew.key].query("node:fabric_nccl_clock_offset_seconds:min5m")
             except OSError:
                 continue
+            applied = skew.seconds()
             values = {r["metric"]["node"]: float(r["value"][1]) for r in rows}
             if len(values) == len(self.nodes):
                 first, last = values[self.nodes[0]], values[self.nodes[-1]]
-                out[str(skew * 1000)] = {"estimated_ms": round((last - first) * 1000, 3),
-                                         "error_ms": round((last - first - skew) * 1000, 3)}
+                out[skew.key] = {"estimated_ms": round((last - first) * 1000, 3), "applied_ms": round(applied * 1000, 3),
+                                 "error_ms": round((last - first - applied) * 1000, 3)}
         return out
 
     # -- faults --
@@ -569,6 +604,7 @@ class Harness:
         fault, ranks = self.fault_targets(kind)
         phase = {"fault": fault, "repeats": []}
         for n in range(repeat):
+            self.wait_clear(fault, self.args.clear_timeout)
             record = {"skews": {}}
             delays, stops = [0.0] * MAX_RANKS, [0.0] * MAX_RANKS
             for rank in ranks:
@@ -593,13 +629,25 @@ class Harness:
             phase["repeats"].append(record)
         return phase
 
-    def no_fault(self, seconds: float) -> dict:
-        self.log(f"no fault for {seconds:g} s")
+    def wait_clear(self, fault: dict, timeout: float) -> None:
+        """Before a repeat: until no Prometheus still shows the previous repeat's alert
+        (pending or firing), so that each repeat's times count from its own start."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if not any(self.matches(fault, a["labels"]["alertname"], a["labels"])
+                       for alerts in self.snapshot().values() for a in alerts):
+                return
+            time.sleep(1.0)
+        self.log(f"   the previous {fault['kind']} alert still shows after {timeout:g} s")
+
+    def no_fault(self, seconds: float, name: str = "no fault") -> dict:
+        self.log(f"{name}: no fault for {seconds:g} s")
         record = {"skews": {}}
         self.watch(seconds, None, record)
         flags = {skew: r["wrong"] for skew, r in record["skews"].items()}
         self.log("   flagged without a fault: " + "; ".join(f"{s} ms: {self.short(f)}" for s, f in flags.items()))
-        return {"fault": None, "false_flags": flags}
+        return {"fault": None, "name": name, "false_flags": flags,
+                "clock": {skew: r["clock"] for skew, r in record["skews"].items()}}
 
     def stop(self) -> None:
         self.control.write(last_step=0)
@@ -624,17 +672,29 @@ PLANS = {
     # the least over 1m, so a fault is held 90 s and the windows get 60 s to clear.
     "device": (45, 30, [("node", 90, 60, 2), ("hang", 60, 20, 1)], 0),
     "device-short": (30, 20, [("node", 85, 40, 1), ("hang", 60, 10, 1)], 0),
+    # One GPU, about 9 minutes: the start-up watched for 60 s (the clock estimates settle
+    # within it), then the node fault 3 times and the hang twice, for p50/p90 per skew; each
+    # repeat starts once the previous one's alert has cleared (--clear-timeout).
+    "device-1gpu": (60, 0, [("node", 45, 15, 3), ("hang", 70, 5, 2)], 0),
 }
 
 
 def summarise(results: dict) -> dict:
     """Per fault and skew: pending (condition true) and firing times p50/p90, who was named,
     wrong-node attributions; false flags in the no-fault time."""
-    summary: dict = {"faults": {}, "false_flags": {}}
+    summary: dict = {"faults": {}, "false_flags": {}, "startup_flags": {}, "clock_alerts": {}}
     for phase in results["phases"]:
+        for skew, whos in phase.get("clock", {}).items():
+            summary["clock_alerts"].setdefault(skew, []).extend(w for w in whos if w not in summary["clock_alerts"][skew])
+        for record in phase.get("repeats", []):
+            for skew, r in record["skews"].items():
+                whos = summary["clock_alerts"].setdefault(skew, [])
+                whos.extend(w for w in r.get("clock", []) if w not in whos)
         if phase["fault"] is None:
             for skew, flags in phase["false_flags"].items():
                 summary["false_flags"].setdefault(skew, []).extend(flags)
+                if phase.get("name") == "start-up":
+                    summary["startup_flags"].setdefault(skew, []).extend(flags)
             continue
         kind = phase["fault"]["kind"]
         per_skew = summary["faults"].setdefault(kind, {})
@@ -679,7 +739,7 @@ def harness_main(args) -> int:
     warm, quiet, faults, final = PLANS[args.plan]
     harness = Harness(args)
     results: dict = {"backend": args.backend, "nodes": harness.nodes, "ranks_per_node": args.ranks_per_node,
-                     "skews_ms": [s * 1000 for s in harness.skews], "delay_ms": args.delay_ms, "plan": args.plan,
+                     "skews_ms": [s.key for s in harness.skews], "commit": args.commit, "delay_ms": args.delay_ms, "plan": args.plan,
                      "scrape": args.scrape, "host": socket.gethostname(), "phases": []}
     status = 0
     # Outside the try: pyroute2 forks to create a namespace, and its child exits by SystemExit.
@@ -689,7 +749,9 @@ def harness_main(args) -> int:
         harness.wait_traced(args.start_timeout)
         harness.wait_running(args.start_timeout)
         results["exporter_sees"] = harness.scoping
-        time.sleep(warm)
+        # The job's first minutes are watched too: a late-node or clock alert there is a
+        # start-up false alarm (fresh exporters and Prometheus, the job's first collectives).
+        results["phases"].append(harness.no_fault(warm, "start-up"))
         if quiet:
             results["phases"].append(harness.no_fault(quiet))
         for kind, on, off, repeat in faults:
@@ -741,13 +803,18 @@ def main() -> int:
     node.add_argument("--ranks-per-node", type=int, required=True)
     node.add_argument("--gpu-base", type=int, default=0)
     node.add_argument("--boundary-ops", type=int, required=True)
+    node.add_argument("--gpus", type=int, default=0)
     for p in (parser,):
         p.add_argument("--backend", choices=["fake", "torch"], default="fake")
         p.add_argument("--plan", choices=sorted(PLANS), default="quick")
         p.add_argument("--nodes", type=int, default=2)
         p.add_argument("--ranks-per-node", type=int, default=2)
         p.add_argument("--skews-ms", default="-50,-10,-2,0,2,10,50",
-                       help="one Prometheus per skew of the last node's clock, ms")
+                       help="one Prometheus per skew of the last node's clock: ms, or d<ppm> for a clock "
+                            "drifting from 0 at that rate")
+        p.add_argument("--gpus", type=int, default=0,
+                       help="GPUs on this host when there are fewer than ranks: ranks share them (0: one each)")
+        p.add_argument("--commit", default="", help="the commit measured, recorded in the results")
         p.add_argument("--delay-ms", type=float, default=5.0)
         p.add_argument("--compute", type=float, default=0.005, help="each step's compute before the collective, s")
         p.add_argument("--boundary-ops", type=int, default=1024,
@@ -757,6 +824,8 @@ def main() -> int:
         p.add_argument("--rules-dir", help="rendered rules (default: render the mixin with the fast alerts)")
         p.add_argument("--overrides", help="JSON overrides for the mixin instead of the fast alerts")
         p.add_argument("--start-timeout", type=float, default=120)
+        p.add_argument("--clear-timeout", type=float, default=60,
+                       help="before each repeat, wait at most this long for the previous repeat's alert to clear")
         p.add_argument("--out")
     args = parser.parse_args()
     if args.mode == "rank":

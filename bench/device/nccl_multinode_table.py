@@ -3,9 +3,11 @@
     python3 bench/device/nccl_multinode_table.py bench/device/results/2026-11-26/nccl_multinode-2xH200-short.json
 
 Per fault and clock skew: when the condition became true (the alert pending) p50/p90 over
-the repeats, the alert time under the production `for:` (that plus the mixin's `for:`, the
-condition holding), which rank and node were named, wrong-node attributions; then false
-flags in the no-fault time and the rules' clock offset estimate against the skew applied.
+the repeats, when the alert fired under the run's rules (the demo's fast alerts), the alert
+time under the production `for:` (condition true plus the mixin's `for:`, the condition
+holding), which rank and node were named, wrong-node attributions; then false flags in the
+no-fault time (of them, in the job's start-up), clock alerts (right only for a drifting
+clock), and the rules' clock offset estimate against the skew applied.
 """
 from __future__ import annotations
 
@@ -34,27 +36,48 @@ def named(whos: list[dict]) -> str:
                              + (f" rank {w['rank']}" if w["rank"] else "") for w in whos})).strip() or "none"
 
 
+def skew_order(key: str) -> tuple:
+    """Constant skews by value, then drifting clocks ("drift100ppm")."""
+    try:
+        return (0, float(key))
+    except ValueError:
+        return (1, float(key.removeprefix("drift").removesuffix("ppm")))
+
+
+def skew_name(key: str) -> str:
+    try:
+        return f"{float(key):+g}"
+    except ValueError:
+        return key.replace("drift", "drifting ").replace("ppm", " ppm")
+
+
 def tables(results: dict) -> str:
+    commit = f" at commit `{results['commit']}`" if results.get("commit") else ""
     lines = [f"{results['nodes'][-1]}'s clock shifted by the skew; {len(results['nodes'])} nodes x "
              f"{results['ranks_per_node']} rank(s), {results['backend']}, faults {results['delay_ms']:g} ms, "
-             f"scrape {results['scrape']}, plan `{results['plan']}`.", "",
-             "| fault | skew (ms) | condition true p50 / p90 (missed/runs) | alert under production `for:` p90 "
-             "| named | wrong node |", "|---|---|---|---|---|---|"]
+             f"scrape {results['scrape']}, plan `{results['plan']}`{commit}.", "",
+             "| fault | skew (ms) | condition true p50 / p90 (missed/runs) | fired under the run's `for:` p50 / p90 "
+             "| under production `for:` p90 | named | wrong node |", "|---|---|---|---|---|---|---|"]
     for kind, per_skew in results["summary"]["faults"].items():
         hold = production_for(ALERT_FOR[kind])
-        for skew, s in sorted(per_skew.items(), key=lambda kv: float(kv[0])):
+        for skew, s in sorted(per_skew.items(), key=lambda kv: skew_order(kv[0])):
             p90 = s["pending_s_p90"]
             runs = len(s["pending_s"])
             culprits = "; ".join(sorted(set(s["culprits"])))
-            lines.append(f"| {kind} | {float(skew):+g} | {seconds(s['pending_s_p50'])} / {seconds(p90)} "
-                         f"({s['pending_s_missed']}/{runs}) | {seconds(None if p90 is None else p90 + hold)} "
+            lines.append(f"| {kind} | {skew_name(skew)} | {seconds(s['pending_s_p50'])} / {seconds(p90)} "
+                         f"({s['pending_s_missed']}/{runs}) | {seconds(s['firing_s_p50'])} / {seconds(s['firing_s_p90'])} "
+                         f"({s['firing_s_missed']}/{runs}) | {seconds(None if p90 is None else p90 + hold)} "
                          f"| {named(s['named'])}{' (culprit: ' + culprits + ')' if culprits else ''} "
                          f"| {len(s['wrong'])} |")
-    lines += ["", "| skew (ms) | false flags without a fault | clock offset estimated (ms) | error (ms) |",
-              "|---|---|---|---|"]
-    flags = results["summary"]["false_flags"]
-    for skew, estimate in sorted(results.get("clock_estimates", {}).items(), key=lambda kv: float(kv[0])):
-        lines.append(f"| {float(skew):+g} | {len(flags.get(skew, []))} | {estimate['estimated_ms']:+.3f} "
+    summary = results["summary"]
+    lines += ["", "| skew (ms) | false flags without a fault (start-up) | clock alerts | clock offset estimated "
+              "/ applied (ms) | error (ms) |", "|---|---|---|---|---|"]
+    flags, startup = summary["false_flags"], summary.get("startup_flags", {})
+    clock = summary.get("clock_alerts", {})
+    for skew, estimate in sorted(results.get("clock_estimates", {}).items(), key=lambda kv: skew_order(kv[0])):
+        applied = estimate.get("applied_ms", float(skew) if skew_order(skew)[0] == 0 else None)
+        lines.append(f"| {skew_name(skew)} | {len(flags.get(skew, []))} ({len(startup.get(skew, []))}) "
+                     f"| {named(clock.get(skew, []))} | {estimate['estimated_ms']:+.3f} / {applied:+.3f} "
                      f"| {estimate['error_ms']:+.3f} |")
     return "\n".join(lines)
 
