@@ -18,8 +18,11 @@
  * Arrival lag is joined in the kernel: the ranks of one communicator on this node are
  * different processes with different ncclComm_t pointers, but the same comm identity,
  * computed here at init from the ncclUniqueId (the hash exporter/nccl/commid.py
- * specifies). The k-th collective (Send/Recv excluded) is the same operation on every
- * rank; the first rank to enter op k on the node records its entry time in
+ * specifies). Each collective (Send/Recv excluded) is numbered as NCCL numbers it: from
+ * NCCL's own count of the comm's launched collectives, read from struct ncclComm at each
+ * call (number_op), so every rank, and every exporter however late it started, gives op k
+ * the same number k; a comm whose counter is not exact is numbered from its probed init,
+ * or not at all. The first rank to enter op k on the node records its entry time in
  * nccl_arrivals, and every rank's lag is its entry minus that.
  *
  * Not atomic: NCCL forbids using one comm from several threads at once, so one thread at
@@ -55,6 +58,8 @@ char LICENSE[] SEC("license") = "GPL";
 #define RECENT_MAX 64
 #define NUM_OPS 8
 #define NUM_DATATYPES 16
+/* NCCL's operation counter: up to this many 64-bit words summed (seqNumber[NCCL_NUM_FUNCTIONS]). */
+#define MAX_COUNTER_WORDS 5
 
 enum event_kind {
 	EV_COMM_INIT = 3,
@@ -134,12 +139,29 @@ struct rank_state {
 	__u64 last_ts;     /* entry of the rank's latest call on the comm, any op */
 	__u64 last_bytes;
 	__u64 boundary_ts; /* entry of the op at `boundary` */
-	__u32 seq;         /* collectives entered, Send/Recv excluded */
-	__u32 boundary;    /* latest seq that is a multiple of boundary_ops */
+	__u64 seq;         /* the number of the rank's latest collective on the comm; 0: none */
+	__u64 boundary;    /* latest seq that is a multiple of boundary_ops */
+	__u64 calls;       /* collectives entered since the init (from_init) or since first seen */
+	__u64 ctr_last;    /* NCCL's counter when it last moved */
+	__u64 ctr_since;   /* this rank's collectives since then */
+	__u32 ctr_via;     /* where NCCL's counter is (struct learned_ident) */
+	__u32 ctr_at;
 	__u16 last_op;
-	__u16 pad16;
-	__u32 pad32;
+	__u8 ctr_words;    /* 0: no counter known for this comm */
+	__u8 ctr_phase;    /* enum ctr_phase */
+	__u8 ctr_inexact;  /* the counter once moved by other than this rank's calls */
+	__u8 from_init;    /* the init was probed: `calls` numbers ops from the comm's first */
+	__u8 learned;      /* user space's entry in nccl_comm_ident was taken */
+	__u8 pad8;
 	struct hist lag;   /* entry minus the first local entry of the same op */
+};
+
+/* How far NCCL's counter is trusted on a rank (count_from_nccl). */
+enum ctr_phase {
+	CTR_NONE = 0,      /* not read yet */
+	CTR_READ = 1,      /* read; the probes may have come mid-group: not yet at a launch */
+	CTR_ANCHORED = 2,  /* moved once: the rank is at a launch boundary */
+	CTR_EXACT = 3,     /* moved again by exactly the calls seen since: numbers the rank's ops */
 };
 
 struct op_key {
@@ -225,14 +247,15 @@ struct {
 	__type(value, struct op_stats);
 } nccl_op_stats SEC(".maps");
 
-/* The identity of a comm initialised before the probes, learned by user space from the
- * communicator itself (exporter/nccl/commread.py), and what to add to the rank's count
- * so its sequence numbers are those of the exporter that ran before (alignment.py);
- * taken into the rank's state at its next call, so its arrivals join those of its local
- * peers from then on. */
+/* What user space learns of a comm from the communicator itself (exporter/nccl/commread.py,
+ * commlayout.py): its identity, when its init came before the probes, and where NCCL keeps
+ * its operation counter; taken into the rank's state at its next call. */
 struct learned_ident {
-	__u64 ident;
-	__s64 seq_base;
+	__u64 ident;       /* 0: keep the identity the init gave */
+	__u32 ctr_via;     /* 0: the counter is in struct ncclComm; else the offset of a pointer to it */
+	__u32 ctr_at;
+	__u32 ctr_words;   /* 64-bit counters summed; 0: none known */
+	__u32 pad;
 };
 
 struct {
@@ -355,6 +378,68 @@ static __always_inline struct op_stats *op_stats(__u32 pid, __u32 op, __u64 comm
 	return s ? lookup_or_create(&nccl_op_stats, &key, &s->zero_stats) : 0;
 }
 
+/* NCCL's counter of the comm's launched collectives, read at a call's entry: the calls
+ * before it that NCCL launched. -1 when it cannot be read. */
+static __always_inline __s64 read_counter(struct rank_state *state, __u64 comm)
+{
+	__u64 base = comm, words[MAX_COUNTER_WORDS] = {}, sum = 0;
+
+	if (state->ctr_via) {
+		if (bpf_probe_read_user(&base, sizeof(base), (void *)(comm + state->ctr_via)) || !base)
+			return -1;
+	}
+	if (bpf_probe_read_user(words, sizeof(words), (void *)(base + state->ctr_at)))
+		return -1;
+	for (int i = 0; i < MAX_COUNTER_WORDS; i++)
+		if (i < state->ctr_words)
+			sum += words[i];
+	return (__s64)(sum & 0x7fffffffffffffffULL);
+}
+
+/* Number the collective being entered from NCCL's own counter c (docs/nccl.md, "Numbering").
+ * NCCL advances c when it launches, so at a call's entry c counts the comm's collectives
+ * launched before it; calls of one group are launched together at its end, so the op is
+ * c + (this rank's calls since c last moved). The probes may come mid-group, so the first
+ * move only anchors; from the second on, every move must be exactly the calls seen since
+ * the last, or the counter is not this comm's own (shared with split comms, or not moved by
+ * launches without network work) and is never used for this rank again. */
+static __always_inline void count_from_nccl(struct rank_state *state, __u64 comm)
+{
+	__s64 c = read_counter(state, comm);
+
+	if (c < 0) {
+		state->ctr_inexact = 1;
+		return;
+	}
+	if (state->ctr_phase == CTR_NONE) {
+		state->ctr_phase = CTR_READ;
+		state->ctr_last = c;
+		state->ctr_since = 0;
+	} else if ((__u64)c != state->ctr_last) {
+		if (state->ctr_phase == CTR_READ)
+			state->ctr_phase = CTR_ANCHORED;
+		else if ((__u64)c == state->ctr_last + state->ctr_since)
+			state->ctr_phase = CTR_EXACT;
+		else
+			state->ctr_inexact = 1;
+		state->ctr_last = c;
+		state->ctr_since = 0;
+	}
+	state->ctr_since += 1;
+}
+
+/* The number of the collective being entered, the same on every rank of the comm whichever
+ * exporter counts it; 0 when no exact number is had (the rank is not judged). */
+static __always_inline __u64 number_op(struct rank_state *state, __u64 comm)
+{
+	if (state->ctr_words && !state->ctr_inexact) {
+		count_from_nccl(state, comm);
+		if (state->ctr_phase == CTR_EXACT && !state->ctr_inexact)
+			return state->ctr_last + state->ctr_since;
+	}
+	return state->from_init ? state->calls : 0;
+}
+
 static __always_inline int coll_enter(__u16 op, __u64 comm, __u64 count, __s32 dtype, __s32 peer)
 {
 	__u32 zero = 0;
@@ -406,20 +491,27 @@ static __always_inline int coll_enter(__u16 op, __u64 comm, __u64 count, __s32 d
 	state->last_bytes = bytes;
 	if (op == OP_SEND || op == OP_RECV)
 		return 0;
-	if (!state->ident) {
+	if (!state->learned) {
 		struct comm_key key = { .pid = pid, .comm = comm };
 		struct learned_ident *learned = bpf_map_lookup_elem(&nccl_comm_ident, &key);
 
 		if (learned) {
-			state->ident = learned->ident;
-			state->seq = (__u32)((__s64)state->seq + learned->seq_base);
+			if (!state->ident)
+				state->ident = learned->ident;
+			state->ctr_via = learned->ctr_via;
+			state->ctr_at = learned->ctr_at;
+			state->ctr_words = learned->ctr_words > MAX_COUNTER_WORDS ? MAX_COUNTER_WORDS : learned->ctr_words;
+			state->learned = 1;
 		}
 	}
-	state->seq += 1;
-	if (cfg->boundary_ops && state->seq % cfg->boundary_ops == 0) {
+	state->calls += 1;
+	state->seq = number_op(state, comm);
+	if (state->seq && cfg->boundary_ops && state->seq % cfg->boundary_ops == 0) {
 		state->boundary = state->seq;
 		state->boundary_ts = now;
 	}
+	if (!state->seq)
+		return 0;
 	if (state->ident) {
 		struct arrival_key key = { .ident = state->ident, .seq = state->seq };
 		__u64 *first = bpf_map_lookup_elem(&nccl_arrivals, &key);
@@ -655,9 +747,13 @@ static __always_inline void emit_init(struct init_args *a, __u64 comm, __s32 ran
 		return;
 	if (bpf_map_update_elem(&nccl_rank_state, &key, &s->zero_state, BPF_ANY))
 		counter_add_at(&nccl_problems, PROBLEM_STATE_FULL, 1);
+	/* A learned entry of an older comm at this pointer is stale: user space writes this one's. */
+	bpf_map_delete_elem(&nccl_comm_ident, &key);
 	state = bpf_map_lookup_elem(&nccl_rank_state, &key);
-	if (state)
+	if (state) {
 		state->ident = ident;
+		state->from_init = 1;
+	}
 	for (__u32 op = 0; op < NUM_OPS; op++) {
 		struct op_key stale = { .pid = pid, .op = op, .comm = comm };
 

@@ -27,7 +27,6 @@ from ..nccl.ingest import IngestRoutes
 from ..nccl.placement import RankPlacement, RankProcess
 from ..nccl.tracker import NcclTracker
 from ..nvml import NvmlUnavailable, open_backend
-from ..statefile import state_metrics
 
 log = logging.getLogger("fabricscope.exporter.nccl")
 
@@ -63,8 +62,7 @@ class NcclCollector(Collector):
             from ..nccl.uprobe import UprobeSource
 
             self.uprobes = UprobeSource(ctx.procfs, ctx.sysfs, Path(section.get("bpf_object", DEFAULT_OBJECT)),
-                                        rescan_seconds=_optional_seconds(section.get("rescan_seconds")),
-                                        state_dir=ctx.state_dir)
+                                        rescan_seconds=_optional_seconds(section.get("rescan_seconds")))
             self.uprobes.attach(self.tracker)
         self._nvml = ctx.sources.get("nvml")
         self._nvml_owned = False
@@ -244,13 +242,17 @@ class NcclCollector(Collector):
         named = empty(GaugeMetricFamily, "fabric_nccl_comm_identities", "Local ranks' communicators by where their "
                       "identity came from: init (its init was probed), memory (initialised before "
                       "the probes: read from the communicator), unknown (reason says why); and by "
-                      "how their ranks are joined on the same op: init, saved (on the previous "
-                      "exporter's sequence marks), attach (counted from the probes' attach: a rank "
-                      "late at that instant is joined one op apart), none.",
+                      "how their operations are numbered (join): counter (NCCL's own operation "
+                      "counter), init (counted from the probed init), none (not judged: see "
+                      "fabric_nccl_rank_numbering).",
                       ("source", "reason", "join"))
         for (source, reason, join), count in sorted(status.identities.items()):
             named.add_metric([source, reason, join], count)
-        marks = self.uprobes.marks_state()
-        if marks is not None:                  # the ranks' sequence marks (nccl_sequences.json)
-            yield from state_metrics(self.name, *marks, self.samples)
-        yield from (available, attached, traced, exited, lost, invalid, skipped, named)
+        numbering = empty(GaugeMetricFamily, "fabric_nccl_rank_numbering", "1 per local rank: how its operations "
+                          "are numbered, the same on every rank and node: counter (NCCL's own counter, seen "
+                          "to move by exactly the rank's calls), init (counted from the probed init), none "
+                          "(no exact number: no arrival lag, sequence or culprit for the rank; reason says "
+                          "why).", ("comm", "rank", "numbering", "reason"))
+        for (comm, rank), (how, reason) in sorted(status.numbering.items()):
+            numbering.add_metric([comm, str(rank), how, reason], 1.0)
+        yield from (available, attached, traced, exited, lost, invalid, skipped, named, numbering)

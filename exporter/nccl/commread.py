@@ -36,6 +36,9 @@ class CommFields:
     rank: int
     nranks: int
     cuda_dev: int
+    # Where the library keeps the comm's operation counter (commlayout.Counter), or why not.
+    counter: object = None
+    counter_reason: str = ""
 
 
 def decode_comm_fields(raw: bytes) -> CommFields:

@@ -25,15 +25,16 @@ CONFIG = struct.Struct(f"<{MAX_BOUNDS}Q{MAX_BOUNDS}Q{MAX_BOUNDS}QIIII{NUM_DATATY
 # struct hist: MAX_BOUNDS + 1 counts (the last above every bound), then the sum in ns
 _HIST_WORDS = MAX_BOUNDS + 2
 # struct rank_state
-RANK_STATE = struct.Struct(f"<QQQQIIHHI{_HIST_WORDS}Q")
+RANK_STATE = struct.Struct(f"<QQQQQQQQQIIHBBBBBB{_HIST_WORDS}Q")
+CTR_EXACT = 3            # enum ctr_phase: NCCL's counter numbers the rank's ops
 # struct op_stats
 OP_STATS = struct.Struct(f"<QQQ{_HIST_WORDS}Q{_HIST_WORDS}Q{RECENT_MAX}QQ")
 # struct comm_key (pid, pad, comm) and struct op_key (pid, op, comm)
 COMM_KEY = struct.Struct("<IIQ")
 OP_KEY = struct.Struct("<IIQ")
-# nccl_comm_ident values (struct learned_ident): a comm's identity learned by user space, and
-# what to add to the rank's sequence number when the kernel takes it (alignment.py)
-IDENT = struct.Struct("<Qq")
+# nccl_comm_ident values (struct learned_ident): a comm's identity learned by user space (0:
+# keep the init's), and where NCCL keeps its operation counter (via, at, words; words 0: none)
+IDENT = struct.Struct("<QIIII")
 # struct open_call, keyed by pid_tgid
 OPEN_CALL = struct.Struct("<QQII")
 PID_TGID = struct.Struct("<Q")
@@ -72,16 +73,39 @@ def encode_config(enqueue_bounds: Iterable[float], duration_bounds: Iterable[flo
                        int(boundary_ops), *sizes, int(pidns_inum), 0)
 
 
+def encode_learned(ident: int, counter) -> bytes:
+    """struct learned_ident for a comm: `counter` a commlayout.Counter, or None."""
+    if counter is None:
+        return IDENT.pack(ident, 0, 0, 0, 0)
+    return IDENT.pack(ident, counter.via, counter.at, counter.words, 0)
+
+
 @dataclass(frozen=True)
 class RankState:
     ident: int
     last_ts: int
     last_bytes: int
     boundary_ts: int
-    seq: int
+    seq: int                            # 0: the rank's ops have no exact number
     boundary: int
     last_op: int
     lag: tuple[list[int], int]          # counts (n bounds + 1), sum ns
+    calls: int = 0
+    has_counter: bool = False
+    counter_exact: bool = False         # NCCL's counter moved by exactly the rank's calls
+    counter_inexact: bool = False       # ... and once did not: never used for this rank again
+    from_init: bool = False
+
+    def numbering(self, no_counter_reason: str) -> tuple[str, str]:
+        """(how the rank's ops are numbered, why not) for fabric_nccl_rank_numbering:
+        counter (NCCL's own), init (counted from the probed init), none (not judged)."""
+        if self.counter_exact and not self.counter_inexact:
+            return "counter", ""
+        if self.from_init:
+            return "init", ""
+        if not self.has_counter:
+            return "none", no_counter_reason or "no_counter"
+        return "none", "counter_inexact" if self.counter_inexact else "counter_unverified"
 
 
 @dataclass(frozen=True)
@@ -112,8 +136,11 @@ def check_layouts(value_sizes: dict[str, int]) -> None:
 
 def decode_rank_state(raw: bytes, lag_n: int) -> RankState:
     w = RANK_STATE.unpack_from(raw)
-    ident, last_ts, last_bytes, boundary_ts, seq, boundary, last_op = w[:7]
-    return RankState(ident, last_ts, last_bytes, boundary_ts, seq, boundary, last_op, _hist(w[9:], lag_n))
+    (ident, last_ts, last_bytes, boundary_ts, seq, boundary, calls, _ctr_last, _ctr_since, _via, _at, last_op,
+     words, phase, inexact, from_init, _learned, _pad) = w[:18]
+    return RankState(ident, last_ts, last_bytes, boundary_ts, seq, boundary, last_op, _hist(w[18:], lag_n),
+                     calls=calls, has_counter=bool(words), counter_exact=phase == CTR_EXACT,
+                     counter_inexact=bool(inexact), from_init=bool(from_init))
 
 
 def decode_op_stats(raw: bytes, enqueue_n: int, duration_n: int) -> OpStats:
@@ -140,9 +167,10 @@ class CommRef:
     nranks: int
     source: str = "init"     # init | memory | unknown
     reason: str = ""         # why unknown
-    # How its ranks' sequence numbers are joined: init (counted from the init), saved (on
-    # the previous exporter's marks), attach (counted from the probes' attach), none.
+    # How its ranks' operations are numbered (RankState.numbering): counter, init, none.
     join: str = "init"
+    # Why the library gives no operation counter (commlayout.CommLayout.counter_reason).
+    counter_reason: str = ""
 
 
 def probed_rank(ref: CommRef, state: RankState | None, ops: dict[int, OpStats], api_returned: bool,
@@ -158,6 +186,11 @@ def probed_rank(ref: CommRef, state: RankState | None, ops: dict[int, OpStats], 
         for op, s in sorted(ops.items()) if 0 <= op < len(OPS) and s.calls)
     if state is None or not state.last_ts:
         return ProbedRank(comm=ref.label, rank=ref.rank, nranks=ref.nranks, ops=probed_ops)
+    if not state.seq:                   # no exact number: in flight, never compared with peers
+        return ProbedRank(comm=ref.label, rank=ref.rank, nranks=ref.nranks, ops=probed_ops, numbered=False,
+                          last_op=OPS[state.last_op] if state.last_op < len(OPS) else None,
+                          last_start=to_wall(state.last_ts), last_nbytes=state.last_bytes,
+                          api_returned=api_returned, observed_at=observed_at)
     return ProbedRank(
         comm=ref.label, rank=ref.rank, nranks=ref.nranks, ops=probed_ops, sequence=state.seq,
         last_op=OPS[state.last_op] if state.last_op < len(OPS) else None, last_start=to_wall(state.last_ts),

@@ -268,6 +268,9 @@ class ProbedRank:
     boundary_start: float | None = None
     lag: tuple[list[int], float] | None = None   # bucket counts (LAG_BUCKETS + above), sum seconds
     observed_at: float | None = None       # when the kernel's state was read (UNIX seconds)
+    # False: the rank's ops have no exact number (docs/nccl.md, "Numbering"): no lag, no
+    # sequence, never a culprit, whatever its peers do.
+    numbered: bool = True
 
 
 @dataclass(frozen=True)
@@ -380,6 +383,9 @@ class NcclTracker:
             state.last_activity = max(state.last_activity, probed.last_start)
             state.inflight[probed.rank] = _InFlight(probed.last_op, probed.last_start, probed.last_nbytes,
                                                     probed.api_returned, probed.observed_at)
+            if not probed.numbered:
+                state.ranks.pop(probed.rank, None)
+                return
             if probed.rank < 0 or (probed.last_op in _P2P and not probed.sequence):
                 return                       # unknown rank, or only Send/Recv so far: no sequence
             seq = state.ranks.setdefault(probed.rank, _RankSequence())

@@ -32,8 +32,6 @@ from typing import Callable, NamedTuple
 
 from . import commread, discovery
 from . import kernel_state as ks
-from ..statefile import StateFile
-from .alignment import RankMark, sequence_bases
 from .commid import comm_label, fold_words
 from .tracker import DURATION_BUCKETS, ENQUEUE_BUCKETS, LAG_BUCKETS
 
@@ -126,14 +124,10 @@ class EventHandler:
         self.clock = clock
         self.comms: dict[tuple[int, int], ks.CommRef] = {}      # (pid, comm pointer) -> comm
         self.ended: list[tuple[int, int, ks.CommRef]] = []      # destroyed (pid, pointer, comm), for a last read
-        # Comms named from memory whose identity the kernel's arrival join still needs:
-        # (pid, pointer, comm hash, sequence base), written into nccl_comm_ident by the reader.
-        self.learned: list[tuple[int, int, int, int]] = []
-        # The previous exporter's marks, (comm, rank, pid) -> RankMark (alignment.py), and the
-        # comms named from memory that wait to be aligned on them: (pid, pointer) ->
-        # (comm, rank, comm hash, since).
-        self.previous: dict[tuple[str, int, int], RankMark] = {}
-        self.pending: dict[tuple[int, int], tuple[str, int, int, float]] = {}
+        # What the kernel learns of comms read from memory: (pid, pointer, identity for the
+        # arrival join (0: keep the init's), NCCL's operation counter or None), written into
+        # nccl_comm_ident by the reader.
+        self.learned: list[tuple[int, int, int, object]] = []
         self._retry_at: dict[tuple[int, int], float] = {}
         self.invalid: dict[str, int] = {}
         self.events = 0
@@ -176,19 +170,17 @@ class EventHandler:
         read = self._read(pid, pointer)
         if isinstance(read, str):
             if ref is None:
-                ref = ks.CommRef(_unknown_label(pid, pointer), -1, 0, source="unknown", reason=read, join="none")
+                ref = ks.CommRef(_unknown_label(pid, pointer), -1, 0, source="unknown", reason=read, join="none",
+                                 counter_reason=read)
                 self.comms[key] = ref
             return ref
         if ref is not None:                                 # read at last: its placeholder goes
             self.tracker.forget_comm(ref.label)
-        restarted = (comm_label(read.comm_hash), read.rank, pid) in self.previous
-        ref = ks.CommRef(comm_label(read.comm_hash), read.rank, read.nranks, source="memory",
-                         join="saved" if restarted else "attach")
+        # Numbered by NCCL's own counter once the kernel has seen it exact, else not judged.
+        ref = ks.CommRef(comm_label(read.comm_hash), read.rank, read.nranks, source="memory", join="none",
+                         counter_reason=read.counter_reason)
         self.comms[key] = ref
-        if restarted:                                       # join as the previous exporter did
-            self.pending[key] = (ref.label, ref.rank, read.comm_hash, self.clock())
-        else:
-            self.learned.append((pid, pointer, read.comm_hash, 0))
+        self.learned.append((pid, pointer, read.comm_hash, read.counter))
         self.tracker.register_comm(ref.label, ref.rank, ref.nranks)
         log.info("NCCL comm %s rank %d of %d (pid %d) named from its communicator: its init came before "
                  "the probes", ref.label, ref.rank, ref.nranks, pid)
@@ -216,9 +208,9 @@ class EventHandler:
         read = self._read(event.pid, event.comm)
         if not isinstance(read, str):
             # NCCL's own hash, rank and size: what an exporter that starts later reads too.
-            ref = ks.CommRef(comm_label(read.comm_hash), read.rank, read.nranks)
-            if not event.ident:                 # a split of a comm the kernel never named
-                self.learned.append((event.pid, event.comm, read.comm_hash, 0))
+            ref = ks.CommRef(comm_label(read.comm_hash), read.rank, read.nranks, counter_reason=read.counter_reason)
+            # A split of a comm the kernel never named takes NCCL's hash for its identity.
+            self.learned.append((event.pid, event.comm, 0 if event.ident else read.comm_hash, read.counter))
         else:
             if event.op == INIT_SPLIT and not event.ident:
                 # A split of a comm initialised before we attached: no identity to derive.
@@ -227,7 +219,7 @@ class EventHandler:
                 label = comm_label(event.ident)
             # A split's new rank and size are decided inside NCCL, not visible in the
             # arguments: the split key stands for the rank (it orders the ranks), nranks 0.
-            ref = ks.CommRef(label, event.rank, 0 if event.op == INIT_SPLIT else event.nranks)
+            ref = ks.CommRef(label, event.rank, 0 if event.op == INIT_SPLIT else event.nranks, counter_reason=read)
         self._retry_at.pop((event.pid, event.comm), None)
         self.comms[(event.pid, event.comm)] = ref
         if ref.rank >= 0:
@@ -235,7 +227,7 @@ class EventHandler:
 
     def sources(self) -> dict[tuple[str, str, str], int]:
         """Comms known now by how they were named (init, memory, unknown), why unknown, and
-        how their ranks are joined (CommRef.join)."""
+        how their ranks' operations are numbered (CommRef.join)."""
         counts: dict[tuple[str, str, str], int] = {}
         for ref in list(self.comms.values()):
             key = (ref.source, ref.reason, ref.join)
@@ -251,7 +243,6 @@ class EventHandler:
             return False
         del self.comms[(pid, pointer)]
         self._retry_at.pop((pid, pointer), None)
-        self.pending.pop((pid, pointer), None)
         return True
 
     def rank_processes(self) -> list[tuple[str, int, int, int]]:
@@ -265,7 +256,6 @@ class EventHandler:
         for key in [k for k in self.comms if k[0] == pid]:
             ref = self.comms.pop(key)
             self._retry_at.pop(key, None)
-            self.pending.pop(key, None)
             self.tracker.drop_inflight(ref.label, ref.rank)
 
 
@@ -291,10 +281,8 @@ class KernelReader:
         self._offset = time.time() - time.monotonic()
         self._seen: dict[tuple[int, int], tuple] = {}
         self.pids: set[int] = set()          # processes with entries in the maps at the last read
-        # Each rank's latest collective: its sequence number and entry (alignment.RankMark),
-        # what the next exporter aligns on after a restart.
-        self.marks: dict[tuple[int, int], RankMark] = {}
-        self._periods: dict[tuple[int, int], float] = {}   # pending ranks' call-to-call period, ns
+        # (comm, rank) -> (numbering, reason) of every named local rank (RankState.numbering).
+        self.numbering: dict[tuple[str, int], tuple[str, str]] = {}
 
     def resync_clock(self) -> None:
         self._offset = time.time() - time.monotonic()
@@ -327,17 +315,18 @@ class KernelReader:
             inside.add((ks.PID_TGID.unpack(key)[0] >> 32, comm, ts))
         observed_at = time.time()          # the maps were read just now
         drain_events()
+        numbering = {}
         for (pid, comm), (state_raw, ops_raw) in ranks.items():
             state = ks.decode_rank_state(state_raw, lag_n) if state_raw is not None else None
-            if state is not None and state.seq > 0 and state.last_op not in P2P_OPS:
-                self.marks[(pid, comm)] = RankMark(state.seq, state.last_ts)
-                if (pid, comm) in self.handler.pending and state.last_op in ops_raw:
-                    recent = ks.decode_op_stats(ops_raw[state.last_op], enqueue_n, duration_n).recent
-                    if recent:
-                        self._periods[(pid, comm)] = sorted(recent)[len(recent) // 2]
             returned = state is None or (pid, comm, state.last_ts) not in inside
             signature = (state_raw, tuple(sorted(ops_raw.items())), returned)
             ref = self.handler.comm(pid, comm)
+            if state is not None and state.calls:
+                how = state.numbering(ref.counter_reason)
+                if ref.rank >= 0:
+                    numbering[(ref.label, ref.rank)] = how
+                if ref.join != how[0] and self.handler.comms.get((pid, comm)) is ref:
+                    ref = self.handler.comms[(pid, comm)] = dataclasses.replace(ref, join=how[0])
             if self._seen.get((pid, comm)) == signature:
                 tracker.observed(ref.label, ref.rank, observed_at)     # still in the same operation
                 continue
@@ -345,65 +334,17 @@ class KernelReader:
             ops = {op: ks.decode_op_stats(raw, enqueue_n, duration_n) for op, raw in ops_raw.items()}
             tracker.apply_probed(ks.probed_rank(ref, state, ops, returned, self.to_wall, observed_at))
         self.pids = {pid for pid, _ in ranks} | {pid for pid, _, _ in inside}
-        for key in [k for k in self.marks if k not in ranks]:
-            del self.marks[key]
-        self._align()
+        self.numbering = numbering
         self._teach_kernel()
         return {pid for pid, _ in ranks}
 
-    # Ranks named from memory wait this long for their peers to be aligned with them; then
-    # they are joined from the attach on, as on a first start.
-    ALIGN_WAIT_SECONDS = 30.0
-
-    def _align(self) -> None:
-        """Comms named from memory after a restart: once every local rank the previous
-        exporter saved is named and has a mark, their sequence bases (alignment.py)."""
-        handler = self.handler
-        if not handler.pending:
-            return
-        by_comm: dict[str, dict[int, tuple[int, int]]] = {}
-        for key, (label, rank, ident, since) in handler.pending.items():
-            by_comm.setdefault(label, {})[rank] = key
-        for label, ranks in by_comm.items():
-            saved = {rank: mark for (comm, rank, pid), mark in handler.previous.items()
-                     if comm == label and pid in self.pids}
-            keys = {rank: key for rank, key in ranks.items() if rank in saved}
-            ready = set(keys) == set(saved) and all(key in self.marks for key in keys.values())
-            period = self._periods.get(keys[min(keys)]) if keys else None
-            if ready and period:
-                bases = sequence_bases(saved, {rank: self.marks[key] for rank, key in keys.items()}, period)
-                log.info("NCCL comm %s: ranks %s joined on the previous exporter's sequence numbers",
-                         label, sorted(bases))
-            elif all(handler.clock() - handler.pending[key][3] > self.ALIGN_WAIT_SECONDS for key in ranks.values()):
-                bases = {}
-                log.info("NCCL comm %s: not every rank the previous exporter saw is back; "
-                         "joining from the attach", label)
-            else:
-                continue
-            for rank, key in ranks.items():
-                _, _, ident, _ = handler.pending.pop(key)
-                handler.learned.append((key[0], key[1], ident, bases.get(rank, 0)))
-                self._periods.pop(key, None)
-                if rank not in bases and key in handler.comms:
-                    handler.comms[key] = dataclasses.replace(handler.comms[key], join="attach")
-
     def _teach_kernel(self) -> None:
-        """Comms named from memory: their identity for the kernel's arrival join, and the
-        base of their sequence numbers, which the kernel takes at the rank's next call
-        (nccl_comm_ident in nccl.bpf.c)."""
+        """Comms read from memory: their identity for the kernel's arrival join (when their
+        init was not seen) and where NCCL keeps their operation counter, which the kernel
+        takes at the rank's next call (nccl_comm_ident in nccl.bpf.c)."""
         learned, self.handler.learned = self.handler.learned, []
-        for pid, pointer, ident, base in learned:
-            self.comm_ident.update(ks.COMM_KEY.pack(pid, 0, pointer), ks.IDENT.pack(ident, base))
-
-    def sequence_marks(self) -> list[tuple[str, int, int, int, int]]:
-        """(comm, rank, pid, seq, entry ns) of every named rank whose numbering is settled:
-        what the next exporter aligns on."""
-        out = []
-        for (pid, pointer), mark in list(self.marks.items()):
-            ref = self.handler.comms.get((pid, pointer))
-            if ref is not None and ref.rank >= 0 and (pid, pointer) not in self.handler.pending:
-                out.append((ref.label, ref.rank, pid, mark.seq, mark.entry_ns))
-        return out
+        for pid, pointer, ident, counter in learned:
+            self.comm_ident.update(ks.COMM_KEY.pack(pid, 0, pointer), ks.encode_learned(ident, counter))
 
     def take_ended(self) -> list[tuple[int, int, ks.CommRef]]:
         """The comms destroyed so far, for end_comms after one more read."""
@@ -469,6 +410,8 @@ class UprobeStatus:
     invalid: dict[str, int]
     events: int
     identities: dict[tuple[str, str, str], int] = field(default_factory=dict)   # (source, reason, join) -> comms
+    # (comm, rank) -> (numbering, reason): how each local rank's operations are numbered
+    numbering: dict[tuple[str, int], tuple[str, str]] = field(default_factory=dict)
 
 
 class UprobeSource:
@@ -489,18 +432,12 @@ class UprobeSource:
     # 1,000, a job creating its communicators all at once. Its pages count in RSS.
     RING_BYTES = 1 << 16
 
-    # Each local rank's sequence mark is saved this often (alignment.py): what a restarted
-    # exporter joins ranks on.
-    SAVE_SECONDS = 5.0
-
     def __init__(self, procfs: Path, sysfs: Path, object_path: Path, rescan_seconds: float | None = None,
-                 watch_object_path: Path | None = None, ring_bytes: int | None = None,
-                 state_dir: Path | None = None) -> None:
+                 watch_object_path: Path | None = None, ring_bytes: int | None = None) -> None:
         """rescan_seconds None: RESCAN_WITH_HINTS, or RESCAN_WITHOUT_HINTS when the process
-        watch (procwatch.bpf.o beside object_path) cannot run. state_dir: where the ranks'
-        sequence marks are kept across restarts (none: not kept)."""
+        watch (procwatch.bpf.o beside object_path) cannot run. Nothing is kept across
+        restarts: NCCL's own counter numbers the operations (docs/nccl.md, "Numbering")."""
         self.procfs = Path(procfs)
-        self._marks_file = StateFile(Path(state_dir) / "nccl_sequences.json") if state_dir else None
         # The processes this procfs shows are the ones traced, by the ids it shows.
         self.pidns = discovery.pid_namespace(self.procfs)
         self.sysfs = Path(sysfs)
@@ -532,14 +469,11 @@ class UprobeSource:
         self._exited = 0
         self._lost_logged = 0
         self._told_no_library = False
-        self._saved_any = False
-        self.boot_id_changes = 0
 
     # ---- lifecycle ---------------------------------------------------------------------
 
     def attach(self, tracker) -> None:
         self._handler = EventHandler(tracker, identify=self.identify)
-        self._handler.previous = self._load_marks()
         if not self._load():
             return
         self._thread = threading.Thread(target=self._run, name="nccl-uprobes", daemon=True)
@@ -619,7 +553,10 @@ class UprobeSource:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=15)      # an attach in progress finishes first
+        from ..bpf_loader.libbpf import destroy_links
         with self._lock:
+            # Every library's probes in one parallel round (libbpf.destroy_links).
+            destroy_links([link for library in self._libraries.values() for link in library.links])
             for library in self._libraries.values():
                 self._detach(library)
             self._libraries.clear()
@@ -633,7 +570,7 @@ class UprobeSource:
     # ---- the loop ------------------------------------------------------------------------
 
     def _run(self) -> None:
-        next_scan = next_exit_check = next_read = next_save = 0.0
+        next_scan = next_exit_check = next_read = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
             # Once a second: traced processes that exited, and hints the kernel dropped (a lost
@@ -662,10 +599,6 @@ class UprobeSource:
             if rc > 0 or self._handler.ended or time.monotonic() >= next_read:
                 self._read_kernel()
                 next_read = time.monotonic() + self.READ_SECONDS
-            if time.monotonic() >= next_save:
-                # A state dir that cannot be written is tried again once a minute, not every 5 s.
-                saved = self._save_marks()
-                next_save = time.monotonic() + (self.SAVE_SECONDS if saved else 60.0)
 
     def _read_kernel(self) -> None:
         """Apply the kernel's accounting to the tracker; pids seen in it but not traced
@@ -680,53 +613,6 @@ class UprobeSource:
             return
         with self._lock:
             self._calling = pids - self._pids
-
-    def _boot_id(self) -> str:
-        try:
-            return (self.procfs / "sys/kernel/random/boot_id").read_text().strip()
-        except OSError:
-            return ""
-
-    def _load_marks(self) -> dict[tuple[str, int, int], RankMark]:
-        """The previous exporter's marks, when it ran in this boot (the entry times are
-        CLOCK_MONOTONIC)."""
-        if self._marks_file is None:
-            return {}
-        data = self._marks_file.load()
-        if not data:
-            return {}
-        if data.get("boot_id") != self._boot_id() or not data["boot_id"]:
-            self.boot_id_changes += 1
-            return {}
-        try:
-            marks = {(str(comm), int(rank), int(pid)): RankMark(int(seq), int(entry))
-                     for comm, rank, pid, seq, entry in data.get("ranks", [])}
-            bad = [key for key, mark in marks.items() if not (0 <= mark.seq < 1 << 32 and mark.entry_ns >= 0)]
-            if bad:
-                raise ValueError(f"no sequence mark of a rank: {bad[0]}")
-            return marks
-        except (TypeError, ValueError) as exc:
-            self._marks_file.set_aside(f"ranks: {exc}")
-            return {}
-
-    def _save_marks(self) -> bool:
-        """False when the write failed (counted and logged by StateFile)."""
-        if self._marks_file is None or self._reader is None:
-            return True
-        ranks = sorted(self._reader.sequence_marks())
-        if not ranks and not self._saved_any:
-            return True
-        if not self._marks_file.save({"boot_id": self._boot_id(), "ranks": [list(r) for r in ranks]}):
-            return False
-        self._saved_any = bool(ranks)
-        return True
-
-    def marks_state(self) -> tuple[str | None, int, int] | None:
-        """(load problem, write errors, boot-ID changes) of the sequence marks' file; None
-        when marks are not kept."""
-        if self._marks_file is None:
-            return None
-        return self._marks_file.load_problem, self._marks_file.write_errors, self.boot_id_changes
 
     def _hints_lost(self) -> bool:
         """Hints dropped (kernel ring full, or too many pending): only a full rescan is safe."""
@@ -905,8 +791,8 @@ class UprobeSource:
         log.info("NCCL uprobes attached to %s (%d functions)", library.ref.path, len(library.symbols))
 
     def _detach(self, library: _Library) -> None:
-        for link in library.links:
-            link.destroy()
+        from ..bpf_loader.libbpf import destroy_links
+        destroy_links(library.links)
         library.links = []
         library.symbols = []
 
@@ -927,7 +813,9 @@ class UprobeSource:
         problem: Exception | None = None
         for path in paths:
             try:
-                return commread.read_comm(self.procfs, pid, pointer, library_layout(path))
+                layout = library_layout(path)
+                fields = commread.read_comm(self.procfs, pid, pointer, layout)
+                return dataclasses.replace(fields, counter=layout.counter, counter_reason=layout.counter_reason)
             except (LayoutUnknown, commread.CommUnreadable) as exc:
                 problem = exc
         raise problem
@@ -964,4 +852,5 @@ class UprobeSource:
             return UprobeStatus(reason=self.reason, libraries=libraries, processes_traced=len(self._pids),
                                 processes_exited=self._exited,
                                 events_lost=lost, invalid=invalid, events=events,
-                                identities=self._handler.sources() if self._handler else {})
+                                identities=self._handler.sources() if self._handler else {},
+                                numbering=dict(self._reader.numbering) if self._reader else {})

@@ -10,10 +10,12 @@ from pathlib import Path
 FAKE_DIR = Path(__file__).resolve().parent
 
 
-def build_fake_nccl(out: Path) -> tuple[Path, Path]:
-    """(library, driver) built into `out`; the driver finds the library through its rpath."""
+def build_fake_nccl(out: Path, version_code: int | None = None) -> tuple[Path, Path]:
+    """(library, driver) built into `out`; the driver finds the library through its rpath.
+    version_code: the release ncclGetVersion reports (default NCCL 2.28.9's layout's, 22809)."""
     library = out / "libnccl.so.2"
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", library, FAKE_DIR / "fake_nccl.c"], check=True)
+    defines = [f"-DFAKE_NCCL_VERSION_CODE={version_code}"] if version_code else []
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", *defines, "-o", library, FAKE_DIR / "fake_nccl.c"], check=True)
     return library, _program(out, "driver")
 
 

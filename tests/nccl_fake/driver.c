@@ -46,16 +46,18 @@ int main(int argc, char **argv)
 		ncclAllGather(cbuf, cbuf, allgather_count, ncclInt8, comm, NULL);
 	ncclReduce(fbuf, fbuf, 10, ncclFloat64, ncclSum, 0, comm, NULL);
 	ncclBroadcast(fbuf, fbuf, 3, ncclBfloat16, 0, comm, NULL);
-	/* A split communicator (color 7, key = rank) with one small AllReduce of its own. */
+	/* A split communicator (color 7, key = rank) with one small AllReduce of its own, kept
+	 * to the end: the exporter reads it after its init event, and a freed comm of NCCL's
+	 * size (a megabyte: mmap'd) is unmapped at once. */
 	ncclComm_t sub;
 	if (ncclCommSplit(comm, 7, rank, &sub, NULL) != ncclSuccess)
 		return 5;
 	ncclAllReduce(fbuf, fbuf, 3, ncclFloat32, ncclSum, sub, NULL);
-	ncclCommDestroy(sub);
 	ncclSend(fbuf, 5, ncclInt64, (rank + 1) % nranks, comm, NULL);
 	ncclRecv(fbuf, 5, ncclInt64, (rank + nranks - 1) % nranks, comm, NULL);
 	printf("done\n");
 	wait_line();
+	ncclCommDestroy(sub);
 	ncclCommDestroy(comm);
 	return 0;
 }

@@ -6,18 +6,29 @@
  * FAKE_NCCL_BLOCK_CALL-th ncclAllReduce (1-based) reads one byte from that FIFO first.
  */
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include "nccl.h"
 
-/* The communicator as NCCL 2.18-2.28 lays out the part an exporter reads (src/include/
- * comm.h): the identity fields together, kilobytes into the struct, after the channels.
- * The accessors below read them as NCCL's do, so the layout is found the same way. */
+/* The communicator as NCCL 2.28.9 lays out the parts an exporter reads (src/include/
+ * comm.h; offsets from bench/results/nccl_counters.md): the identity fields together, a
+ * megabyte into the struct, after the channels, and the per-function counts of launched
+ * collectives (seqNumber) further on. The accessors below read them as NCCL's do, and
+ * ncclGetVersion says 2.28.9, so the layout and the counter are found the same way.
+ * FAKE_NCCL_VERSION_CODE (a -D at build time) makes it another release. */
+#define RANK_AT 0x1044d0
+#define SEQ_NUMBER_AT 0x106a10
+#ifndef FAKE_NCCL_VERSION_CODE
+#define FAKE_NCCL_VERSION_CODE 22809
+#endif
+enum { FUNC_BROADCAST, FUNC_REDUCE, FUNC_ALLGATHER, FUNC_REDUCESCATTER, FUNC_ALLREDUCE, NUM_FUNCTIONS };
+
 struct ncclComm {
 	uint64_t startMagic;
-	char before[9000];          /* memory stacks, channels, peer info, ... */
+	char before[RANK_AT - 24];  /* memory stacks, channels, peer info, ... */
 	uint64_t magic;
 	uint64_t commHash;
 	int rank;
@@ -27,8 +38,52 @@ struct ncclComm {
 	int compCap;
 	int minCompCap, maxCompCap;
 	int64_t busId;
+	char between[SEQ_NUMBER_AT - RANK_AT - 40];
+	uint64_t seqNumber[NUM_FUNCTIONS];   /* NCCL counts each launched collective here */
 	uint64_t endMagic;
 };
+_Static_assert(offsetof(struct ncclComm, rank) == RANK_AT, "rank where NCCL 2.28.9 has it");
+_Static_assert(offsetof(struct ncclComm, seqNumber) == SEQ_NUMBER_AT, "seqNumber where NCCL 2.28.9 has it");
+
+/* Collectives called inside ncclGroupStart/End are launched at the group's end, as NCCL
+ * does: only then are they counted. */
+static __thread int group_depth;
+static __thread struct { ncclComm_t comm; int func; } grouped[256];
+static __thread int ngrouped;
+
+static void launched(ncclComm_t comm, int func)
+{
+	if (group_depth && ngrouped < 256) {
+		grouped[ngrouped].comm = comm;
+		grouped[ngrouped++].func = func;
+		return;
+	}
+	__atomic_fetch_add(&comm->seqNumber[func], 1, __ATOMIC_RELAXED);
+}
+
+ncclResult_t ncclGroupStart(void)
+{
+	group_depth++;
+	return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd(void)
+{
+	if (group_depth > 0 && --group_depth == 0) {
+		for (int i = 0; i < ngrouped; i++)
+			__atomic_fetch_add(&grouped[i].comm->seqNumber[grouped[i].func], 1, __ATOMIC_RELAXED);
+		ngrouped = 0;
+	}
+	return ncclSuccess;
+}
+
+ncclResult_t ncclGetVersion(int *version)
+{
+	if (!version)
+		return ncclInvalidArgument;
+	*version = FAKE_NCCL_VERSION_CODE;
+	return ncclSuccess;
+}
 
 #define FAKE_NCCL_MAGIC 0x0280028002800280ULL
 
@@ -152,6 +207,7 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
 	allreduce_calls++;
 	fake_nccl_last_op = 1;
 	maybe_block();
+	launched(comm, FUNC_ALLREDUCE);
 	return ncclSuccess;
 }
 
@@ -160,7 +216,10 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
 {
 	(void)sendbuff; (void)recvbuff; (void)sendcount; (void)datatype; (void)stream;
 	fake_nccl_last_op = 2;
-	return comm ? ncclSuccess : ncclInvalidArgument;
+	if (!comm)
+		return ncclInvalidArgument;
+	launched(comm, FUNC_ALLGATHER);
+	return ncclSuccess;
 }
 
 ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t datatype,
@@ -168,7 +227,10 @@ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
 {
 	(void)sendbuff; (void)recvbuff; (void)recvcount; (void)datatype; (void)op; (void)stream;
 	fake_nccl_last_op = 3;
-	return comm ? ncclSuccess : ncclInvalidArgument;
+	if (!comm)
+		return ncclInvalidArgument;
+	launched(comm, FUNC_REDUCESCATTER);
+	return ncclSuccess;
 }
 
 ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
@@ -176,7 +238,10 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, n
 {
 	(void)sendbuff; (void)recvbuff; (void)count; (void)datatype; (void)root; (void)stream;
 	fake_nccl_last_op = 4;
-	return comm ? ncclSuccess : ncclInvalidArgument;
+	if (!comm)
+		return ncclInvalidArgument;
+	launched(comm, FUNC_BROADCAST);
+	return ncclSuccess;
 }
 
 ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
@@ -184,7 +249,10 @@ ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int ro
 {
 	(void)buff; (void)count; (void)datatype; (void)root; (void)stream;
 	fake_nccl_last_op = 5;
-	return comm ? ncclSuccess : ncclInvalidArgument;
+	if (!comm)
+		return ncclInvalidArgument;
+	launched(comm, FUNC_BROADCAST);
+	return ncclSuccess;
 }
 
 ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
@@ -192,7 +260,10 @@ ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, nccl
 {
 	(void)sendbuff; (void)recvbuff; (void)count; (void)datatype; (void)op; (void)root; (void)stream;
 	fake_nccl_last_op = 6;
-	return comm ? ncclSuccess : ncclInvalidArgument;
+	if (!comm)
+		return ncclInvalidArgument;
+	launched(comm, FUNC_REDUCE);
+	return ncclSuccess;
 }
 
 ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,

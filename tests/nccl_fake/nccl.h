@@ -17,6 +17,9 @@ typedef enum { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4 
 typedef struct { size_t size; unsigned int magic; unsigned int version; int blocking; } ncclConfig_t;
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId);
+ncclResult_t ncclGetVersion(int *version);
+ncclResult_t ncclGroupStart(void);
+ncclResult_t ncclGroupEnd(void);
 ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank);
 ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t *config);
 ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist);

@@ -6,6 +6,8 @@
  * synchronisation a real step ends with (loss.item()): like real NCCL, the fake
  * ncclAllReduce returns at once and the ranks wait for each other *outside* the library.
  * So every rank has the same period, and a late rank shows only in when it enters.
+ * With FAKE_STEPS_SECOND_US=<us> set, a second, one-float ncclAllReduce follows the first
+ * that many microseconds later (a gradient bucket and a stop flag: ops unevenly spaced).
  * STOP_AT > 0: before step STOP_AT (1-based) the rank prints "stopped" and waits for a
  * line on stdin, while its peers wait at the barrier. Prints "ready", waits for a line,
  * runs, prints "done", waits for a line and exits.
@@ -62,6 +64,8 @@ int main(int argc, char **argv)
 	}
 	int nranks = atoi(argv[1]), rank = atoi(argv[2]);
 	long nsteps = atol(argv[3]), delay_us = atol(argv[4]), stop_at = atol(argv[5]);
+	const char *second = getenv("FAKE_STEPS_SECOND_US");
+	long second_us = second ? atol(second) : -1;
 	int fd = open(argv[6], O_RDWR);
 	struct barrier *b = fd < 0 ? MAP_FAILED : mmap(NULL, sizeof(*b), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 
@@ -85,6 +89,10 @@ int main(int argc, char **argv)
 		if (delay_us)
 			sleep_us(delay_us);
 		ncclAllReduce(grad, grad, sizeof(grad) / sizeof(grad[0]), ncclFloat32, ncclSum, comm, NULL);
+		if (second_us >= 0) {
+			sleep_us(second_us);
+			ncclAllReduce(grad, grad, 1, ncclFloat32, ncclSum, comm, NULL);
+		}
 		barrier_wait(b, nranks);
 	}
 	printf("done\n");
