@@ -202,3 +202,71 @@ def test_worker_threads_hand_back_results_and_errors_and_stay_within_their_count
     for thread in named:
         thread.join(5)
     assert not any(t.is_alive() for t in named)
+
+
+# ---- a full server: the oldest idle connection goes first; trusted sources' slots ----------
+
+def answer_ok(environ, start_response):
+    return respond(start_response, 200, b"ok\n", "text/plain")
+
+
+def get_from(server, source: str, keep: list | None = None) -> int | None:
+    """One GET from `source` on a new connection (kept open in `keep` when given); its
+    status, or None when the server closed the connection unanswered."""
+    sock = socket.create_connection((server.host, server.port), timeout=5, source_address=(source, 0))
+    try:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        reply = b""
+        while not reply.endswith(b"ok\n"):
+            chunk = sock.recv(4096)
+            if not chunk:
+                return None
+            reply += chunk
+        return int(reply.split()[1])
+    except (ConnectionResetError, socket.timeout):
+        return None
+    finally:
+        if keep is None:
+            sock.close()
+        else:
+            keep.append(sock)
+
+
+def test_when_full_the_oldest_connection_without_a_request_is_dropped_for_a_new_one():
+    from fabricscope.httpadmission import TrustedSources
+
+    with HttpServer(answer_ok, threads=2, timeout=5, max_connections=40,
+                    trusted_sources=TrustedSources(["127.0.0.3"])) as server:
+        assert server.connections.total == 40 and server.connections.reserved == 2
+        silent = []
+        for i in range(60):                 # a crowd arriving (not one burst accepted at once)
+            silent.append(socket.create_connection((server.host, server.port),
+                                                   source_address=(f"127.0.0.{10 + i % 50}", 0)))
+            time.sleep(0.01)
+        try:
+            time.sleep(0.5)
+            assert get_from(server, "127.0.0.2") == 200
+            assert server.connections.evicted >= 20
+            # Silent ones were dropped, oldest first: the first socket is closed by now.
+            silent[0].settimeout(2)
+            assert silent[0].recv(1) == b""
+        finally:
+            for sock in silent:
+                sock.close()
+
+
+def test_trusted_sources_find_slots_that_connections_in_use_hold_everywhere_else():
+    from fabricscope.httpadmission import TrustedSources
+
+    with HttpServer(answer_ok, threads=2, timeout=5, max_connections=40,
+                    trusted_sources=TrustedSources(["127.0.0.3"])) as server:
+        in_use: list[socket.socket] = []
+        try:
+            # 38 kept-alive connections that each completed a request: none may be dropped.
+            statuses = [get_from(server, f"127.0.0.{10 + i}", keep=in_use) for i in range(38)]
+            assert statuses == [200] * 38
+            assert get_from(server, "127.0.0.2") is None          # the untrusted share is full
+            assert get_from(server, "127.0.0.3") == 200           # the scraper's slot
+        finally:
+            for sock in in_use:
+                sock.close()

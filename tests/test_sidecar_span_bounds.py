@@ -60,3 +60,67 @@ def test_violations_page_with_a_cursor_newest_first_none_lost_none_repeated(clie
     bad = client.get("/tracing/slo-violations", query_string={"cursor": "x; DROP TABLE"},
                      headers=bearer(keys["reader"]))
     assert bad.status_code == 422
+
+
+# ---- OTLP counted on the wire, before anything is parsed ------------------------------------
+
+def otlp_request(shape: list[list[int]], rich: bool):
+    """An ExportTraceServiceRequest: shape[r][s] spans in scope s of resource r; `rich`
+    spans carry names, ids, attributes and events (fields the count must skip)."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    request = ExportTraceServiceRequest()
+    for scopes in shape:
+        resource = request.resource_spans.add()
+        resource.resource.attributes.add(key="service.name").value.string_value = "svc"
+        resource.schema_url = "https://example.invalid/schema"
+        for count in scopes:
+            scope = resource.scope_spans.add()
+            scope.scope.name = "lib"
+            for i in range(count):
+                span = scope.spans.add()
+                span.start_time_unix_nano, span.end_time_unix_nano = 1, 2 + i
+                if rich:
+                    span.name, span.trace_id, span.span_id = f"op-{i}", bytes(16), bytes(8)
+                    span.attributes.add(key="network_path").value.string_value = "a,b"
+                    span.events.add(name="e").time_unix_nano = 5
+    return request
+
+
+@pytest.mark.parametrize("shape", [[], [[]], [[3]], [[1, 0, 2], [], [4]], [[200], [130, 1]]])
+@pytest.mark.parametrize("rich", [False, True])
+def test_the_wire_count_is_the_parsed_count(shape, rich):
+    from fabricscope.queryapi.tracing import otlp
+
+    request = otlp_request(shape, rich)
+    assert otlp.count_protobuf_spans(request.SerializeToString(), 10_000) == otlp.span_count(request)
+
+
+def test_past_the_cap_spans_or_their_groups_are_refused_and_garbage_is_an_otlp_error():
+    from fabricscope.queryapi.tracing import otlp
+
+    with pytest.raises(otlp.TooManySpans, match="at most 100 spans"):
+        otlp.count_protobuf_spans(otlp_request([[60], [41]], False).SerializeToString(), 100)
+    # Empty resource groups are messages too: parsing builds one object each.
+    with pytest.raises(otlp.TooManySpans, match="span groups"):
+        otlp.count_protobuf_spans(b"\x0a\x00" * 101, 100)
+    for garbage in (b"\x0a\x05ab", b"\xff", b"\x0b\x00"):
+        with pytest.raises(otlp.OtlpError):
+            otlp.count_protobuf_spans(garbage, 100)
+
+
+def test_4m_empty_spans_are_refused_before_parsing_in_both_formats(client):
+    import gzip
+    import json
+
+    from tests.hostile import otlp_empty_spans
+
+    client, keys = client
+    headers = {**bearer(keys["writer"]), "Content-Encoding": "gzip"}
+    reply = client.post("/v1/traces", data=otlp_empty_spans(4_194_288),
+                        headers={**headers, "Content-Type": "application/x-protobuf"})
+    assert reply.status_code == 422 and reply.get_json()["error"]["code"] == "batch_too_large"
+    as_json = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{}] * 2_000_000}]}]}).encode()
+    for path in ("/v1/traces", "/tracing/spans"):
+        reply = client.post(path, data=gzip.compress(as_json), headers={**headers, "Content-Type": "application/json"})
+        assert reply.status_code == 422 and reply.get_json()["error"]["code"] == "batch_too_large", reply.get_data()
