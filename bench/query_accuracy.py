@@ -47,7 +47,9 @@ TARGETS = {"right query and parameters": 0.90, "abstained": 0.90, "abstention pr
 
 
 def vocabulary_of(cluster: dict) -> Vocabulary:
-    return Vocabulary(cluster.get("hosts", []), cluster.get("devices", []), racks=cluster.get("racks", []),
+    # As the sidecar builds it with a chaos topology: the topology's devices include the hosts.
+    hosts = cluster.get("hosts", [])
+    return Vocabulary(hosts, [*cluster.get("devices", []), *hosts], racks=cluster.get("racks", []),
                       pdus=cluster.get("pdus", []), services=cluster.get("services", []),
                       clusters=cluster.get("clusters", []), jobs=cluster.get("jobs", {}))
 

@@ -73,6 +73,14 @@ def test_unknown_names_are_named_never_dropped_or_guessed(question, name, close)
     assert repr(name) in abstention_answer(match)
 
 
+def test_a_host_that_is_also_a_topology_device_is_not_an_hca_filter():
+    both = Vocabulary(["gpu-node-0"], ["mlx5_0", "gpu-node-0", "leaf-01"])
+    links = INTERPRETER.interpret("links down on gpu-node-0", both).match
+    assert (links.query_name, links.params) == ("links_by_state", {"host": "gpu-node-0", "state": "DOWN"})
+    blast = INTERPRETER.interpret("blast radius of gpu-node-0", both).match
+    assert (blast.query_name, blast.params["device"]) == ("blast_radius_device", "gpu-node-0")
+
+
 def test_a_typo_in_letters_is_read_but_other_digits_are_another_machine():
     assert ask("p99 rtt on gpu-nod-2").params["host"] == "gpu-node-2"
     assert "spine-07" in ask("what is attached to spine-07").unknown_names

@@ -328,8 +328,11 @@ def _names(text: str, vocabulary: Vocabulary, found: Extraction) -> None:
         device = vocabulary.device(token)
         named = vocabulary.named(token)
         if host:
+            # A host is also a node of the topology: it stays a host, and the topology
+            # queries take it through their device parameter's nl_from (an InfiniBand
+            # device filter must not read a host name as an HCA).
             found.put("host", host, match)
-        if device:
+        elif device:
             kind = vocabulary.kind_of_device(device)
             found.put("device" if kind == "device" else kind, device, match)
         if named and named[0] != "job":
