@@ -79,6 +79,7 @@ pressure heavy heavily busy massive huge big small tiny
 confirm confirmed someone anyone somebody anybody point points consistently constantly always never often
 sometimes usually regularly repeatedly fall fell fallen hurting hurt suffering struggling crawling tanking
 identify verify verified determine obtain review inspect investigate examine lookup fetch retrieve display print dump compute calculate measure monitor watch track logged recorded seen step steps
+ones stuff bits dude mate yall boss peeps
 """.split())
 _ACTIONS = ACTIONS
 _FOLLOW_UP = re.compile(r"^\s*(?:and|also|what about|how about|same for|now|then|ok(?:ay)?|and what about)\b"
