@@ -80,6 +80,7 @@ confirm confirmed someone anyone somebody anybody point points consistently cons
 sometimes usually regularly repeatedly fall fell fallen hurting hurt suffering struggling crawling tanking
 identify verify verified determine obtain review inspect investigate examine lookup fetch retrieve display print dump compute calculate measure monitor watch track logged recorded seen step steps
 ones stuff bits dude mate yall boss peeps
+ugh argh hmm um uh oops damn meh welp whoa wow omg sigh alright
 """.split())
 _ACTIONS = ACTIONS
 _FOLLOW_UP = re.compile(r"^\s*(?:and|also|what about|how about|same for|now|then|ok(?:ay)?|and what about)\b"
@@ -162,7 +163,7 @@ class Matcher:
         # A typo keeps its first letter and about its length ("hnags"), so "using" is not
         # read as "causing" nor "burning" as "bouncing".
         close = [c for c in difflib.get_close_matches(word, self.vocabulary, n=3, cutoff=0.8)
-                 if c[0] == word[0] and abs(len(c) - len(word)) <= 1]
+                 if c[0] == word[0] and abs(len(c) - len(word)) <= (2 if len(word) >= 8 else 1)]
         if close:
             return close[0]
         return self._form_of(word) or word
