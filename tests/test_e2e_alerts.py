@@ -105,8 +105,9 @@ def expectations(comm: str) -> list[Expected]:
         Expected(MICROBURST, "FabricTcpMicroburst", {"node": "gpu-node-2", "cluster": CLUSTER}),
         Expected(STRAGGLER, "FabricNcclStragglerRank",
                  {"rank": "7", "node": "gpu-node-3", "comm": comm, "cluster": CLUSTER}),
-        # One alert for the communicator, however many ranks wait.
-        Expected(HANG, "FabricNcclHang", {"comm": comm, "cluster": CLUSTER}),
+        # One alert for the communicator's culprit (on its node), however many ranks wait.
+        Expected(HANG, "FabricNcclHang", {"comm": comm, "cluster": CLUSTER, "rank": str(HANG["target"]["rank"]),
+                                          "node": f"gpu-node-{HANG['target']['rank'] // GPUS_PER_NODE}"}),
     ]
 
 
@@ -255,16 +256,16 @@ def test_fault_reaches_the_webhook_with_its_labels(run, kind):
 
 def test_hang_pages_once_for_the_communicator_and_names_the_stopped_rank(run):
     """A hang of one rank stalls the job: the stopped rank never enters the next collective
-    while every other rank enters it and waits. One alert for the communicator, whose
-    culprit is the rank that stopped (its sequence number is behind its peers')."""
+    while every other rank enters it and waits. One alert for the communicator's culprit,
+    the rank that stopped (its sequence number is behind its peers'), on its node."""
     hangs = [alert for _, alert in run.receiver.alerts()
              if alert["labels"].get("alertname") == "FabricNcclHang" and alert["status"] == "firing"]
     if not hangs:
         pytest.fail("no FabricNcclHang notification (see test_fault_reaches_the_webhook_with_its_labels)")
     assert {(a["labels"]["cluster"], a["labels"]["comm"]) for a in hangs} == {(CLUSTER, run.comm)}
-    assert all("rank" not in a["labels"] and "node" not in a["labels"] for a in hangs)
     rank = HANG["target"]["rank"]
     node = f"gpu-node-{rank // GPUS_PER_NODE}"
+    assert {(a["labels"]["rank"], a["labels"]["node"]) for a in hangs} == {(str(rank), node)}
     assert {a["annotations"]["culprit"] for a in hangs} == {f"rank {rank} on {node} (not_entered)"}
 
 
