@@ -41,7 +41,7 @@ OUT_OF_SCOPE = frozenset("""
 temperature temperatures temp temps thermal overheating heat watts wattage draw memory vram hbm dram pod pods
 kubernetes k8s kubectl crashloop crashlooping crashloopbackoff disk disks filesystem inode inodes scheduled
 scheduling schedule queued bandwidth busbw algbw throughput utilization utilisation utilized occupancy joke jokes
-fan fans pue humidity airflow clock clocks voltage ecc
+fan fans pue humidity airflow clock clocks voltage ecc speed speeds mtu uptime cuda tokens
 """.split())
 
 # The layer only reads: a question asking for one of these is refused as an action.

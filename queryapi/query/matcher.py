@@ -81,6 +81,8 @@ sometimes usually regularly repeatedly fall fell fallen hurting hurt suffering s
 identify verify verified determine obtain review inspect investigate examine lookup fetch retrieve display print dump compute calculate measure monitor watch track logged recorded seen step steps
 ones stuff bits dude mate yall boss peeps
 ugh argh hmm um uh oops damn meh welp whoa wow omg sigh alright
+using use uses used long
+whos wats wat whats hows wheres whens whys thats theres heres im ive youre theyre were weve lemme gimme gotta
 """.split())
 _ACTIONS = ACTIONS
 _FOLLOW_UP = re.compile(r"^\s*(?:and|also|what about|how about|same for|now|then|ok(?:ay)?|and what about)\b"
@@ -238,8 +240,9 @@ class Matcher:
         if len(word) < 4:
             return False
         # A typo keeps its first letter and about its length: only those are compared.
+        # Short words keep their length ("whcih"): "users" is not a typo of "uses".
         close = difflib.get_close_matches(word, _EXPLAINED.get(word[0], ()), n=1, cutoff=0.8)
-        return bool(close) and abs(len(close[0]) - len(word)) <= 1
+        return bool(close) and abs(len(close[0]) - len(word)) <= (1 if len(word) >= 7 else 0)
 
     def nearest(self, ranked: list, message: str) -> list[dict[str, Any]]:
         """Two or three queries closest to a question none answers: by score, then by the
