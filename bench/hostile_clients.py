@@ -10,7 +10,12 @@ docs/security.md between its markers instead.
     /path/to/old/.venv/bin/python bench/hostile_clients.py --out before.json   # from this tree
     .venv/bin/python bench/hostile_clients.py --table before.json after.json
 
-Attackers connect from 127.0.0.1, the normal client from 127.0.0.2. Takes a few minutes.
+Attackers connect from 127.0.0.1 (a crowd from 127.0.0.10-250), the normal client from
+127.0.0.2. Sections (--sections): servers (the slow-client rows of each server), crowd
+(a crowd over 241 addresses with a real Prometheus scraping, and the framing cases, on each
+server; the password flood at a trusted scraper's address), work (the sidecar's bounded
+work), leaks (empty OTLP spans, and the internal Prometheus URL in any answer). Takes a
+few minutes a section.
 """
 from __future__ import annotations
 
@@ -31,7 +36,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.hostile import ATTACKER, KINDS, Attack, otlp_export, silent_sockets, timed_get  # noqa: E402
+from tests.hostile import (ATTACKER, FRAMING, KINDS, Attack, Crowd, every_route, framing_exchange,  # noqa: E402
+                           otlp_empty_spans, otlp_export, prometheus_scraping, scrapes, silent_sockets, timed_get)
 
 FIXTURE = REPO / "tests" / "fixtures" / "node"
 COLLECTORS = ["infiniband", "netdev", "tcp"]
@@ -65,9 +71,11 @@ def rss_mb(pid: int) -> float:
 class Server:
     """A started server process, answering `path` with 200 once ready."""
 
-    def __init__(self, process: subprocess.Popen, port: int, context, path: str, headers: dict, log: Path):
+    def __init__(self, process: subprocess.Popen, port: int, context, path: str, headers: dict, log: Path,
+                 scrape_auth: dict | None = None):
         self.process, self.port, self.context, self.path, self.headers, self.log = \
             process, port, context, path, headers, log
+        self.scrape_auth = scrape_auth
         deadline = time.monotonic() + 60
         while self.get()[0] != 200:
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -105,17 +113,31 @@ def start_exporter(python: str, work: Path, tls: bool) -> Server:
     context, headers = None, {}
     if tls:
         certs = ensure_dev_certs(work / "tls")
-        users = {"prometheus": "scrape", **{f"other{i}": f"right{i}" for i in range(6)}}
+        users = {"prometheus": "scrape", "scraper2": "first", **{f"other{i}": f"right{i}" for i in range(6)}}
         hashed = {u: bcrypt.hashpw(p.encode(), bcrypt.gensalt(rounds=6)).decode() for u, p in users.items()}
         (work / "web.yml").write_text(f"tls_server_config:\n  cert_file: {certs.cert}\n  key_file: {certs.key}\n"
                                       "basic_auth_users:\n" + "".join(f"  {u}: '{h}'\n" for u, h in hashed.items()))
         argv.append(f"--web.config.file={work / 'web.yml'}")
+        if supports(python, "--web.trusted-sources"):
+            argv.append(f"--web.trusted-sources={SCRAPER}")
         context = ssl.create_default_context(cafile=str(certs.ca))
         headers = basic("prometheus", "scrape")
     log = work / "exporter.log"
     process = subprocess.Popen([python, "-m", "fabricscope.cli", *argv], stdout=log.open("w"),
                                stderr=subprocess.STDOUT, cwd=tempfile.gettempdir())
-    return Server(process, port, context, "/metrics", headers, log)
+    return Server(process, port, context, "/metrics", headers, log,
+                  {"username": "prometheus", "password": "scrape"} if tls else None)
+
+
+# The scraper's address in the password-flood row: trusted where the exporter has the flag.
+SCRAPER = "127.0.0.3"
+
+
+def supports(python: str, flag: str) -> bool:
+    """Whether the exporter run by `python` has `flag` (an older checkout may not)."""
+    usage = subprocess.run([python, "-m", "fabricscope.cli", "exporter", "--help"], capture_output=True,
+                           text=True, cwd=tempfile.gettempdir(), timeout=60).stdout
+    return flag in usage
 
 
 def start_sidecar(python: str, work: Path, tls: bool, prometheus_url: str, keys: bool = True) -> tuple[Server, dict]:
@@ -164,6 +186,97 @@ def slow_rows(server: Server, name: str, results: dict) -> None:
     results[f"{name}: 1,000 silent sockets from one address, probes from another served"] = \
         f"{sum(served)} of {len(served)}"
     time.sleep(1)
+
+
+def crowd_rows(server: Server, name: str, work: Path, results: dict) -> None:
+    """A crowd of 1,000 connect-only sockets over 127.0.0.10-250 (each re-opened 0.2 s after
+    the server closes it) while the normal client asks 40 times and Prometheus scrapes
+    every 0.5 s; then each framing case, and whether the request after it was answered."""
+    from tests import procs
+    config = prometheus_scraping(server.port, server.context is not None, server.scrape_auth, "500ms")
+    with procs.prometheus(config, work / f"prometheus-{name}") as prometheus:
+        procs.wait_for(lambda: scrapes(prometheus, time.time() - 3, time.time())[0] >= 1, 30, "a first scrape")
+        with Crowd("127.0.0.1", server.port, 1000) as crowd:
+            time.sleep(1.0)
+            since = time.time()
+            served = []
+            for _ in range(40):
+                served.append(server.get(timeout=5)[0])
+                time.sleep(0.25)
+            until = time.time()
+            held = crowd.most_held
+        time.sleep(1.0)
+        good, made = scrapes(prometheus, since, until)
+    results[f"{name}: crowd of 1,000 silent sockets over 241 addresses (most held {held}), normal client served"] = \
+        f"{served.count(200)} of 40"
+    results[f"{name}: the same crowd, Prometheus's scrapes every 0.5 s that succeeded"] = f"{good} of {made}"
+    time.sleep(3)                                       # the crowd's sockets closed
+    for case, (_, expected) in FRAMING.items():
+        answered = framing_exchange(server.port, server.context, server.path, server.headers, case)
+        verdict = ", ".join(map(str, answered)) or "no answer in 3 s"
+        if len(answered) > 1:
+            verdict += " (the request after it answered)"
+        results[f"{name}: framing, {case}"] = verdict
+
+
+def nat_row(server: Server, results: dict) -> None:
+    """A wrong-password flood from the scraper's own address (a NAT), then the scraper's
+    first login there (credentials never verified before, so not cached)."""
+    with ThreadPoolExecutor(8) as pool:
+        flood = list(pool.map(lambda n: server.get("/", basic("other0", f"wrong{n}"), source=SCRAPER), range(60)))
+    status = server.get("/metrics", basic("scraper2", "first"), source=SCRAPER)[0]
+    answers = ", ".join(f"{flood.count(code)} x {code or 'no answer'}" for code in sorted(set(flood), key=str))
+    results["exporter-tls: wrong-password flood from the scraper's address, the scraper's first login"] = \
+        f"{status} (the flood's 60: {answers})"
+
+
+def leak_rows(python: str, work: Path, results: dict) -> None:
+    """8 parallel exports of 4 M empty spans from one key (RSS), and every route's answer
+    with an unreachable Prometheus whose URL carries a marker path."""
+    import uuid
+
+    import requests
+
+    from tests.sidecar_helpers import bearer
+    marker = f"internal-{uuid.uuid4().hex[:12]}"
+    sidecar, tokens = start_sidecar(python, work / "leaks", False, f"http://127.0.0.1:{free_port()}/{marker}")
+    pid = sidecar.process.pid
+    try:
+        base_rss = rss_mb(pid)
+        body = otlp_empty_spans(4_194_288)
+        headers = {**bearer(tokens["writer"]), "Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"}
+
+        def send(_):
+            try:
+                return requests.post(sidecar_url(sidecar) + "/v1/traces", data=body, timeout=120,
+                                     headers=headers).status_code
+            except requests.RequestException:
+                return "no answer in 120 s"
+
+        peak = base_rss
+        with ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(send, i) for i in range(8)]
+            while not all(f.done() for f in futures):
+                peak = max(peak, rss_mb(pid))
+                time.sleep(0.02)
+            statuses = sorted({f.result() for f in futures}, key=str)
+        results[f"sidecar: 8 x 4,194,288 empty OTLP spans (gzip {len(body) / 1e3:.0f} KB each), one key"] = \
+            f"{statuses}; RSS {base_rss:.0f} -> {peak:.0f} MB ({peak / base_rss:.1f}x)"
+        time.sleep(12)                                   # the heap returned (every 10 s)
+        answers = every_route(sidecar_url(sidecar), bearer(tokens["admin"]))
+        named = sorted({f"{method} {path}" for method, path, _, text in answers if marker in text})
+        results["sidecar: answers naming the internal Prometheus URL (every route, tool and MCP call)"] = \
+            f"{len([a for a in answers if marker in a[3]])} of {len(answers)}{naming(named)}"
+    finally:
+        sidecar.stop()
+
+
+def naming(routes: list[str]) -> str:
+    """The routes that named the URL, the tool calls counted rather than listed."""
+    tools = [route for route in routes if route.startswith("POST /api/v1/tools/")]
+    others = [route for route in routes if route not in tools]
+    listed = others + ([f"{len(tools)} tools over POST /api/v1/tools/<name>"] if tools else [])
+    return f" ({', '.join(listed)})" if listed else ""
 
 
 def flood_row(server: Server, results: dict) -> None:
@@ -293,21 +406,29 @@ def sigterm_row(python: str, work: Path, prometheus) -> str:
 def measure(python: str, sections: list[str], results: dict) -> dict:
     work = Path(tempfile.mkdtemp(prefix="hostile-"))
     try:
-        for kind, tls in (() if "servers" not in sections else (("exporter", False), ("exporter", True), ("sidecar", False), ("sidecar", True))):
+        servers = (("exporter", False), ("exporter", True), ("sidecar", False), ("sidecar", True))
+        for kind, tls in (servers if {"servers", "crowd"} & set(sections) else ()):
             name = f"{kind}-{'tls' if tls else 'plain'}"
             if kind == "exporter":
                 server = start_exporter(python, work / name, tls)
             else:
                 server, _ = start_sidecar(python, work / name, tls, f"http://127.0.0.1:{free_port()}")
             try:
-                slow_rows(server, name, results)
-                if name == "exporter-tls":
-                    flood_row(server, results)
+                if "servers" in sections:
+                    slow_rows(server, name, results)
+                    if name == "exporter-tls":
+                        flood_row(server, results)
+                if "crowd" in sections:
+                    crowd_rows(server, name, work, results)
+                    if name == "exporter-tls":
+                        nat_row(server, results)
             finally:
                 server.stop()
             print(json.dumps(results, indent=1), flush=True)
         if "work" in sections:
             sidecar_work_rows(python, work / "bounded", results)
+        if "leaks" in sections:
+            leak_rows(python, work, results)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return results
@@ -329,8 +450,8 @@ def main() -> None:
     parser.add_argument("--table", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
                         help="write docs/security.md's table from two result files")
     parser.add_argument("--labels", nargs=2, default=("before", "after"))
-    parser.add_argument("--sections", default="servers,work",
-                        help="servers (the slow-client rows of each server), work (the sidecar's bounded work)")
+    parser.add_argument("--sections", default="servers,crowd,work,leaks",
+                        help="servers, crowd, work, leaks (see above)")
     parser.add_argument("--merge", type=Path, help="start from the results in this file (another section's run)")
     args = parser.parse_args()
     if args.table:
