@@ -6,14 +6,14 @@ plus a little for each extracted parameter the query can use and minus a little 
 required parameter nobody supplied. The best score wins above a floor; below it, a
 conversation's previous query is reused (a follow-up such as "and for node-3?").
 
-Abstention. Each answer carries a confidence, a logistic function of the winning score,
-the question's words that neither the catalog nor plain English explains ("temperature",
-"bandwidth": something no registered query measures) and action verbs ("restart",
-"drain": the layer only reads). Below CONFIDENCE_FLOOR nothing runs: the answer says so
-and lists the nearest queries with their descriptions. The weights were fitted on the
-development part of bench/query_eval_operators.yaml only; bench/query_accuracy.py prints
-how well the confidence is calibrated (the share right in each confidence band), on the
-held-out part too. A question with such words is never taken for a follow-up.
+Abstention (the contract, contract.py). Nothing runs, and the answer says why, when the
+question asks for an action ("restart", "drain": the layer only reads), names something the
+cluster does not know, holds a word nothing explains (words.py: not a catalog term, plain
+English or the fabric's nouns: "temperature", "bandwidth"), or names a constraint that
+neither the best query, its variants, nor a query nearly as likely can take. Otherwise each
+answer carries a confidence, a logistic function of the winning score, and below
+CONFIDENCE_FLOOR nothing runs either; the answer lists the nearest queries with their
+descriptions. bench/query_accuracy.py prints how well the confidence is calibrated.
 """
 from __future__ import annotations
 
@@ -24,10 +24,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from .contract import ACTIONS, OUT_OF_SCOPE, untaken
+from .contract import untaken
 from .extract import Extraction
 from .params import ParamError
 from .registry import QuerySpec, Registry
+from .words import ACTIONS, DOMAIN as _DOMAIN, EXPLAINED as _EXPLAINED, FILLER as _FILLER, \
+    OUT_OF_SCOPE, PLAIN as _PLAIN
 
 MIN_SCORE = 1.5          # below this, nothing in the question names a query
 CONSTRAINT_MARGIN = 1.0  # a query this close to the best may answer when it takes a constraint the best cannot
@@ -42,67 +44,10 @@ CONFIDENCE_FLOOR = 0.5
 # Slots that say something about the question (a window or limit fits almost any query).
 _SPECIFIC = {"host", "device", "gpu", "comm", "ip", "service", "quantile", "severity", "rank", "field", "xid", "op",
              "cluster", "trace", "threshold", "state", "failure_type", "job", "port", "rack", "pdu"}
-# Words of the fabric's world that name no query by themselves: never "unknown".
-_DOMAIN = frozenset("""
-network networks nccl comm comms communicator communicators threshold request requests collective collectives
-job jobs gpu gpus rank ranks port ports link links device devices switch switches error errors rate rates count
-counts event events cluster clusters fleet value values metric metrics calls threads thread node nodes
-training train service services host hosts box boxes server servers card cards adapter adapters
-pretraining finetuning inference step steps time level regressed regression spans span latency
-detection detect detected delay delays delayed anomaly anomalies open estimate estimated id ids pci bus segments
-segment core cores packet packets severity severities detector detectors arrival arrivals
-""".split())
-# Generic English that carries no topic.
-_FILLER = frozenset("""
-see seen saw moment everyone everybody one went going gone making make made wide high higher highest low lower
-lowest noisiest overnight unusual weird odd strange bad good looks look looking seem seems seeing happening
-anything something nothing thing things currently right tell please much lot lots really just still ever
-whole across per since morning evening night yet already again okay ok hey folks guys team quick quickly
-anywhere somewhere line lines up bunch whats wanna need want know let lets kind sort
-getting got meeting meet blowing burning holding keep keeps kept giving give shows showing mean means
-but into while via among they it's i'm he she him her his hers ours yours theirs itself myself whose whom
-am isn't aren't wasn't weren't not no yes yeah yep nope should shall may might must cannot cant dont
-doesnt didnt isnt arent wasnt werent wont hasnt havent hadnt couldnt wouldnt shouldnt than too very
-most least few fewer less other others another such same different both either neither each own
-here there where wherever whenever however although though because since until unless whether
-about above below under between through throughout toward towards upon onto off out around near
-find found finding check checking checked report reported reporting show shown list listing listed
-grouped group grouping sorted sort ordered order ranked broken breakdown detail details
-currently current recent recently lately latest last first next previous earlier later ago soon
-hi hello yo sup thanks thank cheers lol btw fyi imo tbh idk ngl asap atm rn pls plz thx
-wait waiting wondering wonder curious think thought guess maybe perhaps probably possibly actually
-basically literally seriously totally quite rather pretty fairly somewhat anyway anyways
-involving involved including include includes adding added add getting hit hits hitting
-throwing throws thrown talking talk talks doing done dealing deal hammering
-inside outside beyond against along beside besides despite except like unlike plus versus vs within without
-pressure heavy heavily busy massive huge big small tiny
-confirm confirmed someone anyone somebody anybody point points consistently constantly always never often
-sometimes usually regularly repeatedly fall fell fallen hurting hurt suffering struggling crawling tanking
-identify verify verified determine obtain review inspect investigate examine lookup fetch retrieve display print dump compute calculate measure monitor watch track logged recorded seen step steps
-ones stuff bits dude mate yall boss peeps
-ugh argh hmm um uh oops damn meh welp whoa wow omg sigh alright
-using use uses used long
-whos wats wat whats hows wheres whens whys thats theres heres im ive youre theyre were weve lemme gimme gotta
-""".split())
 _ACTIONS = ACTIONS
 _FOLLOW_UP = re.compile(r"^\s*(?:and|also|what about|how about|same for|now|then|ok(?:ay)?|and what about)\b"
                         r"|^\s*(?:for|on|in)\s", re.I)
 _WORD = re.compile(r"[a-z0-9]+")
-# Words a question is made of that are not catalog terms: never "corrected" into one
-# ("last" is not a typo of "blast").
-_PLAIN = frozenset("""
-a about after all also am an and any anything are as at be been before being by can could
-day days did do does doing down during each every for from get give had has have host hosts hour hours how
-i if in is it its job jobs last list machine machines many me minute minutes more my nodes node now of on only or
-our over past please plz previous right seconds server servers show since so some than that the their them then
-there these this those to today top up us was we week weeks were what when where which who why
-will with within would yesterday you your
-""".split())
-# Plain words a typo may stand for ("whcih" for "which"): never read as "unknown".
-_EXPLAINED: dict[str, list[str]] = {}
-for _word in sorted(_PLAIN | _FILLER | _DOMAIN):
-    if len(_word) >= 4:
-        _EXPLAINED.setdefault(_word[0], []).append(_word)
 
 
 @dataclass

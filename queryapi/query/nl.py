@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from .contract import expand_shorthand
+from .words import expand_shorthand
 from .extract import Extraction, Vocabulary, extract
 from .matcher import Match, Matcher
 from .registry import Registry, default_registry
