@@ -51,8 +51,10 @@ def serve(port: int, state: str) -> None:
     from fabricscope.exporter.bpf_loader import objects
     from fabricscope.exporter.main import start_exporter
 
-    ctx = Context(state_dir=Path(state), node=socket.gethostname(),
-                  config={"nccl": {"bpf_object": str(objects.object_path("nccl"))}})
+    nccl = {"bpf_object": str(objects.object_path("nccl"))}
+    if os.environ.get("FABRIC_BENCH_BOUNDARY_OPS"):
+        nccl["boundary_ops"] = int(os.environ["FABRIC_BENCH_BOUNDARY_OPS"])
+    ctx = Context(state_dir=Path(state), node=socket.gethostname(), config={"nccl": nccl})
     start_exporter(ctx, ["nccl"], f"127.0.0.1:{port}")
     signal.pause()
 
@@ -84,9 +86,33 @@ class Exporter:
 # ---- the job ----------------------------------------------------------------------------------
 
 def worker(rank: int, world: int, backend: str, library: str, control, progress, ready, go, barrier,
-           port: int) -> None:
-    """control = [delay seconds, stop until (UNIX s), last step]; the last rank is delayed/stopped."""
-    if backend == "torch":
+           port: int, one_gpu: bool = False) -> None:
+    """control = [delay seconds, stop until (UNIX s), last step]; the last rank is delayed/stopped.
+    one_gpu: every rank on GPU 0, each its own NCCL "host" (NCCL_HOSTID), joined over sockets on
+    lo; each step two all-reduces, 4 MiB then one float (a gradient bucket and a stop flag)."""
+    if backend == "torch" and one_gpu:
+        os.environ.update(NCCL_HOSTID=f"fabric-bench-rank-{rank}", NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1",
+                          NCCL_IB_DISABLE="1", NCCL_NET="Socket", NCCL_SOCKET_IFNAME="lo")
+        import torch
+        import torch.distributed as dist
+
+        torch.cuda.set_device(0)
+        torch.cuda.nccl.version()
+        ready.set()
+        go.wait()
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("nccl", rank=rank, world_size=world)
+        grad = torch.ones(1024 * 1024, dtype=torch.float32, device="cuda:0")
+        flag = torch.zeros(1, dtype=torch.float32, device="cuda:0")
+
+        def step() -> None:
+            time.sleep(COMPUTE_SECONDS)
+            dist.all_reduce(grad)
+            dist.all_reduce(flag)
+            flag.item()
+
+        finish = dist.destroy_process_group
+    elif backend == "torch":
         import torch
         import torch.distributed as dist
 
@@ -124,6 +150,9 @@ def worker(rank: int, world: int, backend: str, library: str, control, progress,
         def step() -> None:
             time.sleep(COMPUTE_SECONDS)
             lib.ncclAllReduce(buf, buf, 1024, 7, 0, comm, None)
+            if one_gpu:                                   # the plan's second, small collective
+                time.sleep(0.001)
+                lib.ncclAllReduce(buf, buf, 1, 7, 0, comm, None)
             barrier.wait()
 
         def finish() -> None:
@@ -142,7 +171,7 @@ def worker(rank: int, world: int, backend: str, library: str, control, progress,
 
 
 class Job:
-    def __init__(self, world: int, backend: str, library: str, salt: int) -> None:
+    def __init__(self, world: int, backend: str, library: str, salt: int, one_gpu: bool = False) -> None:
         context = mp.get_context("spawn")
         self.backend, self.salt = backend, salt
         os.environ["FAKE_NCCL_ID_SALT"] = str(salt)            # the fake library's comm id of this job
@@ -157,7 +186,8 @@ class Job:
         barrier = context.Barrier(world)
         port = free_port()
         self.procs = [context.Process(target=worker, args=(rank, world, backend, library, self.control, self.progress,
-                                                          readies[rank], self._go, barrier, port), daemon=True)
+                                                          readies[rank], self._go, barrier, port, one_gpu),
+                                      daemon=True)
                       for rank in range(world)]
         for proc in self.procs:
             proc.start()
@@ -322,15 +352,189 @@ def layout_of_job_library(pid: int) -> dict:
     return out
 
 
+
+# ---- --plan restarts: numbering across SIGKILLs and late starts (docs/nccl.md, "Numbering") ------
+
+def _by_rank(samples, name: str, comm: str) -> dict[int, float]:
+    return {int(label(k, "rank")): v for k, v in pick(samples, name, comm=comm).items()}
+
+
+def _numbered(samples, comm: str, world: int) -> bool:
+    how = {int(label(k, "rank")): label(k, "numbering") for k in pick(samples, "fabric_nccl_rank_numbering", comm=comm)}
+    return len(how) >= world and all(v == "counter" for v in how.values())
+
+
+def aligned_with(reference: Exporter, exporter: Exporter, comm: str, job: Job, world: int) -> dict:
+    """Whether both exporters give each rank's ops the same numbers, checked with no clock:
+    the last rank stops for 2 s, so every rank stands still (its peers wait inside the step
+    it has not entered), and both exporters' fabric_nccl_operation_sequence must then be
+    equal rank by rank. The reference saw the init; the other started while the job ran."""
+    stop_until = time.time() + 2.0
+    job.control[1] = stop_until
+    time.sleep(1.6)                                   # both read the kernel's state once a second
+    a = _by_rank(scrape(reference.base), "fabric_nccl_operation_sequence", comm)
+    b = _by_rank(scrape(exporter.base), "fabric_nccl_operation_sequence", comm)
+    time.sleep(max(0.0, stop_until - time.time()) + 1.6)    # the late op's 2 s lag stays out of the windows
+    ranks = range(world)
+    return {"aligned": all(r in a and r in b and a[r] == b[r] for r in ranks),
+            "sequences": {r: (a.get(r), b.get(r)) for r in ranks}}
+
+
+def lag_windows(exporters: list[Exporter], comm: str, windows: int, seconds: float = 1.0) -> list[list[dict]]:
+    """Per exporter, per window of `seconds` (a scrape interval): each rank's mean arrival lag (s)."""
+    def totals(e):
+        samples = scrape(e.base)
+        total = _by_rank(samples, "fabric_nccl_arrival_lag_seconds_sum", comm)
+        count = _by_rank(samples, "fabric_nccl_arrival_lag_seconds_count", comm)
+        return {r: (total[r], count.get(r, 0.0)) for r in total}
+    before = [totals(e) for e in exporters]
+    out: list[list[dict]] = [[] for _ in exporters]
+    for _ in range(windows):
+        time.sleep(seconds)
+        after = [totals(e) for e in exporters]
+        for i in range(len(exporters)):
+            out[i].append({r: (t - before[i].get(r, (0, 0))[0]) / (c - before[i].get(r, (0, 0))[1])
+                           for r, (t, c) in after[i].items() if c > before[i].get(r, (0, 0))[1]})
+        before = after
+    return out
+
+
+def judge_life(reference: Exporter, exporter: Exporter, comm: str, job: Job, world: int, late: int, windows: int,
+               log) -> dict:
+    """An exporter started (again) while the job runs, against the reference that saw the init."""
+    deadline = time.time() + 60
+    while not _numbered(scrape(exporter.base), comm, world):
+        if time.time() > deadline:
+            return {"numbered_after_s": None}
+        time.sleep(0.2)
+    numbered_after = time.time() - exporter.started
+    check = aligned_with(reference, exporter, comm, job, world)
+    aligned = check["aligned"]
+    seen, ref = lag_windows([exporter, reference], comm, windows)
+    named_in = next((i + 1 for i, w in enumerate(seen) if w and max(w, key=w.get) == late and w[late] > 0.002), None)
+    mean = {r: sum(w.get(r, 0.0) for w in seen) / len(seen) for r in range(world)}
+    ref_mean = {r: sum(w.get(r, 0.0) for w in ref) / len(ref) for r in range(world)}
+    row = {"numbered_after_s": round(numbered_after, 1), "aligned": aligned, "sequences": check["sequences"],
+           "rank_named": max(mean, key=mean.get), "named_within_scrapes": named_in,
+           "late_rank_lag_ms": round(mean[late] * 1e3, 2),
+           "largest_healthy_lag_ms": round(max(v for r, v in mean.items() if r != late) * 1e3, 2),
+           "reference_largest_healthy_lag_ms": round(max(v for r, v in ref_mean.items() if r != late) * 1e3, 2),
+           "windows_ms": [{r: round(v * 1e3, 2) for r, v in w.items()} for w in seen]}
+    log(f"  numbered after {row['numbered_after_s']} s, aligned {aligned}, rank named {row['rank_named']} "
+        f"(first in scrape {named_in}), late rank {row['late_rank_lag_ms']} ms, largest healthy "
+        f"{row['largest_healthy_lag_ms']} ms (reference {row['reference_largest_healthy_lag_ms']} ms)")
+    return row
+
+
+def restarts_plan(args, world: int, library: str, log, start_exporter) -> dict:
+    """One job: exporters started 5-60 s after it, then one exporter SIGKILLed at random
+    moments and restarted after 1-10 s, each against a reference that saw the init."""
+    import random
+
+    rng = random.Random(args.seed)
+    late = world - 1
+    reference = start_exporter()
+    time.sleep(2)
+    already = next(iter(pick(scrape(reference.base), "fabric_nccl_processes_traced").values()), 0)
+    job = Job(world, args.backend, library, salt=21, one_gpu=True)
+    deadline = time.time() + 60
+    while next(iter(pick(scrape(reference.base), "fabric_nccl_processes_traced").values()), 0) < already + world:
+        if time.time() > deadline:
+            raise SystemExit("the reference did not trace the ranks within 60 s")
+        time.sleep(0.25)
+    job.control[0] = args.delay                       # the last rank late to every step from the start
+    job.go()
+    job_start = time.time()
+    seconds, identity = named(reference, world, args.name_deadline, job)
+    if seconds is None:
+        raise SystemExit(f"the reference did not name the job's ranks: {identity}")
+    comm = identity["comm"]
+    log(f"job running, comm {comm} (NCCL says {identity['nccl_says']}), rank {late} {args.delay * 1e3:.0f} ms late")
+    results: dict = {"comm": comm, "late_rank": late, "delay_ms": args.delay * 1e3, "late_starts": [], "restarts": []}
+    for at in args.late_starts:
+        time.sleep(max(0.0, job_start + at - time.time()))
+        exporter = start_exporter()
+        log(f"exporter started {time.time() - job_start:.1f} s after the job:")
+        row = {"started_after_job_s": round(exporter.started - job_start, 1),
+               **judge_life(reference, exporter, comm, job, world, late, args.windows, log)}
+        row["comm"] = named(exporter, world, 10, job)[1].get("comm")
+        results["late_starts"].append(row)
+        exporter.kill()
+    other = start_exporter()
+    judge_life(reference, other, comm, job, world, late, 2, log)
+    for repeat in range(1, args.restarts + 1):
+        time.sleep(rng.uniform(0.0, 6.0))               # a random moment of the job
+        kill_at = time.time() - job_start
+        other.kill()
+        delay = rng.uniform(1.0, 10.0)
+        time.sleep(delay)
+        other = start_exporter(restarting=other)
+        log(f"restart {repeat}: killed at {kill_at:.1f} s, started again {delay:.1f} s later (same state dir):")
+        row = {"repeat": repeat, "kill_at_s": round(kill_at, 1), "restart_delay_s": round(delay, 1),
+               **judge_life(reference, other, comm, job, world, late, args.windows, log)}
+        row["comm"] = named(other, world, 10, job)[1].get("comm")
+        results["restarts"].append(row)
+    other.kill()
+    job.stop()
+    return results
+
+
+def tables(results: dict, commit: str) -> str:
+    """The restart and late-start tables (Markdown) of a --plan restarts run."""
+    plan = results["plan"]
+    late, ok = plan["late_rank"], "✅"
+    head = (f"Measured at commit `{commit}` on {results['host']} ({results['backend']}): {results['world']} ranks "
+            f"on one GPU (NCCL_HOSTID per rank, sockets on lo), each step an all-reduce of 4 MiB then one of "
+            f"one float; rank {late} {plan['delay_ms']:.0f} ms late to every step. Lags are the mean arrival lag "
+            f"over {len(plan['restarts'][0]['windows_ms']) if plan['restarts'] else '?'} scrape windows of 1 s after "
+            f"the exporter numbered every rank by NCCL's counter; 'reference' is an exporter that saw the init.\n")
+
+    def verdict(row):
+        good = (row.get("aligned") and row.get("rank_named") == late and row.get("named_within_scrapes") in (1, 2)
+                and row.get("comm") == plan["comm"])
+        return ok if good else "❌"
+
+    lines = [head, "### Restarts (SIGKILL, same state dir)\n",
+             "| repeat | kill at (s into the job) | restart delay (s) | numbered after (s) | aligned | rank named "
+             "(scrape) | late rank lag (ms) | largest healthy lag (ms) | reference's (ms) | same comm | |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in plan["restarts"]:
+        lines.append(f"| {row['repeat']} | {row['kill_at_s']} | {row['restart_delay_s']} | {row.get('numbered_after_s')} "
+                     f"| {row.get('aligned')} | {row.get('rank_named')} ({row.get('named_within_scrapes')}) "
+                     f"| {row.get('late_rank_lag_ms')} | {row.get('largest_healthy_lag_ms')} "
+                     f"| {row.get('reference_largest_healthy_lag_ms')} | {row.get('comm') == plan['comm']} | {verdict(row)} |")
+    lines += ["", "### Late starts\n",
+              "| started after the job (s) | numbered after (s) | aligned | rank named (scrape) | late rank lag (ms) "
+              "| largest healthy lag (ms) | reference's (ms) | same comm | |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in plan["late_starts"]:
+        lines.append(f"| {row['started_after_job_s']} | {row.get('numbered_after_s')} | {row.get('aligned')} "
+                     f"| {row.get('rank_named')} ({row.get('named_within_scrapes')}) | {row.get('late_rank_lag_ms')} "
+                     f"| {row.get('largest_healthy_lag_ms')} | {row.get('reference_largest_healthy_lag_ms')} "
+                     f"| {row.get('comm') == plan['comm']} | {verdict(row)} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=["torch", "fake"], default="torch")
     parser.add_argument("--world", type=int, default=0, help="ranks (default: the GPUs, at most 4; fake: 3)")
     parser.add_argument("--quick", action="store_true", help="shorter phases")
+    parser.add_argument("--plan", choices=["compare", "restarts"], default="compare",
+                        help="restarts: one job on GPU 0 (NCCL_HOSTID per rank), late starts then SIGKILLs")
+    parser.add_argument("--restarts", type=int, default=10)
+    parser.add_argument("--late-starts", type=float, nargs="*", default=[5, 20, 40, 60])
+    parser.add_argument("--delay", type=float, default=0.005, help="the last rank's lateness (s)")
+    parser.add_argument("--windows", type=int, default=5, help="scrape windows of 1 s judged per exporter life")
+    parser.add_argument("--seed", type=int, default=35)
+    parser.add_argument("--table", type=Path, help="print the tables of a --plan restarts JSON and exit")
+    parser.add_argument("--commit", default="", help="with --table: the commit measured")
     parser.add_argument("--serve", nargs=2, metavar=("PORT", "STATE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(int(args.serve[0]), args.serve[1])
+        return 0
+    if args.table:
+        print(tables(json.loads(args.table.read_text()), args.commit), end="")
         return 0
     if not ready_for_uprobes():
         return 2
@@ -342,11 +546,11 @@ def main() -> int:
         from tests.nccl_fake.build import build_fake_nccl
 
         library = str(build_fake_nccl(Path(tempfile.mkdtemp(prefix="fake-nccl-")))[0])
-        world = args.world or 3
+        world = args.world or (4 if args.plan == "restarts" else 3)
     else:
         import torch
 
-        world = args.world or min(4, torch.cuda.device_count())
+        world = args.world or (4 if args.plan == "restarts" else min(4, torch.cuda.device_count()))
     t0 = time.time()
     lines: list[str] = []
 
@@ -364,6 +568,21 @@ def main() -> int:
         exporters.append(exporter)
         return exporter
 
+    if args.plan == "restarts":
+        try:
+            results["plan"] = restarts_plan(args, world, library, log, start_exporter)
+        except SystemExit as exc:
+            log(f"ABORTED: {exc}")
+            results["error"] = str(exc)
+        finally:
+            for exporter in exporters:
+                exporter.kill()
+        out = os.environ.get("OUT")
+        if out:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            (Path(out) / "nccl_restarts.json").write_text(json.dumps(results, indent=1, default=str))
+            (Path(out) / "nccl_restarts.log").write_text("\n".join(lines) + "\n")
+        return 1 if "error" in results else 0
     try:
         # The reference sees every init and runs throughout; the other is killed and
         # restarted, or started after the job, and is compared with it on the same ops.
