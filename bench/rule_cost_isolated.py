@@ -28,11 +28,9 @@ host, since the engine shares the machine's cores with whatever else runs.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile

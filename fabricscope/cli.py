@@ -43,6 +43,11 @@ def _chaos() -> ModuleType:
     return cli
 
 
+def _rules() -> ModuleType:
+    from fabricscope.rules import cli
+    return cli
+
+
 def _report() -> ModuleType:
     from fabricscope.dashboards import report
     return report
@@ -56,6 +61,7 @@ SUBCOMMANDS: dict[str, tuple[Callable[[], ModuleType], str]] = {
     "sidecar": (_sidecar, "run the query sidecar (tracing, SLO correlation, cluster questions)"),
     "query": (_query, "ask the sidecar (or Prometheus) a question or a MeshQL statement"),
     "chaos": (_chaos, "blast-radius simulation on the cluster topology"),
+    "rules": (_rules, "write the rules for one cluster (or all) as rule files or PrometheusRule objects"),
     "report": (_report, "render the dashboards to PNG images and one HTML page from Prometheus"),
 }
 
