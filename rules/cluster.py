@@ -34,6 +34,7 @@ _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 # The evaluator's own metrics (FabricRuleGroupIterationsMissed reads Prometheus') describe
 # the shard's evaluator, not a cluster: they carry no cluster label and stay unscoped.
 _EVALUATOR_PREFIXES = ("prometheus_", "vmalert_")
+_APP_NAME = "fabricscope"   # the app.kubernetes.io/name of the PrometheusRule objects
 
 
 class ScopeError(ValueError):
@@ -161,7 +162,7 @@ def prometheus_rule(data: dict[str, Any], name: str, namespace: str = "monitorin
     applies for kubernetes-mixin)."""
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
             "metadata": {"name": name, "namespace": namespace,
-                         "labels": {"app.kubernetes.io/name": "fabricscope", **(labels or {})}},
+                         "labels": {"app.kubernetes.io/name": _APP_NAME, **(labels or {})}},
             "spec": {"groups": data.get("groups") or []}}
 
 
