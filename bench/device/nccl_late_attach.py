@@ -346,7 +346,9 @@ def layout_of_job_library(pid: int) -> dict:
     out = {}
     for path in nccl:
         try:
-            out[path] = {"rank_at": hex(commlayout.library_layout(path).rank_at)}
+            layout = commlayout.library_layout(path)
+            out[path] = {"rank_at": hex(layout.rank_at), "version": layout.version,
+                         "counter": layout.counter and layout.counter.name, "no_counter": layout.counter_reason}
         except commlayout.LayoutUnknown as exc:
             out[path] = {"unknown": exc.reason, "message": str(exc)}
     return out
@@ -426,7 +428,7 @@ def judge_life(reference: Exporter, exporter: Exporter, comm: str, job: Job, wor
     return row
 
 
-def restarts_plan(args, world: int, library: str, log, start_exporter) -> dict:
+def restarts_plan(args, world: int, library: str, log, start_exporter, save=lambda plan: None) -> dict:
     """One job: exporters started 5-60 s after it, then one exporter SIGKILLed at random
     moments and restarted after 1-10 s, each against a reference that saw the init."""
     import random
@@ -449,8 +451,11 @@ def restarts_plan(args, world: int, library: str, log, start_exporter) -> dict:
     if seconds is None:
         raise SystemExit(f"the reference did not name the job's ranks: {identity}")
     comm = identity["comm"]
+    results_layout = layout_of_job_library(job.procs[0].pid)
+    log(f"communicator layout of the job's libnccl: {json.dumps(results_layout)}")
     log(f"job running, comm {comm} (NCCL says {identity['nccl_says']}), rank {late} {args.delay * 1e3:.0f} ms late")
-    results: dict = {"comm": comm, "late_rank": late, "delay_ms": args.delay * 1e3, "late_starts": [], "restarts": []}
+    results: dict = {"comm": comm, "late_rank": late, "delay_ms": args.delay * 1e3, "late_starts": [], "restarts": [],
+                     "layout": results_layout}
     for at in args.late_starts:
         time.sleep(max(0.0, job_start + at - time.time()))
         exporter = start_exporter()
@@ -459,6 +464,7 @@ def restarts_plan(args, world: int, library: str, log, start_exporter) -> dict:
                **judge_life(reference, exporter, comm, job, world, late, args.windows, log)}
         row["comm"] = named(exporter, world, 10, job)[1].get("comm")
         results["late_starts"].append(row)
+        save(results)                                   # what a run cut short still tells
         exporter.kill()
     other = start_exporter()
     judge_life(reference, other, comm, job, world, late, 2, log)
@@ -474,6 +480,7 @@ def restarts_plan(args, world: int, library: str, log, start_exporter) -> dict:
                **judge_life(reference, other, comm, job, world, late, args.windows, log)}
         row["comm"] = named(other, world, 10, job)[1].get("comm")
         results["restarts"].append(row)
+        save(results)
     other.kill()
     job.stop()
     return results
@@ -569,19 +576,23 @@ def main() -> int:
         return exporter
 
     if args.plan == "restarts":
+        def save(plan: dict | None = None) -> None:
+            if plan is not None:
+                results["plan"] = plan
+            out = os.environ.get("OUT")
+            if out:
+                Path(out).mkdir(parents=True, exist_ok=True)
+                (Path(out) / "nccl_restarts.json").write_text(json.dumps(results, indent=1, default=str))
+                (Path(out) / "nccl_restarts.log").write_text("\n".join(lines) + "\n")
         try:
-            results["plan"] = restarts_plan(args, world, library, log, start_exporter)
+            results["plan"] = restarts_plan(args, world, library, log, start_exporter, save)
         except SystemExit as exc:
             log(f"ABORTED: {exc}")
             results["error"] = str(exc)
         finally:
             for exporter in exporters:
                 exporter.kill()
-        out = os.environ.get("OUT")
-        if out:
-            Path(out).mkdir(parents=True, exist_ok=True)
-            (Path(out) / "nccl_restarts.json").write_text(json.dumps(results, indent=1, default=str))
-            (Path(out) / "nccl_restarts.log").write_text("\n".join(lines) + "\n")
+        save()
         return 1 if "error" in results else 0
     try:
         # The reference sees every init and runs throughout; the other is killed and

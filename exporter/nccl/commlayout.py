@@ -26,6 +26,7 @@ accessors give: a build whose layout is not the released one has no counter.
 from __future__ import annotations
 
 import os
+import re
 import struct
 from dataclasses import dataclass, replace
 
@@ -192,4 +193,20 @@ def _find(path: str) -> CommLayout | LayoutUnknown:
     except LayoutUnknown as exc:
         return LayoutUnknown(exc.reason, f"{path}: {exc}")
     version = version_from_code(code[VERSION_FUNCTION]) if VERSION_FUNCTION in code else None
+    if version is None:
+        version = version_from_banner(path)
     return with_counter(layout, version)
+
+
+_BANNER = re.compile(rb"NCCL version (\d+)\.(\d+)\.(\d+)[+\x00]")
+
+
+def version_from_banner(path: str) -> str | None:
+    """The release in the banner NCCL prints at init ("NCCL version 2.28.9+cuda12.9"), when
+    ncclGetVersion's code does not say: None unless the file holds exactly one."""
+    try:
+        with open(path, "rb") as f:
+            found = {".".join(m.decode() for m in match.groups()) for match in _BANNER.finditer(f.read())}
+    except OSError:
+        return None
+    return found.pop() if len(found) == 1 else None
