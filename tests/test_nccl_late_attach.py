@@ -79,6 +79,15 @@ def test_the_release_is_the_version_code_ncclgetversion_stores():
     assert commlayout.version_from_code(store_version(22809) + store_version(22703)) is None
 
 
+def test_the_release_is_read_from_the_init_banner_when_the_code_does_not_say(tmp_path):
+    library = tmp_path / "libnccl.so.2"
+    library.write_bytes(b"\0ELF... NCCL version 2.27.5+cuda12.9\0 ...")
+    assert commlayout.version_from_banner(str(library)) == "2.27.5"
+    library.write_bytes(b"NCCL version 2.27.5+cuda12.9\0NCCL version 2.28.9+cuda12.9\0")   # two: no answer
+    assert commlayout.version_from_banner(str(library)) is None
+    assert commlayout.version_from_banner(str(tmp_path / "absent")) is None
+
+
 def test_a_counter_is_taken_only_for_a_tabled_release_with_the_releases_layout():
     rank_at, counter = commlayout.COUNTERS["2.18.1"]
     assert commlayout.with_counter(CommLayout(rank_at), "2.18.1").counter == counter
@@ -375,6 +384,34 @@ def test_an_exporter_killed_and_restarted_mid_job_shows_the_late_rank_and_only_i
             exporter.kill()
         if job is not None:
             job.kill()
+
+
+@pytest.mark.timing
+def test_a_release_without_a_known_counter_is_not_judged_and_says_why(root_bpf, tmp_path):
+    """A library whose release has no row in the counter table, started before the exporter:
+    its ranks are named, but no number is guessed: no sequence, no lag, the reason exported."""
+    require_tool("gcc")
+    library, _ = build_fake_nccl(tmp_path, version_code=23101)          # NCCL 2.31.1: not tabled
+    driver = build_step_driver(tmp_path)
+    job = RunningJob(driver, tmp_path, NRANKS, delays={LATE: int(DELAY * 1e6)}, second_us=1000)
+    exporter = None
+    try:
+        time.sleep(1.0)
+        exporter = ExporterProcess(tmp_path, root_bpf)
+        named_within(exporter, job, NRANKS)
+        time.sleep(2.5)                                 # several reads of the kernel's state
+        samples = exporter.samples()
+        for r in range(NRANKS):
+            assert samples.get(series("fabric_nccl_rank_numbering", comm=job.comm, rank=str(r), numbering="none",
+                                      reason="release_not_tabled")) == 1, r
+        judged = [k for k in samples if job.comm in k and ("arrival_lag" in k or "operation_sequence" in k
+                                                          or "sequence_boundary" in k or "culprit" in k)]
+        assert judged == []
+        assert samples[series("fabric_nccl_calls_total", comm=job.comm, rank=str(LATE), op="AllReduce")] > 0
+    finally:
+        if exporter is not None:
+            exporter.kill()
+        job.kill()
 
 
 def wait_until(predicate, what, deadline=30.0):
