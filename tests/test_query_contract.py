@@ -12,7 +12,7 @@ import pytest
 from fabricscope.queryapi.query.extract import Vocabulary
 from fabricscope.queryapi.query.nl import Interpreter
 from fabricscope.queryapi.query.registry import QuerySpec, Registry, RegistryError
-from fabricscope.queryapi.query.service import abstention_answer
+from fabricscope.queryapi.query.contract import abstention_answer
 
 VOCAB = Vocabulary(["gpu-node-0", "gpu-node-1", "gpu-node-2", "gpu-node-3"],
                    ["mlx5_0", "mlx5_1", "leaf-01", "spine-01"], racks=["rack-a"], clusters=["eu-north"],

@@ -93,6 +93,7 @@ def ask_prometheus(args: argparse.Namespace) -> dict[str, Any]:
     from ..prom import PrometheusClient, PrometheusError
     from . import executor, meshql
     from .calls import ToolUnavailable
+    from .contract import abstention_answer
     from .extract import Vocabulary
     from .nl import Interpreter
     from .params import ParamError
@@ -110,10 +111,10 @@ def ask_prometheus(args: argparse.Namespace) -> dict[str, Any]:
             except PrometheusError:
                 vocabulary = Vocabulary()
             # No LLM here: the command line gives the deterministic answer.
-            body = Interpreter(registry).interpret(args.text, vocabulary).to_dict()
+            interpretation = Interpreter(registry).interpret(args.text, vocabulary)
+            body = interpretation.to_dict()
             if body["query_name"] is None:
-                raise QueryCliError("no registered query matches that question "
-                                    "(see GET /ai/query/catalog or docs/query.md)")
+                raise QueryCliError(abstention_answer(interpretation.match))
             if body["missing"]:
                 raise QueryCliError(f"query {body['query_name']} needs: {', '.join(body['missing'])}")
         if not args.dry_run:

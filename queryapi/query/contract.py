@@ -47,3 +47,27 @@ def untaken(spec: QuerySpec, extraction: Extraction, also: dict[str, Any] | None
         if named and not named & taken:
             left.update({slot: extraction.slots[slot] for slot in sorted(named)})
     return left
+
+
+def abstention_answer(match) -> str:
+    """Why nothing ran, in the words of the question, and what comes closest."""
+    nearest = "; ".join(f"{a['query_name']} ({a['description']})" for a in match.alternatives
+                        if a.get("description"))
+    if match.actions:
+        why = (f"This layer only reads: it cannot {', '.join(match.actions)} anything, so nothing was run. "
+               "Do it through your own tooling; these read-only queries come closest.")
+    elif match.unknown_names:
+        why = "; ".join(f"{name!r} is not a name the cluster knows"
+                        + (f" (close: {', '.join(close)})" if close else "")
+                        for name, close in match.unknown_names.items()) + ", so nothing was run."
+    elif match.unsupported:
+        constraints = ", ".join(f"{slot} {value}" for slot, value in match.unsupported.items())
+        why = f"No registered query can filter by {constraints}, so nothing was run rather than an unfiltered answer."
+    elif match.invalid:
+        why = "; ".join(f"{name}: {message}" for name, message in match.invalid.items()) + ", so nothing was run."
+    else:
+        unexplained = (f" (words it does not understand: {', '.join(match.unexplained)})"
+                       if match.unexplained else "")
+        why = f"I can't answer that with a registered query{unexplained}, so nothing was run."
+    return (f"{why} " + (f"Nearest: {nearest}. " if nearest else "")
+            + "GET /ai/query/catalog lists what can be asked.")

@@ -9,6 +9,7 @@ from typing import Any
 
 from . import executor, meshql
 from .calls import Caller
+from .contract import abstention_answer
 from .extract import Vocabulary
 from .llm import ProviderConfigError, Refiner, detect
 from .nl import Interpreter
@@ -31,30 +32,6 @@ def _message(value: Any) -> str:
     if len(value) > MAX_MESSAGE:
         raise ToolError(422, "invalid_message", f"`message` is longer than {MAX_MESSAGE} characters")
     return value
-
-
-def abstention_answer(match) -> str:
-    """Why nothing ran, in the words of the question, and what comes closest."""
-    nearest = "; ".join(f"{a['query_name']} ({a['description']})" for a in match.alternatives
-                        if a.get("description"))
-    if match.actions:
-        why = (f"This layer only reads: it cannot {', '.join(match.actions)} anything, so nothing was run. "
-               "Do it through your own tooling; these read-only queries come closest.")
-    elif match.unknown_names:
-        why = "; ".join(f"{name!r} is not a name the cluster knows"
-                        + (f" (close: {', '.join(close)})" if close else "")
-                        for name, close in match.unknown_names.items()) + ", so nothing was run."
-    elif match.unsupported:
-        constraints = ", ".join(f"{slot} {value}" for slot, value in match.unsupported.items())
-        why = f"No registered query can filter by {constraints}, so nothing was run rather than an unfiltered answer."
-    elif match.invalid:
-        why = "; ".join(f"{name}: {message}" for name, message in match.invalid.items()) + ", so nothing was run."
-    else:
-        unexplained = (f" (words it does not understand: {', '.join(match.unexplained)})"
-                       if match.unexplained else "")
-        why = f"I can't answer that with a registered query{unexplained}, so nothing was run."
-    return (f"{why} " + (f"Nearest: {nearest}. " if nearest else "")
-            + "GET /ai/query/catalog lists what can be asked.")
 
 
 class QueryService:
