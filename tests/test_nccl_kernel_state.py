@@ -26,9 +26,13 @@ def hist(n_bounds: int, slots: dict[int, int], sum_ns: int) -> list[int]:
     return counts + [sum_ns]
 
 
-def rank_state(ident=0xABC, last_ts=0, last_bytes=0, boundary_ts=0, seq=0, boundary=0, last_op=0, lag=None):
+def rank_state(ident=0xABC, last_ts=0, last_bytes=0, boundary_ts=0, seq=0, boundary=0, last_op=0, lag=None,
+               calls=None, counter_words=0, phase=0, inexact=0, from_init=1):
+    """struct rank_state; by default a rank counted from its probed init (seq = its calls)."""
     lag = lag or hist(len(LAG_BUCKETS), {}, 0)
-    return ks.RANK_STATE.pack(ident, last_ts, last_bytes, boundary_ts, seq, boundary, last_op, 0, 0, *lag)
+    calls = seq if calls is None else calls
+    return ks.RANK_STATE.pack(ident, last_ts, last_bytes, boundary_ts, seq, boundary, calls, 0, 0, 0, 0, last_op,
+                              counter_words, phase, inexact, from_init, 0, 0, *lag)
 
 
 def op_stats(calls, nbytes, last_ts, enqueue, duration, durations_ns):
@@ -103,6 +107,34 @@ def test_unknown_comm_is_counted_without_a_rank_sequence():
     snap = tracker.snapshot()
     assert [(o.comm, o.rank, o.calls) for o in snap.ops] == [("unknown-1234abcd", -1, 3)]
     assert snap.sequences == []
+
+
+def test_a_rank_without_an_exact_number_is_in_flight_but_never_compared_or_blamed():
+    """Rank 1 has no exact number (a late-started exporter, a counter that never moved): its
+    hang still shows, but it gets no sequence and no lag, and is never the culprit."""
+    tracker = NcclTracker(clock=lambda: NOW + 60, window=4, min_completed=2)
+    stats = op_stats(20, 80, 2_000 * MS, hist(len(ENQUEUE_BUCKETS), {0: 20}, 1000),
+                     hist(len(DURATION_BUCKETS), {3: 19}, 19 * 100 * MS), [100 * MS] * 19)
+    apply(tracker, ks.CommRef("c0", 0, 2), rank_state(last_ts=2_000 * MS, seq=20, last_op=0), {0: stats})
+    unnumbered = rank_state(last_ts=1_900 * MS, seq=0, calls=19, last_op=0, counter_words=5, phase=2, from_init=0)
+    state = ks.decode_rank_state(unnumbered, len(LAG_BUCKETS))
+    assert state.numbering("") == ("none", "counter_unverified")
+    apply(tracker, ks.CommRef("c0", 1, 2), unnumbered, {0: stats})
+    snap = tracker.snapshot()
+    assert {a.rank for a in snap.active if a.hanging} == {0, 1}
+    assert [s.rank for s in snap.sequences] == [0] and snap.culprits == []
+
+
+@pytest.mark.parametrize("fields, numbering", [
+    ({"counter_words": 5, "phase": 3}, ("counter", "")),
+    ({"counter_words": 5, "phase": 3, "inexact": 1}, ("init", "")),            # counted from the init instead
+    ({"counter_words": 5, "phase": 3, "inexact": 1, "from_init": 0}, ("none", "counter_inexact")),
+    ({"counter_words": 1, "phase": 1, "from_init": 0}, ("none", "counter_unverified")),
+    ({"from_init": 0}, ("none", "release_not_tabled")),
+])
+def test_how_a_rank_is_numbered_is_said(fields, numbering):
+    state = ks.decode_rank_state(rank_state(seq=5, **fields), len(LAG_BUCKETS))
+    assert state.numbering("release_not_tabled") == numbering
 
 
 def test_maps_whose_values_are_not_their_layouts_size_are_refused_at_load():
