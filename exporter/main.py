@@ -4,12 +4,10 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import os
 import signal
 import threading
-import time
 from dataclasses import dataclass
-from typing import Callable, NoReturn
+from typing import Callable
 from pathlib import Path
 
 from prometheus_client.core import GaugeMetricFamily
@@ -181,40 +179,14 @@ def settle_after_start() -> None:
     return_free_heap()
 
 
-def exit_leaving_release_to_a_child(code: int) -> NoReturn:
-    """Exit now, without waiting for the kernel to release BPF links and uprobes.
-
-    The kernel detaches uprobes one at a time, each behind a grace period: one libnccl's 25
-    probes took 2.3-6 s to release on a loaded 2-core VM, whether the exporter closed them
-    (in parallel or not) or the kernel did at exit. An exporter tracing a few NCCL libraries
-    would outlast a runtime's grace period (podman: 10 s) and be SIGKILLed. So a child
-    inherits every descriptor and outlives this process: its exit, not ours, releases them.
-    Nothing is lost: no collector keeps state to write at close (state files are written
-    atomically as they change)."""
-    logging.shutdown()
-    parent = os.getpid()
-    if os.fork() == 0:
-        # The child holds the last references only once the parent has dropped its own:
-        # a process is reparented after its descriptors are closed.
-        deadline = time.monotonic() + 60
-        while os.getppid() == parent and time.monotonic() < deadline:
-            time.sleep(0.02)
-        os._exit(0)
-    os._exit(code)
-
-
-def _exit_on_signal(signum, _frame) -> None:
-    """Stopped while starting: exit at once (unwinding could wait on threads a collector
-    has started)."""
-    log.info("signal %d during start-up: exiting", signum)
-    exit_leaving_release_to_a_child(128 + signum)
-
-
 def run(args: argparse.Namespace) -> int:
-    # PID 1 of a container ignores a signal it has no handler for: without these, SIGTERM
-    # during start-up (probes attaching, eBPF loading) waits out the grace period.
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    signal.signal(signal.SIGINT, _exit_on_signal)
+    # From the first instruction: PID 1 of a container ignores a signal it has no handler
+    # for, and a SIGTERM during start-up (eBPF loading, probes attaching) would wait out the
+    # grace period. Start-up then finishes and the exporter stops at once, releasing what it
+    # attached the fast way (below).
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     # Before any thread starts: glibc's per-thread malloc arenas (8 per core) grow the RSS
     # with the host's core count (exporter/malloc.py).
     cap_malloc_arenas()
@@ -230,10 +202,10 @@ def run(args: argparse.Namespace) -> int:
     settle_after_start()
     log.info("fabricscope exporter %s on %s (node %r), collectors: %s", __version__, args.listen,
              ctx.node, ", ".join(enabled))
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
     stop.wait()
-    exporter.server.stop()      # in-flight scrapes are answered first
+    # Probes are released by the exporter rather than by the kernel at exit: the kernel
+    # detaches a process's uprobes one after another, behind a grace period each, while the
+    # exporter detaches them in parallel (libbpf.destroy_links).
+    exporter.stop()
     log.info("stopped")
-    exit_leaving_release_to_a_child(0)
+    return 0
