@@ -47,7 +47,7 @@ counts event events cluster clusters fleet value values metric metrics calls thr
 training train service services host hosts box boxes server servers card cards adapter adapters
 pretraining finetuning inference step steps time level regressed regression spans span latency
 detection detect detected delay delays delayed anomaly anomalies open estimate estimated id ids pci bus segments
-segment core cores packet packets severity severities detector detectors arrival arrivals
+segment core cores packet packets fabric fabrics severity severities detector detectors arrival arrivals
 """.split())
 # Generic English that carries no topic.
 FILLER = frozenset("""
@@ -78,7 +78,7 @@ sometimes usually regularly repeatedly fall fell fallen hurting hurt suffering s
 identify verify verified determine obtain review inspect investigate examine lookup fetch retrieve display print dump compute calculate measure monitor watch track logged recorded seen step steps
 ones stuff bits dude mate yall boss peeps
 ugh argh hmm um uh oops damn meh welp whoa wow omg sigh alright
-using use uses used long
+using use uses used long pull pulls bring grab
 whos wats wat whats hows wheres whens whys thats theres heres im ive youre theyre were weve lemme gimme gotta
 """.split())
 # Words a question is made of that are not catalog terms: never "corrected" into one
