@@ -114,7 +114,9 @@ local hangOf = import '../lib/nccl_hang.libsonnet';
           },
           {
             // The offset the cross-node join takes out, only for a node whose estimate
-            // can be trusted: not stepped (unsettled above); with ncclClockOffsetSettle of
+            // can be trusted: not stepped (unsettled above) nor provably moving (moved: it
+            // sees a drifting clock within its first minute, before the 1-minute minimum
+            // has left the 5-minute one); with ncclClockOffsetSettle of
             // scrapes behind it; and not improved by more than the step within that time.
             // A fresh exporter's or fresh Prometheus' first scrapes give a minimum still
             // raised by their delays, milliseconds on a busy node (a rank of the node read
@@ -127,6 +129,8 @@ local hangOf = import '../lib/nccl_hang.libsonnet';
               node:fabric_nccl_clock_offset_seconds:min%(window)s
               unless on (%(node)s)
               (node:fabric_nccl_clock_offset_seconds:unsettled > %(step)s)
+              unless on (%(node)s)
+              (node:fabric_nccl_clock_offset_seconds:moved > %(step)s)
               and on (%(node)s)
               (
                 node:fabric_nccl_clock_offset_seconds:min%(window)s
