@@ -198,3 +198,15 @@ def test_fresh_batch_is_frozen_apart_and_scores_at_target():
     assert not examples & {item["q"].lower().strip(" ?") for item in data["questions"]}
     for endpoint, result in bench.evaluate("questions", bench.FRESH).items():
         assert result["exact"] >= 0.9 and result["constraints dropped"] == 0, endpoint
+
+
+def test_typos_and_runbook_forms():
+    """A typo of an action is still an action; a number nothing took is named, not dropped;
+    two swapped letters in a short word are read; a step number is no part of the question."""
+    assert ask("restrat the exporter on gpu-node-0").actions == ["restrat"]
+    assert "79" in ask("xdi 79 on gpu-node-1").unexplained
+    assert ask("ib prot errors on gpu-node-1").query_name == "worst_ib_ports"
+    stepped = ask("Step 2: list the ranks stuck in AllGather")
+    assert (stepped.query_name, stepped.params) == ("nccl_hanging_ranks", {"op": "AllGather"})
+    # "services broke their SLO" names no service called "broke"
+    assert "service" not in ask("which services broke their slo").params

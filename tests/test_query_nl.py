@@ -57,7 +57,7 @@ def test_hostile_text_is_extracted_only_as_validated_values():
     interpreter = Interpreter()
     # PromQL pasted into a question is words nothing explains: nothing runs, and it says so.
     match = interpreter.interpret('p99 latency of gpu-node-1"} or vector(1) #', VOCAB).match
-    assert match.query_name is None and match.unexplained == ["vector"] and match.params == {}
+    assert match.query_name is None and "vector" in match.unexplained and match.params == {}
     match = interpreter.interpret('p99 latency of gpu-node-1"}', VOCAB).match
     assert match.query_name == "host_latency" and match.params["host"] == "gpu-node-1"
     match = interpreter.interpret('slo violations for service a"}|vector(1)', VOCAB).match

@@ -58,9 +58,10 @@ PORT = re.compile(r"\bport\s*(?:#|no\.?|number)?\s*(?P<n>[0-9]{1,3})\b", re.I)
 _LIMIT_WORDS = "top|first|worst|slowest|biggest|highest|noisiest|largest"
 _LIMIT_COUNT = "[0-9]{1,3}|" + "|".join(k for k in _NUMBER_WORDS if k not in ("a", "an", "few"))
 LIMIT = re.compile(rf"\b(?:{_LIMIT_WORDS})\s+(?P<n>{_LIMIT_COUNT})\b"
-                   rf"|\b(?P<m>{_LIMIT_COUNT})\s+(?:{_LIMIT_WORDS})\b", re.I)
+                   rf"|\b(?P<m>{_LIMIT_COUNT})\s+(?:{_LIMIT_WORDS}|most)\b", re.I)
 SEVERITY = re.compile(r"\b(?P<s>critical|warning|warnings|info|fatal|non[-_ ]?fatal|paging|page)\b", re.I)
-SERVICE_AFTER = re.compile(r"\bservices?\s+(?:named\s+|called\s+)?[\"']?(?P<n>[A-Za-z0-9][\w.:/-]*)", re.I)
+# "service chat-api", not "services broke their SLO": a plural names no one service.
+SERVICE_AFTER = re.compile(r"\bservice\s+(?:named\s+|called\s+)?[\"']?(?P<n>[A-Za-z0-9][\w.:/-]*)", re.I)
 SERVICE_BEFORE = re.compile(r"(?P<n>[A-Za-z0-9][\w.:/-]*)\s+service\b", re.I)
 STATE = re.compile(r"\b(?P<s>down|init|armed|active|(?:not|isn't|aren't|non)[- ]active|inactive|offline)\b", re.I)
 # Whole words only: "pdu-a1" and "rack-su0-0" are device names, not failure types.

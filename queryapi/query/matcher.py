@@ -98,15 +98,24 @@ class Matcher:
         for word in self.vocabulary:
             if len(word) >= 4 and word.isalpha():
                 self._stems.setdefault(word[:4], []).append(word)
+        self._anagrams: dict[tuple[str, str], list[str]] = {}
+        for word in self.vocabulary:
+            if 3 <= len(word) <= 4 and word.isalpha():
+                self._anagrams.setdefault((word[0], "".join(sorted(word))), []).append(word)
         self._correct = lru_cache(maxsize=4096)(self._correct_word)
         self._plain_word = lru_cache(maxsize=4096)(self._plain_word)
 
     def _correct_word(self, word: str) -> str:
         """A typo of a catalog word ("slowets"), or a form of one ("laggards" of "lagging",
         "retransmitting" of "retransmit"), as that word; any other word as it is."""
-        if (word in self._vocab_set or word in _PLAIN or word in OUT_OF_SCOPE or word in ACTIONS or len(word) < 5
+        if (word in self._vocab_set or word in _PLAIN or word in OUT_OF_SCOPE or word in ACTIONS or len(word) < 3
                 or not word.isalpha()):
             return word
+        if len(word) < 5:
+            # A short word's typo is two letters swapped ("xdi", "prot"): the same letters,
+            # the same first one, and one catalog word only.
+            swapped = self._anagrams.get((word[0], "".join(sorted(word))), [])
+            return swapped[0] if len(swapped) == 1 and word not in _FILLER and word not in _DOMAIN else word
         # A typo keeps its first letter and about its length ("hnags"), so "using" is not
         # read as "causing" nor "burning" as "bouncing".
         close = [c for c in difflib.get_close_matches(word, self.vocabulary, n=3, cutoff=0.8)
@@ -172,11 +181,20 @@ class Matcher:
         for _, start, end in extraction.spans:
             chars[start:end] = " " * (end - start)
         _, words = self.normalise("".join(chars))
-        actions = sorted(w for w in words if w in _ACTIONS)
-        unknown = sorted(w for w in words if w in OUT_OF_SCOPE or (
-            len(w) >= 3 and w.isalpha() and w not in self._vocab_set and w not in _ACTIONS
+        actions = sorted(w for w in words if w in _ACTIONS or self._action_typo(w))
+        # A number no pattern took ("xdi 79") would be a constraint dropped: it is named.
+        unknown = sorted(w for w in words if w in OUT_OF_SCOPE or w.isdigit() or (
+            len(w) >= 3 and w.isalpha() and w not in self._vocab_set and w not in actions
             and not self._plain_word(w) and not (w.endswith("s") and (w[:-1] in self._vocab_set or w[:-1] in _DOMAIN))))
         return unknown, actions
+
+    @staticmethod
+    def _action_typo(word: str) -> bool:
+        """A typo of an action verb ("restrat") is still a request for an action."""
+        if len(word) < 5 or word in _PLAIN or word in _FILLER or word in _DOMAIN:
+            return False
+        close = difflib.get_close_matches(word, sorted(ACTIONS), n=1, cutoff=0.85)   # "drawn" is not "drain"
+        return bool(close) and close[0][0] == word[0] and len(close[0]) == len(word)
 
     def _plain_word(self, word: str) -> bool:
         """English that carries no topic, or a typo of it ("whcih", "anythign")."""

@@ -13,15 +13,20 @@ SHORTHAND = {
     "crit": "critical", "crits": "critical", "warn": "warning", "warns": "warnings", "wk": "week", "wks": "weeks",
     "yday": "yesterday", "pls": "please", "plz": "please", "thx": "thanks", "ty": "thanks", "u": "you",
     "r": "are", "ur": "your", "w/": "with", "w/o": "without", "runq": "runqueue", "lat": "latency",
-    "b/c": "because", "bc": "because", "nw": "network", "approx": "about", "fleetwide": "fleet wide", "clusterwide": "cluster wide",
+    "b/c": "because", "bc": "because", "nw": "network", "approx": "about", "lst": "last", "2day": "today",
+    "2nite": "tonight", "b4": "before", "yest": "yesterday", "prev": "previous", "wich": "which", "teh": "the",
+    "l8ly": "lately", "jb": "job", "fleetwide": "fleet wide", "clusterwide": "cluster wide",
 }
 _SHORTHAND = re.compile(r"(?<![\w/-])(" + "|".join(re.escape(k) for k in sorted(SHORTHAND, key=len, reverse=True))
                         + r")(?![\w/-])", re.I)
 
 
+# A runbook's step number ("Step 1:", "2)") is no part of the question.
+_ENUMERATOR = re.compile(r"^\s*(?:step\s*)?[0-9]{1,2}\s*[:.)]\s+", re.I)
+
+
 def expand_shorthand(message: str) -> str:
-    # "30 min" and "2 hrs" keep their number: only the unit word is replaced.
-    return _SHORTHAND.sub(lambda m: SHORTHAND[m.group(1).lower()], message)
+    return _SHORTHAND.sub(lambda m: SHORTHAND[m.group(1).lower()], _ENUMERATOR.sub("", message, count=1))
 
 
 # What no registered query measures: never typo-corrected, never filler.
