@@ -42,10 +42,17 @@ def selftest_object(bpf_objects) -> Path:
     return SELFTEST_DIR / "selftest.bpf.o"
 
 
-@pytest.fixture
-def selftest(selftest_object):
-    from fabricscope.exporter.bpf_loader.libbpf import BpfObject
-    obj = BpfObject.load(selftest_object)
+@pytest.fixture(params=["uprobe_multi", "perf_event"])
+def selftest(selftest_object, request, monkeypatch):
+    """The test program loaded both ways uprobes attach: as uprobe_multi links where the
+    kernel has them (it should: 6.6+) and as libbpf's perf-event uprobes (older kernels)."""
+    from fabricscope.exporter.bpf_loader import libbpf
+    if request.param == "perf_event":
+        monkeypatch.setattr(libbpf, "_uprobe_multi", False)
+    elif not libbpf.uprobe_multi_supported():
+        could_not_run(f"this kernel ({os.uname().release}) has no uprobe_multi links")
+    obj = libbpf.BpfObject.load(selftest_object)
+    assert obj.uprobe_multi == (request.param == "uprobe_multi")
     yield obj
     obj.close()
 
