@@ -54,6 +54,13 @@ def test_actions_are_refused_as_actions(question, verb):
     assert "only reads" in abstention_answer(match)
 
 
+@pytest.mark.parametrize("question", ["how many pod restarts on gpu-node-1", "why did gpu-node-2 reboot"])
+def test_a_question_about_an_action_is_out_of_scope_not_a_request(question):
+    match = ask(question)
+    assert match.query_name is None and not match.actions and match.unexplained
+    assert "only reads" not in abstention_answer(match)
+
+
 def test_an_action_is_not_read_as_a_follow_up():
     previous = {"query_name": "firing_alerts", "params": {}}
     assert ask("and silence them", previous).query_name is None

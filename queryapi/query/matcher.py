@@ -45,6 +45,9 @@ CONFIDENCE_FLOOR = 0.5
 _SPECIFIC = {"host", "device", "gpu", "comm", "ip", "service", "quantile", "severity", "rank", "field", "xid", "op",
              "cluster", "trace", "threshold", "state", "failure_type", "job", "port", "rack", "pdu"}
 _ACTIONS = ACTIONS
+# Words that may come before a request's verb ("please", "can you", "I need to").
+_PRELUDE = frozenset("""please pls plz kindly can could would will you u go ahead just now then and also ok okay hey
+yo hi so i we need want wanna to lets let us me quickly quick right""".split())
 _FOLLOW_UP = re.compile(r"^\s*(?:and|also|what about|how about|same for|now|then|ok(?:ay)?|and what about)\b"
                         r"|^\s*(?:for|on|in)\s", re.I)
 _WORD = re.compile(r"[a-z0-9]+")
@@ -181,12 +184,24 @@ class Matcher:
         for _, start, end in extraction.spans:
             chars[start:end] = " " * (end - start)
         _, words = self.normalise("".join(chars))
-        actions = sorted(w for w in words if w in _ACTIONS or self._action_typo(w))
+        actions = self._requested_actions(message)
         # A number no pattern took ("xdi 79") would be a constraint dropped: it is named.
         unknown = sorted(w for w in words if w in OUT_OF_SCOPE or w.isdigit() or (
             len(w) >= 3 and w.isalpha() and w not in self._vocab_set and w not in actions
             and not self._plain_word(w) and not (w.endswith("s") and (w[:-1] in self._vocab_set or w[:-1] in _DOMAIN))))
         return unknown, actions
+
+    def _requested_actions(self, message: str) -> list[str]:
+        """Action verbs used as requests: first after a courtesy ("please drain", "could you
+        restart", "and silence them") or after "to" ("I need to reboot"). "pod restarts"
+        or "why did it reboot" ask about an action: words like any other, none explains."""
+        tokens = _WORD.findall(message.lower())
+        found = []
+        for i, token in enumerate(tokens):
+            if (token in _ACTIONS or self._action_typo(token)) and (
+                    all(t in _PRELUDE for t in tokens[:i]) or (i and tokens[i - 1] in ("to", "please", "then"))):
+                found.append(token)
+        return sorted(set(found))
 
     @staticmethod
     def _action_typo(word: str) -> bool:
