@@ -217,3 +217,8 @@ def test_typos_and_runbook_forms():
     assert (stepped.query_name, stepped.params) == ("nccl_hanging_ranks", {"op": "AllGather"})
     # "services broke their SLO" names no service called "broke"
     assert "service" not in ask("which services broke their slo").params
+
+
+def test_an_alert_name_is_read_as_the_words_it_is_made_of():
+    paged = ask("paged for FabricNvlinkLinkDown on gpu-node-3")
+    assert (paged.query_name, paged.params) == ("nvlink_links_down", {"host": "gpu-node-3"})

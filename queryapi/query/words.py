@@ -25,8 +25,17 @@ _SHORTHAND = re.compile(r"(?<![\w/-])(" + "|".join(re.escape(k) for k in sorted(
 _ENUMERATOR = re.compile(r"^\s*(?:step\s*)?[0-9]{1,2}\s*[:.)]\s+", re.I)
 
 
+# An alert's name is made of the words of what it watches: "FabricNcclHang" -> "nccl hang".
+_ALERT_NAME = re.compile(r"\bFabric((?:[A-Z][a-z0-9]*|[A-Z]+(?![a-z]))+)\b")
+
+
+def _alert_words(match: re.Match[str]) -> str:
+    return " ".join(re.findall(r"[A-Z]+(?![a-z])|[A-Z][a-z0-9]*", match.group(1))).lower()
+
+
 def expand_shorthand(message: str) -> str:
-    return _SHORTHAND.sub(lambda m: SHORTHAND[m.group(1).lower()], _ENUMERATOR.sub("", message, count=1))
+    message = _ALERT_NAME.sub(_alert_words, _ENUMERATOR.sub("", message, count=1))
+    return _SHORTHAND.sub(lambda m: SHORTHAND[m.group(1).lower()], message)
 
 
 # What no registered query measures: never typo-corrected, never filler.
@@ -83,7 +92,7 @@ sometimes usually regularly repeatedly fall fell fallen hurting hurt suffering s
 identify verify verified determine obtain review inspect investigate examine lookup fetch retrieve display print dump compute calculate measure monitor watch track logged recorded seen step steps
 ones stuff bits dude mate yall boss peeps
 ugh argh hmm um uh oops damn meh welp whoa wow omg sigh alright
-using use uses used long pull pulls bring grab
+using use uses used long says said say runbook triage handoff postmortem bound pull pulls bring grab
 whos wats wat whats hows wheres whens whys thats theres heres im ive youre theyre were weve lemme gimme gotta
 """.split())
 # Words a question is made of that are not catalog terms: never "corrected" into one
