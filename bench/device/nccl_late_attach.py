@@ -501,23 +501,29 @@ def tables(results: dict, commit: str) -> str:
                 and row.get("comm") == plan["comm"])
         return ok if good else "❌"
 
+    def healthy(row):
+        return ok if (row.get("largest_healthy_lag_ms") or 99) <= 1.0 else "❌"
+
     lines = [head, "### Restarts (SIGKILL, same state dir)\n",
              "| repeat | kill at (s into the job) | restart delay (s) | numbered after (s) | aligned | rank named "
-             "(scrape) | late rank lag (ms) | largest healthy lag (ms) | reference's (ms) | same comm | |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "(scrape) | late rank lag (ms) | largest healthy lag (ms) | reference's (ms) | same comm "
+             "| numbered alike, late rank named ≤ 2 scrapes | healthy ≤ 1 ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in plan["restarts"]:
         lines.append(f"| {row['repeat']} | {row['kill_at_s']} | {row['restart_delay_s']} | {row.get('numbered_after_s')} "
                      f"| {row.get('aligned')} | {row.get('rank_named')} ({row.get('named_within_scrapes')}) "
                      f"| {row.get('late_rank_lag_ms')} | {row.get('largest_healthy_lag_ms')} "
-                     f"| {row.get('reference_largest_healthy_lag_ms')} | {row.get('comm') == plan['comm']} | {verdict(row)} |")
+                     f"| {row.get('reference_largest_healthy_lag_ms')} | {row.get('comm') == plan['comm']} | {verdict(row)} "
+                     f"| {healthy(row)} |")
     lines += ["", "### Late starts\n",
               "| started after the job (s) | numbered after (s) | aligned | rank named (scrape) | late rank lag (ms) "
-              "| largest healthy lag (ms) | reference's (ms) | same comm | |", "|---|---|---|---|---|---|---|---|---|"]
+              "| largest healthy lag (ms) | reference's (ms) | same comm | numbered alike, late rank named ≤ 2 "
+              "scrapes | healthy ≤ 1 ms |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in plan["late_starts"]:
         lines.append(f"| {row['started_after_job_s']} | {row.get('numbered_after_s')} | {row.get('aligned')} "
                      f"| {row.get('rank_named')} ({row.get('named_within_scrapes')}) | {row.get('late_rank_lag_ms')} "
                      f"| {row.get('largest_healthy_lag_ms')} | {row.get('reference_largest_healthy_lag_ms')} "
-                     f"| {row.get('comm') == plan['comm']} | {verdict(row)} |")
+                     f"| {row.get('comm') == plan['comm']} | {verdict(row)} | {healthy(row)} |")
     return "\n".join(lines) + "\n"
 
 
