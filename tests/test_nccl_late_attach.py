@@ -386,6 +386,55 @@ def test_an_exporter_killed_and_restarted_mid_job_shows_the_late_rank_and_only_i
             job.kill()
 
 
+GROUPED_RANK = """
+import ctypes, sys, time
+lib = ctypes.CDLL(sys.argv[1])
+class UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * 128)]
+uid, comm = UniqueId(), ctypes.c_void_p()
+lib.ncclGetUniqueId(ctypes.byref(uid))
+lib.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, UniqueId, ctypes.c_int]
+lib.ncclCommInitRank(ctypes.byref(comm), 1, uid, 0)
+buf = (ctypes.c_float * 16)()
+ar = lambda: lib.ncclAllReduce(buf, buf, 16, 7, 0, comm, None)
+calls, end = 0, time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    lib.ncclGroupStart(); ar(); ar(); ar(); lib.ncclGroupEnd()       # three launched at the group's end
+    lib.ncclSend(buf, 4, 7, 0, comm, None)                          # P2P: not numbered
+    ar()
+    calls += 4
+    time.sleep(0.002)
+print(calls, flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.timing
+def test_grouped_collectives_are_numbered_exactly_as_nccl_counts_them(root_bpf, fake_nccl, tmp_path):
+    """Groups of three collectives launched at the group's end, a Send and a single call per
+    round, the exporter started mid-job: once numbered, a rank's latest op carries NCCL's
+    count of the collectives it called, exactly."""
+    library, _ = fake_nccl
+    script = tmp_path / "grouped.py"
+    script.write_text(GROUPED_RANK)
+    rank = subprocess.Popen([sys.executable, str(script), str(library), "6"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "FAKE_NCCL_ID_SALT": "77"})
+    exporter = None
+    try:
+        time.sleep(1.0)
+        exporter = ExporterProcess(tmp_path, root_bpf)
+        comm = comm_label(identity.comm_hash(_salted_unique_id(77)))
+        wait_until(lambda: numbered_by_nccl(exporter, comm, 1), "the rank numbered by NCCL's counter")
+        calls = int(rank.stdout.readline())              # the rank stopped: its count of collectives
+        seen = series("fabric_nccl_operation_sequence", comm=comm, rank="0")
+        wait_until(lambda: exporter.samples().get(seen) == calls, f"sequence {calls}", deadline=5)
+    finally:
+        if exporter is not None:
+            exporter.kill()
+        rank.kill()
+        rank.wait()
+
+
 @pytest.mark.timing
 def test_a_release_without_a_known_counter_is_not_judged_and_says_why(root_bpf, tmp_path):
     """A library whose release has no row in the counter table, started before the exporter:
