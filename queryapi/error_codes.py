@@ -15,10 +15,27 @@ import ast
 import sys
 from pathlib import Path
 
-from .errors import DEFAULT_CODES
-
 PACKAGE = Path(__file__).resolve().parent
 BEGIN, END = "<!-- error-codes:begin -->", "<!-- error-codes:end -->"
+
+# Default code per status when the raiser gives none.
+DEFAULT_CODES = {
+    400: "bad_request",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "request_timeout",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "validation_failed",
+    429: "rate_limited",
+    500: "internal_error",
+    502: "upstream_error",
+    503: "unavailable",
+    504: "upstream_timeout",
+}
 
 # f-string codes -> the (code, status) they can become.
 EXPANDED = {

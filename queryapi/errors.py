@@ -16,24 +16,7 @@ from apiflask import HTTPError
 
 from fabricscope.httpconnection import capped
 
-# Default code per status when the raiser gives none.
-DEFAULT_CODES = {
-    400: "bad_request",
-    401: "unauthenticated",
-    403: "forbidden",
-    404: "not_found",
-    405: "method_not_allowed",
-    408: "request_timeout",
-    409: "conflict",
-    413: "payload_too_large",
-    415: "unsupported_media_type",
-    422: "validation_failed",
-    429: "rate_limited",
-    500: "internal_error",
-    502: "upstream_error",
-    503: "unavailable",
-    504: "upstream_timeout",
-}
+from .error_codes import DEFAULT_CODES, MEANINGS
 
 
 class ApiError(HTTPError):
@@ -58,8 +41,6 @@ def public_message(status: int, code: str, message: str) -> str:
     the logs keep the full message."""
     if status < 500 or not _ADDRESS.search(message):
         return message
-    from .error_codes import MEANINGS   # that module scans this package: imported late
-
     return MEANINGS.get(code) or MEANINGS[DEFAULT_CODES.get(status, "internal_error")]
 
 
