@@ -266,13 +266,17 @@ def assert_every_tcp_program_serves(url: str, node: str) -> None:
 
 # podman's default grace period: past it the exporter is SIGKILLed (exit code 137).
 GRACE_SECONDS = 10
+# What the exporter may take of it. Measured at 7c50783 on a loaded 2-core VM: 0.2 s
+# starting, 0.5 s serving, 0.5 s tracing a libnccl (uprobe_multi links; 4.7 s with
+# perf-event uprobes, and SIGKILL before any release was done in parallel).
+STOP_SECONDS = 3
 
 
-def test_exporter_container_stops_of_itself_on_sigterm(images, tmp_path):
+def test_exporter_container_stops_within_three_seconds_of_sigterm(images, tmp_path):
     """`podman stop` sends SIGTERM to PID 1 (the exporter) and kills it after the grace
-    period. The exporter must end by itself, inside it: while still starting, serving, and
-    serving with uprobes on a live rank's libnccl (the kernel releases each uprobe behind a
-    grace period of its own). The seconds each case took are printed."""
+    period. The exporter must end by itself well inside it: while still starting, serving,
+    and serving with uprobes on a live rank's libnccl (the kernel releases uprobes behind
+    grace periods of its own). The seconds each case took are printed."""
     name = PREFIX + "stop"
     (tmp_path / "state").mkdir()
     library, driver = build_fake_nccl(tmp_path)
@@ -300,7 +304,7 @@ def test_exporter_container_stops_of_itself_on_sigterm(images, tmp_path):
                 state = podman("inspect", "--format", "{{.State.ExitCode}} {{.State.Status}}", name).stdout.split()
                 assert stopped.returncode == 0 and "SIGKILL" not in stopped.stderr, stopped.stderr[-2000:]
                 assert state[1] == "exited" and state[0] != "137", (state, podman("logs", name).stderr[-2000:])
-                assert took[case] < GRACE_SECONDS, (case, took)
+                assert took[case] <= STOP_SECONDS, (case, took)
             finally:
                 remove_containers(name)
     finally:
