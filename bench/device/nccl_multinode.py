@@ -672,7 +672,7 @@ PLANS = {
     # the least over 1m, so a fault is held 90 s and the windows get 60 s to clear.
     "device": (45, 30, [("node", 90, 60, 2), ("hang", 60, 20, 1)], 0),
     "device-short": (30, 20, [("node", 85, 40, 1), ("hang", 60, 10, 1)], 0),
-    # One GPU, about 9 minutes: the start-up watched for 60 s (the clock estimates settle
+    # One GPU, about 7.5 minutes: the start-up watched for 60 s (the clock estimates settle
     # within it), then the node fault 3 times and the hang twice, for p50/p90 per skew; each
     # repeat starts once the previous one's alert has cleared (--clear-timeout).
     "device-1gpu": (60, 0, [("node", 45, 15, 3), ("hang", 70, 5, 2)], 0),
