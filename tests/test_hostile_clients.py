@@ -3,10 +3,10 @@ TLS and plaintext: attackers connect from 127.0.0.1 (a crowd from 127.0.0.10-250
 normal client from 127.0.0.2 (tests/hostile.py). Each test is one row of docs/security.md.
 
 Timing: the rows that bound how long something takes (the normal client under attack,
-a request while Prometheus is paused, SIGTERM) are marked `timing` (run alone after the
-parallel pass). The whole file takes about 90 s on two
-cores: four servers, each attacked for a few seconds by 800 connections and by 1,000
-silent sockets.
+a request while Prometheus is paused, SIGTERM, the crowd with Prometheus scraping) are
+marked `timing` (run alone after the parallel pass). The whole file takes about 3 minutes
+on two cores: four servers, each attacked for a few seconds by 800 connections and by
+1,000 silent sockets, then for 20 s by a crowd of 1,000 sockets while Prometheus scrapes.
 """
 from __future__ import annotations
 
@@ -171,9 +171,10 @@ def test_a_thousand_silent_sockets_from_one_address_do_not_lock_out_another(targ
 def test_a_crowd_of_silent_sockets_from_241_addresses_locks_out_neither_the_client_nor_prometheus(target, tmp_path):
     """1,000 connect-only sockets over 127.0.0.10-250, each re-opened 0.2 s after the server
     closes it, while the normal client asks 40 times and a real Prometheus scrapes every
-    0.5 s. Each address stays far inside its share: only the total can run out, and a
-    crowd holding it must not lock anyone out."""
-    config = prometheus_scraping(target.port, target.context is not None, target.scrape_auth, "500ms")
+    second (its timeout a second too: on two cores shared with the crowd, a shorter one
+    measures the machine's load, not the server). Each address stays far inside its share:
+    only the total can run out, and a crowd holding it must not lock anyone out."""
+    config = prometheus_scraping(target.port, target.context is not None, target.scrape_auth, "1s")
     with procs.prometheus(config, tmp_path / "prometheus") as prometheus:
         procs.wait_for(lambda: scrapes(prometheus, time.time() - 3, time.time())[0] >= 1, 20,
                        "Prometheus's first successful scrape")
@@ -183,14 +184,16 @@ def test_a_crowd_of_silent_sockets_from_241_addresses_locks_out_neither_the_clie
             served = []
             for _ in range(40):
                 served.append(target.get(timeout=5)[0])
-                time.sleep(0.25)
+                time.sleep(0.5)
             until = time.time()
             held = crowd.most_held
         time.sleep(1.0)                                  # the last scrape stored
         good, made = scrapes(prometheus, since, until)
+        durations = prometheus.get("/api/v1/query", query=f'scrape_duration_seconds{{job="target"}}'
+                                   f'[{round(until - since)}s]', time=f"{until:.3f}")["data"]["result"]
     assert held >= 900, f"the crowd held at most {held} connections"
     assert served.count(200) >= 39, served
-    assert made >= 19 and good >= 0.95 * made, (good, made)
+    assert made >= 19 and good >= 0.95 * made, (good, made, durations)
 
 
 @pytest.mark.parametrize("case", [*FRAMING, "well-framed (control)"])
