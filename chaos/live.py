@@ -270,9 +270,11 @@ class LiveTopology:
                     self.report = enrich(topology, self._query)
                     self.live_error = None
                 except Exception as exc:  # noqa: BLE001 - Prometheus down: keep simulating on what we had
-                    self.live_error = f"{type(exc).__name__}: {exc}"
-                    log.warning("live topology refresh failed, keeping version %s: %s",
-                                self._engine.version if self._engine else "(inventory)", self.live_error)
+                    # Shown to API clients: a metrics error's public wording, which names no
+                    # internal address (the log keeps the full one).
+                    self.live_error = f"{type(exc).__name__}: {getattr(exc, 'public_message', None) or exc}"
+                    log.warning("live topology refresh failed, keeping version %s: %s: %s",
+                                self._engine.version if self._engine else "(inventory)", type(exc).__name__, exc)
                     if self._engine is not None:
                         return self._engine
             if self._engine is None or self._engine.version != topology.version:

@@ -104,11 +104,12 @@ def start_exporter(workdir: Path, tls: bool) -> Target:
     return target
 
 
-def start_sidecar_target(workdir: Path, tls: bool, prometheus_url: str | None = None):
+def start_sidecar_target(workdir: Path, tls: bool, prometheus_url: str | None = None, extra_args: tuple = ()):
     tokens = make_keys(workdir / "keys.yaml")
     sidecar = start_sidecar(workdir, "127.0.0.1", free_port(), prometheus_url or f"http://127.0.0.1:{free_port()}",
                             workdir / "keys.yaml", tls=tls,
-                            extra_args=["--client-timeout", str(CLIENT_TIMEOUT), "--prometheus-timeout", "5"])
+                            extra_args=["--client-timeout", str(CLIENT_TIMEOUT), "--prometheus-timeout", "5",
+                                        *extra_args])
     target = Target(f"sidecar-{'tls' if tls else 'plain'}", int(sidecar.url.rsplit(":", 1)[1]),
                     sidecar.ssl_context(), "/api/versions", {}, sidecar.process.process, workdir)
     return sidecar, target, tokens
@@ -330,14 +331,20 @@ def test_eight_exports_of_4m_empty_spans_are_refused_before_parsing(sidecar_with
 
 def test_no_answer_of_any_route_names_the_internal_prometheus_url(tmp_path):
     """Every route of the OpenAPI document, every tool over HTTP and MCP, and the query
-    routes with bodies that reach Prometheus, against a sidecar whose (unreachable)
-    Prometheus URL carries a marker path: the marker is in no body."""
+    routes with bodies that reach Prometheus, against a sidecar (with a chaos topology
+    whose live refresh fails) whose unreachable Prometheus URL carries a marker path: the
+    marker is in no body."""
     import uuid
 
     marker = f"internal-{uuid.uuid4().hex[:12]}"
-    sidecar, target, tokens = start_sidecar_target(tmp_path, tls=False,
-                                                   prometheus_url=f"http://127.0.0.1:{free_port()}/{marker}")
+    (tmp_path / "cluster.yaml").write_text("name: lab\ngenerate: {hosts: 4, job_hosts: 2}\n")
+    sidecar, target, tokens = start_sidecar_target(
+        tmp_path, tls=False, prometheus_url=f"http://127.0.0.1:{free_port()}/{marker}",
+        extra_args=("--chaos-topology", str(tmp_path / "cluster.yaml"), "--chaos-refresh-seconds", "1"))
     try:
+        procs.wait_for(lambda: target.get("/graph/chaos-topology", bearer(tokens["admin"]))[0] == 200, 30,
+                       "the chaos topology")
+        time.sleep(1.5)                                  # a live refresh has failed
         answers = every_route(sidecar.url, bearer(tokens["admin"]))
     finally:
         sidecar.stop()
@@ -347,6 +354,7 @@ def test_no_answer_of_any_route_names_the_internal_prometheus_url(tmp_path):
     # The routes that named it before (through the query tools) did reach Prometheus here.
     assert {"/queries/meshql", "/ai/query/conversation", "/api/v1/cluster/outlier-ranks"} <= failed, failed
     assert any(path == "/mcp" and "prometheus_unreachable" in text for _, path, _, text in answers)
+    assert any(path == "/graph/chaos-topology" and "PrometheusError" in text for _, path, _, text in answers)
 
 
 def test_a_billion_laughs_keys_file_is_one_short_error_and_the_old_keys_stay(sidecar_with_prometheus):
