@@ -326,3 +326,26 @@ def test_oversized_requests_get_their_status_and_the_server_goes_on(plain_export
         pytest.fail("connection reset instead of a status")
     assert statuses(reply)[:1] == [status], reply[:200]
     assert requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 200
+
+
+def test_a_flood_at_a_trusted_scrapers_address_leaves_the_scrapers_own_login_unthrottled():
+    """Behind a NAT, the scraper shares its address with whoever floods it. At a trusted
+    address the password-check limit is per configured user; elsewhere per address."""
+    from fabricscope.exporter.webconfig import Auth, WebConfig
+    from fabricscope.httpadmission import TrustedSources
+
+    def config() -> WebConfig:
+        users = {user: bcrypt.hashpw(password, bcrypt.gensalt(rounds=4))
+                 for user, password in (("prom", b"scrape"), ("other", b"right"))}
+        return WebConfig(users=users, trusted=TrustedSources(["127.0.0.3/32"]),
+                         _decoy=bcrypt.hashpw(b"decoy", bcrypt.gensalt(rounds=4)))
+
+    def flood(web: WebConfig, source: str) -> list[Auth]:
+        return [web.authenticate(basic("other", f"wrong-{i}")["Authorization"], source) for i in range(40)]
+
+    trusted = config()
+    assert Auth.THROTTLED in flood(trusted, "127.0.0.3")
+    assert trusted.authenticate(basic("prom", "scrape")["Authorization"], "127.0.0.3") is Auth.OK
+    untrusted = config()
+    assert Auth.THROTTLED in flood(untrusted, "127.0.0.4")
+    assert untrusted.authenticate(basic("prom", "scrape")["Authorization"], "127.0.0.4") is Auth.THROTTLED
