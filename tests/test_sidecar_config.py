@@ -29,6 +29,8 @@ def test_slo_overrides_come_from_the_seed_variables():
      "unknown environment variable FABRICSCOPE_SIDECAR_PROMETHEUS_URLS"),
     ({"insecure_no_tls": True, "port": 70000}, {}, "port: Input should be less than or equal to 65535"),
     ({"insecure_no_tls": True, "prometheus_url": "prometheus:9090"}, {}, "prometheus_url: Value error, must be an http"),
+    ({"insecure_no_tls": True}, {"FABRICSCOPE_SIDECAR_TRUSTED_SOURCES": "10.0.0.0/8,10.0.0.300"},
+     "trusted_sources: Value error, '10.0.0.300' is not an IP address or CIDR network"),
     ({"insecure_no_tls": True}, {"TRACING_SLO_a_b": "fast"}, "TRACING_SLO_a_b='fast': expected a number"),
     ({"insecure_no_tls": True}, {"TRACING_SLO_a_b": "0"}, "an SLO must be > 0 ms"),
     ({"insecure_no_tls": True, "gpu_hour_rates": "h100=4"}, {}, "needs a 'default' rate class"),

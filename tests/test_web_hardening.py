@@ -349,3 +349,11 @@ def test_a_flood_at_a_trusted_scrapers_address_leaves_the_scrapers_own_login_unt
     untrusted = config()
     assert Auth.THROTTLED in flood(untrusted, "127.0.0.4")
     assert untrusted.authenticate(basic("prom", "scrape")["Authorization"], "127.0.0.4") is Auth.THROTTLED
+
+
+def test_a_bad_trusted_source_stops_the_exporter_at_start_up(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "fabricscope.cli", "exporter", "--web.listen-address",
+                             "127.0.0.1:0", "--path.state", str(tmp_path), "--web.trusted-sources", "10.0.0.0/8,nat-box"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--web.trusted-sources: 'nat-box' is not an IP address or CIDR network" in result.stderr
