@@ -26,7 +26,6 @@ LAG = f"comm_rank:fabric_nccl_arrival_lag_seconds:mean1m{{{COMM_SEL}}}"
 DEVIATION = f"comm_rank:fabric_nccl_arrival_lag_seconds:deviation1m{{{COMM_SEL}}}"
 MAD = f"comm:fabric_nccl_arrival_lag_seconds:mad1m{{{COMM_SEL}}}"
 MAD_SCORE = f"{DEVIATION} / on (cluster, comm) group_left () ({MAD} > 0)"
-STEP_SHARE = f"comm_rank:fabric_nccl_arrival_lag:step_share1m{{{COMM_SEL}}}"
 # Late by / step time lost with a hang's culprit counted (it never arrives: late by its
 # peers' wait, all of their time lost), and the culprits themselves.
 LATENESS = f"comm_rank:fabric_nccl_lateness_seconds{{{COMM_SEL}}}"
@@ -141,9 +140,9 @@ def dashboard() -> g.Dashboard:
                      "suffix: MAD",
                      "(lag − median lag of the communicator) / median absolute deviation of the lags.",
                      thresholds=[(None, "green"), (mad, "red")]),
-        c.timeseries("Step time lost waiting for each rank", [c.prom(STEP_SHARE, legend=RANK_LEGEND)], "percentunit",
+        c.timeseries("Step time lost waiting for each rank", [c.prom(LOST_SHARE, legend=RANK_LEGEND)], "percentunit",
                      "Share of the job's time the other ranks spend waiting for this one: its lag past the median "
-                     "times collectives per second."),
+                     "times collectives per second; all of it (100 %) for a rank a hang waits for."),
         c.table("Straggler ranks", [
             c.prom(f"{LATENESS} and on (cluster, comm, rank) ({MAD_SCORE} > {mad:g} or {CULPRITS})",
                    instant=True, table=True),

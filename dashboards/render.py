@@ -570,8 +570,10 @@ def _cell(value: Any, kind: str) -> str:
     if isinstance(value, (list, dict)):
         import json
 
+        # Whole where it fits the wrapped cell (draw_table wraps at MAX_CELL_CHARS, 6 lines).
         text = json.dumps(value, separators=(",", ":"))
-        return text if len(text) <= 40 else text[:39] + "…"
+        limit = MAX_CELL_CHARS * 6
+        return text if len(text) <= limit else text[:limit - 1] + "…"
     return str(value)
 
 
