@@ -5,7 +5,6 @@ import argparse
 import gc
 import logging
 import signal
-import threading
 from dataclasses import dataclass
 from typing import Callable
 from pathlib import Path
@@ -180,13 +179,15 @@ def settle_after_start() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # From the first instruction: PID 1 of a container ignores a signal it has no handler
-    # for, and a SIGTERM during start-up (eBPF loading, probes attaching) would wait out the
-    # grace period. Start-up then finishes and the exporter stops at once, releasing what it
-    # attached the fast way (below).
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # Blocked before any thread starts, so every thread inherits the mask and SIGTERM/SIGINT
+    # stay pending until the main thread takes them with sigwait() below. A Python handler
+    # would not do: the kernel hands a process's signal to any thread that does not block
+    # it, and a main thread asleep in a wait never learns of a signal another thread took
+    # (a container then waited out its grace period, intermittently). A signal during
+    # start-up is taken as soon as start-up is done; PID 1 of a container, which ignores
+    # signals it has no handler for, is served the same way.
+    stop_signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     # Before any thread starts: glibc's per-thread malloc arenas (8 per core) grow the RSS
     # with the host's core count (exporter/malloc.py).
     cap_malloc_arenas()
@@ -202,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
     settle_after_start()
     log.info("fabricscope exporter %s on %s (node %r), collectors: %s", __version__, args.listen,
              ctx.node, ", ".join(enabled))
-    stop.wait()
+    signal.sigwait(stop_signals)
     # Probes are released by the exporter rather than by the kernel at exit: the kernel
     # detaches a process's uprobes one after another, behind a grace period each, while the
     # exporter detaches them in parallel (libbpf.destroy_links).
