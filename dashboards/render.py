@@ -216,7 +216,9 @@ def message(panel: dict, text: str, path: Path) -> Path:
 
 def _time_axis(ax, start: float, end: float) -> None:
     ax.set_xlim(datetime.fromtimestamp(start, tz=timezone.utc), datetime.fromtimestamp(end, tz=timezone.utc))
-    locator = mdates.AutoDateLocator(tz=timezone.utc)
+    # About one time label per 0.7 inch of axis: a narrow panel's labels never run together.
+    width = ax.get_position().width * ax.figure.get_figwidth()
+    locator = mdates.AutoDateLocator(tz=timezone.utc, maxticks=max(3, int(width / 0.7)))
     ax.xaxis.set_major_locator(locator)
     # The page header gives the date and range; the axis only needs times.
     ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=timezone.utc, show_offset=False))
@@ -265,7 +267,8 @@ def annotation_table(fig, ax, annotations: list[Annotation]) -> None:
         return
     fig.canvas.draw()
     bottom = min(ax.get_tightbbox(fig.canvas.get_renderer()).transformed(fig.transFigure.inverted()).y0, 0.0)
-    per_column = math.ceil(len(lines) / 2)
+    columns = 2 if fig.get_figwidth() >= 5.5 else 1      # a narrow panel lists them in one column
+    per_column = math.ceil(len(lines) / columns)
     height = 6.5 * 1.5 / (fig.get_figheight() * 72)     # one line of 6.5 pt text, in figure units
     fig.text(0.01, bottom - 0.02, "Alerts (bands on the plot):", fontsize=6.5, color="#444444", va="top")
     for index, (text, colour_) in enumerate(lines):
@@ -567,6 +570,9 @@ def _cell(value: Any, kind: str) -> str:
         return datetime.fromtimestamp(value / 1000, tz=timezone.utc).strftime("%H:%M:%S")
     if isinstance(value, float):
         return f"{value:.4g}"
+    if isinstance(value, list) and value and all(isinstance(item, dict) and "device" in item for item in value):
+        # Anomalies on a span's path: "device kind" each, what a reader scans for.
+        return "; ".join(f"{item['device']} {item.get('kind', '')}".strip() for item in value)
     if isinstance(value, (list, dict)):
         import json
 
