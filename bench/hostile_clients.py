@@ -13,8 +13,8 @@ docs/security.md between its markers instead.
 Attackers connect from 127.0.0.1 (a crowd from 127.0.0.10-250), the normal client from
 127.0.0.2. Sections (--sections): servers (the slow-client rows of each server), crowd
 (a crowd over 241 addresses with a real Prometheus scraping, and the framing cases, on each
-server), nat (a password flood from a trusted scraper's own address), work (the sidecar's
-bounded work), leaks (empty OTLP spans, and the internal Prometheus URL in any answer). Takes a
+server), nat (a password flood from a trusted scraper's own address), memory (each
+server's RSS holding a crowd), work (the sidecar's bounded work), leaks (empty OTLP spans, and the internal Prometheus URL in any answer). Takes a
 few minutes a section.
 """
 from __future__ import annotations
@@ -219,6 +219,33 @@ def crowd_rows(server: Server, name: str, work: Path, results: dict) -> None:
         results[f"{name}: framing, {case}"] = verdict
 
 
+def memory_row(server: Server, name: str, results: dict) -> None:
+    """The server's RSS holding 1,000 silent connections over 241 addresses (on TLS, each
+    past its handshake): what a crowd costs now that it is held rather than refused."""
+    import socket
+
+    from tests.hostile import CROWD_SOURCES
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    before = rss_mb(server.process.pid)
+    socks = []
+    try:
+        for i in range(1000):
+            try:
+                raw = socket.create_connection(("127.0.0.1", server.port), timeout=5,
+                                               source_address=(CROWD_SOURCES[i % len(CROWD_SOURCES)], 0))
+                socks.append(context.wrap_socket(raw, server_hostname="x") if server.context else raw)
+            except (OSError, ssl.SSLError):
+                pass                                    # refused (a full server): not held
+        time.sleep(0.5)
+        held = rss_mb(server.process.pid)
+    finally:
+        for sock in socks:
+            sock.close()
+    results[f"{name}: RSS holding 1,000 silent connections over 241 addresses"] = \
+        f"{before:.0f} -> {held:.0f} MB ({(held - before) * 1024 / max(1, len(socks)):.0f} KB each)"
+
+
 def nat_row(server: Server, results: dict) -> None:
     """A wrong-password flood from the scraper's own address (a NAT), then the scraper's
     first login there (credentials never verified before, so not cached)."""
@@ -407,9 +434,9 @@ def measure(python: str, sections: list[str], results: dict) -> dict:
     work = Path(tempfile.mkdtemp(prefix="hostile-"))
     try:
         servers = (("exporter", False), ("exporter", True), ("sidecar", False), ("sidecar", True))
-        for kind, tls in (servers if {"servers", "crowd", "nat"} & set(sections) else ()):
+        for kind, tls in (servers if {"servers", "crowd", "nat", "memory"} & set(sections) else ()):
             name = f"{kind}-{'tls' if tls else 'plain'}"
-            if not {"servers", "crowd"} & set(sections) and name != "exporter-tls":
+            if not {"servers", "crowd", "memory"} & set(sections) and name != "exporter-tls":
                 continue
             if kind == "exporter":
                 server = start_exporter(python, work / name, tls)
@@ -424,6 +451,8 @@ def measure(python: str, sections: list[str], results: dict) -> dict:
                     crowd_rows(server, name, work, results)
                 if "nat" in sections and name == "exporter-tls":
                     nat_row(server, results)
+                if "memory" in sections:
+                    memory_row(server, name, results)
             finally:
                 server.stop()
             print(json.dumps(results, indent=1), flush=True)
@@ -452,7 +481,7 @@ def main() -> None:
     parser.add_argument("--table", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
                         help="write docs/security.md's table from two result files")
     parser.add_argument("--labels", nargs=2, default=("before", "after"))
-    parser.add_argument("--sections", default="servers,crowd,nat,work,leaks",
+    parser.add_argument("--sections", default="servers,crowd,nat,memory,work,leaks",
                         help="servers, crowd, work, leaks (see above)")
     parser.add_argument("--merge", type=Path, help="start from the results in this file (another section's run)")
     args = parser.parse_args()
