@@ -7,9 +7,11 @@ without them is.)"""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -20,6 +22,7 @@ from fabricscope.exporter import main as exporter_main
 from fabricscope.exporter.framework import COLLECTORS
 from fabricscope.queryapi import server as sidecar_main
 from tests import procs
+from tests.conftest import missing_tool
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -28,9 +31,18 @@ COMPOSE_PORT_DEFAULTS = {"FABRICSCOPE_PROMETHEUS_PORT": "19090", "FABRICSCOPE_AL
 
 
 def compose_file(name: str, env: dict[str, str] | None = None) -> dict:
-    """A compose file as the engine reads it: ${NAME:-default} from `env` or the default."""
-    text = (DEPLOY / "compose" / name).read_text()
-    return yaml.safe_load(re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: (env or {}).get(m[1], m[2]), text))
+    """A compose file as the engine reads it: parsed as YAML first (a { in an unquoted flow
+    item is a syntax error there), then ${NAME:-default} in every string from `env` or the
+    default."""
+    def interpolate(node):
+        if isinstance(node, dict):
+            return {key: interpolate(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [interpolate(item) for item in node]
+        if isinstance(node, str):
+            return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: (env or {}).get(m[1], m[2]), node)
+        return node
+    return interpolate(yaml.safe_load((DEPLOY / "compose" / name).read_text()))
 
 
 COMPOSE = compose_file("compose.yaml")
@@ -209,6 +221,24 @@ def test_compose_ports_are_variables_that_every_service_agrees_on():
     grafana = compose_file("grafana.yaml", ports)["services"]["grafana"]["environment"]
     assert grafana["FABRICSCOPE_PROMETHEUS_URL"].endswith(f":{ports['FABRICSCOPE_PROMETHEUS_PORT']}")
     assert grafana["FABRICSCOPE_SIDECAR_URL"].endswith(f":{ports['FABRICSCOPE_SIDECAR_PORT']}")
+
+
+def test_podman_compose_reads_the_port_variables():
+    """The engine's own reading of the file (podman-compose config: YAML, then variables):
+    a port set in the environment reaches every service that uses it."""
+    podman_compose = Path(sys.executable).parent / "podman-compose"
+    if not podman_compose.exists():
+        missing_tool("podman-compose", "podman-compose (pip, the test extra)")
+    ports = {name: str(21000 + i) for i, name in enumerate(COMPOSE_PORT_DEFAULTS)}
+    done = subprocess.run([str(podman_compose), "-f", str(DEPLOY / "compose" / "compose.yaml"), "config"],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, **ports})
+    assert done.returncode == 0, done.stderr[-3000:]
+    services = yaml.safe_load(done.stdout)["services"]
+    expected = compose_file("compose.yaml", ports)["services"]
+    for name, service in expected.items():
+        for key in ("command", "entrypoint"):
+            assert services[name].get(key) == service.get(key), (name, key)
+    assert f"--port={ports['FABRICSCOPE_SIDECAR_PORT']}" in services["sidecar"]["command"]
 
 
 def test_compose_prometheus_targets_are_the_files_sidecar_init_writes(tmp_path):
