@@ -214,11 +214,28 @@ def message(panel: dict, text: str, path: Path) -> Path:
     return save(fig, path)
 
 
+TICK_STEPS = (10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+
+
+def _time_locator(span: float, most: int):
+    """Round time ticks (10 s ... 1 day apart), the closest that give at most `most` labels."""
+    step = next((t for t in TICK_STEPS if span / t <= most), None)
+    if step is None:
+        return mdates.AutoDateLocator(tz=timezone.utc)
+    if step < 60:
+        return mdates.SecondLocator(bysecond=range(0, 60, step), tz=timezone.utc)
+    if step < 3600:
+        return mdates.MinuteLocator(byminute=range(0, 60, step // 60), tz=timezone.utc)
+    if step < 86400:
+        return mdates.HourLocator(byhour=range(0, 24, step // 3600), tz=timezone.utc)
+    return mdates.DayLocator(tz=timezone.utc)
+
+
 def _time_axis(ax, start: float, end: float) -> None:
     ax.set_xlim(datetime.fromtimestamp(start, tz=timezone.utc), datetime.fromtimestamp(end, tz=timezone.utc))
     # About one time label per 0.7 inch of axis: a narrow panel's labels never run together.
     width = ax.get_position().width * ax.figure.get_figwidth()
-    locator = mdates.AutoDateLocator(tz=timezone.utc, maxticks=max(3, int(width / 0.7)))
+    locator = _time_locator(end - start, max(3, int(width / 0.7)))
     ax.xaxis.set_major_locator(locator)
     # The page header gives the date and range; the axis only needs times.
     ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=timezone.utc, show_offset=False))
