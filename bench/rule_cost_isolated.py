@@ -10,10 +10,13 @@ labels a scrape adds (cluster, job, instance; `up`), and shifted in time so that
 rounds run from the past into the next minutes: what the engine reads while it evaluates
 looks like live data, but no scraper, simulator or remote writer runs beside it.
 
-- Prometheus: the rounds go into TSDB blocks (`promtool tsdb create-blocks-from
-  openmetrics`), Prometheus opens them and evaluates rules/*.yaml at their production
-  intervals. The blocks reach into the future, so the recording-rule results (written at
-  now, before the blocks' end) need the out-of-order window (`out_of_order_time_window`).
+- Prometheus: the rounds go into its head through its remote-write receiver (vmagent
+  relays them, then stops), then Prometheus evaluates rules/*.yaml at their production
+  intervals. The data reaches into the future, so the recording-rule results (written at
+  now, before the newest samples) need the out-of-order window (`out_of_order_time_window`).
+  `promtool tsdb create-blocks-from openmetrics` was the first way: at 1,000 nodes (10 GB
+  of OpenMetrics, 60 M samples) it held 13.5 GiB and had not finished after 12 minutes on
+  this 2-core machine.
 - VictoriaMetrics: the rounds are imported (/api/v1/import/prometheus) and vmalert
   evaluates the same rules (as the stack loads them) against it.
 
@@ -48,7 +51,8 @@ sys.path.insert(0, str(REPO))
 from fabricscope.demo.fleet import FleetCopies  # noqa: E402
 from fabricscope.demo.stack import free_port, write_yaml  # noqa: E402
 from fabricscope.demo.stack.processes import start_prometheus  # noqa: E402
-from fabricscope.demo.stack.victoria import start_victoria_metrics, start_vmalert, vmalert_rules  # noqa: E402
+from fabricscope.demo.stack.victoria import (start_victoria_metrics, start_vmagent, start_vmalert,  # noqa: E402
+                                             vmalert_rules)
 from fabricscope.rules import rule_files  # noqa: E402
 
 HOST = "127.0.0.1"
@@ -124,22 +128,33 @@ class FleetRounds:
         return self.body(index).replace(b"\n", stamp)
 
 
-def om_blocks(fleet: FleetRounds, work: Path, data_dir: Path) -> int:
-    """The rounds as TSDB blocks in data_dir; returns the samples written."""
-    source, samples = work / "fleet.om", 0
-    with open(source, "wb") as out:
-        for index in range(len(fleet.rounds)):
-            chunk = fleet.stamped(index, millis=False)
-            samples += chunk.count(b"\n")
-            out.write(chunk)
-        out.write(b"# EOF\n")
-    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(source), str(data_dir)],
-                   check=True, stdout=subprocess.DEVNULL)
-    source.unlink()
+def relay_import(fleet: FleetRounds, work: Path, prometheus_url: str) -> int:
+    """The rounds into Prometheus' head through its remote-write receiver, vmagent turning
+    the text into remote-write requests; vmagent stops once Prometheus has them all."""
+    port = free_port(HOST)
+    agent = start_vmagent(write_yaml(work / "vmagent.yml", {"scrape_configs": []}), work / "vmagent-data", HOST,
+                          port, f"{prometheus_url}/api/v1/write", work / "vmagent.log",
+                          # Ordered per series; the out-of-order window takes what still crosses.
+                          extra_args=["-remoteWrite.queues=2", "-remoteWrite.maxBlockSize=8MB"])
+    try:
+        samples = victoria_import(fleet, f"http://{HOST}:{port}", flush=False)
+        # Done when Prometheus has appended them all, or appends nothing more for 30 s
+        # (what it refused is in its log and the report's count).
+        last, still_since = -1.0, time.time()
+        while time.time() - still_since < 30:
+            page = metrics_page(f"{prometheus_url}/metrics")
+            appended = sum(v for k, v in page.items() if k.startswith("prometheus_tsdb_head_samples_appended_total"))
+            if appended >= samples:
+                break
+            if appended != last:
+                last, still_since = appended, time.time()
+            time.sleep(3)
+    finally:
+        agent.stop(timeout=60)
     return samples
 
 
-def victoria_import(fleet: FleetRounds, url: str) -> int:
+def victoria_import(fleet: FleetRounds, url: str, flush: bool = True) -> int:
     samples = 0
     for index in range(len(fleet.rounds)):
         chunk = fleet.stamped(index, millis=True)
@@ -147,7 +162,8 @@ def victoria_import(fleet: FleetRounds, url: str) -> int:
         request = urllib.request.Request(f"{url}/api/v1/import/prometheus", data=chunk, method="POST")
         with urllib.request.urlopen(request, timeout=600) as answer:
             answer.read()
-    urllib.request.urlopen(f"{url}/internal/force_flush", timeout=60).read()
+    if flush:
+        urllib.request.urlopen(f"{url}/internal/force_flush", timeout=60).read()
     return samples
 
 
@@ -222,18 +238,21 @@ def watch(poll, measure: float) -> dict[str, list[float]]:
 
 
 def prometheus_run(fleet: FleetRounds, work: Path, rules: list[Path], measure: float) -> dict:
-    data = work / "prometheus-data"
-    began = time.monotonic()
-    samples = om_blocks(fleet, work, data)
-    loaded = time.monotonic() - began
     port = free_port(HOST)
-    config = write_yaml(work / "prometheus.yml", {
-        "global": {"evaluation_interval": "30s"}, "rule_files": [str(p) for p in rules],
-        "storage": {"tsdb": {"out_of_order_time_window": "2h"}}})
-    prom = start_prometheus(config, data, HOST, port, work / "prometheus.log",
-                            ["--storage.tsdb.retention.time=30d"], timeout=600)
     base = f"http://{HOST}:{port}"
+    # No rules while loading (they would evaluate half-loaded data); loaded, the config
+    # with the rules is reloaded.
+    config = {"global": {"evaluation_interval": "30s"}, "storage": {"tsdb": {"out_of_order_time_window": "2h"}}}
+    path = write_yaml(work / "prometheus.yml", config)
+    prom = start_prometheus(path, work / "prometheus-data", HOST, port, work / "prometheus.log",
+                            ["--storage.tsdb.retention.time=30d", "--web.enable-remote-write-receiver",
+                             "--web.enable-lifecycle"], timeout=600)
     try:
+        began = time.monotonic()
+        samples = relay_import(fleet, work, base)
+        loaded = time.monotonic() - began
+        write_yaml(path, {**config, "rule_files": [str(p) for p in rules]})
+        urllib.request.urlopen(urllib.request.Request(f"{base}/-/reload", method="POST"), timeout=60).read()
         def poll():
             page = metrics_page(f"{base}/metrics")
             counts = {label(k, "rule_group"): v for k, v in page.items()
@@ -296,8 +315,9 @@ def rss_bytes(pid: int) -> int:
 def report(rows: list[dict], intervals: dict[str, float], args, fleet: FleetRounds) -> None:
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
+    source = f"rules {' '.join(str(p) for p in args.rules)}" if args.rules else f"rules/*.yaml at commit {commit}"
     print(f"\n{args.recording.name}: {len(fleet.rounds)} rounds 30 s apart ({args.history} before the "
-          f"measurement began), {args.nodes} nodes x 8 GPUs; rules at commit {commit}; {args.measure:.0f} s "
+          f"measurement began), {args.nodes} nodes x 8 GPUs; {source}; {args.measure:.0f} s "
           f"measured per engine; {os.cpu_count()} CPUs, load average at the end {os.getloadavg()[0]:.1f}\n")
     for row in rows:
         print(f"{row['engine']}: {row['samples_loaded']:,} samples loaded in {row['load_seconds']:.0f} s, "
@@ -333,10 +353,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("recording", type=Path)
     parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--history", type=int, default=22,
+    parser.add_argument("--rounds", type=int, default=28, help="use the recording's last ROUNDS rounds")
+    parser.add_argument("--history", type=int, default=14,
                         help="rounds before the measurement begins (the rest reach into the future)")
-    parser.add_argument("--measure", type=float, default=200.0, help="seconds of evaluation measured per engine")
-    parser.add_argument("--lead", type=float, default=240.0,
+    parser.add_argument("--measure", type=float, default=180.0, help="seconds of evaluation measured per engine")
+    parser.add_argument("--lead", type=float, default=420.0,
                         help="seconds ahead the present round is placed (about the time loading takes)")
     parser.add_argument("--engines", default="prometheus,victoriametrics")
     parser.add_argument("--rules", type=Path, nargs="*", default=None, help="rule files (default: rules/*.yaml)")
@@ -344,7 +365,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     rules = args.rules or rule_files()
-    rounds = load_recording(args.recording)
+    rounds = load_recording(args.recording)[-args.rounds:]
     if args.history >= len(rounds):
         raise SystemExit(f"--history {args.history}: the recording has only {len(rounds)} rounds")
     intervals = group_intervals(rules, 30.0)
