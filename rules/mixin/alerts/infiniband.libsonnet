@@ -21,7 +21,8 @@ local utils = import '../lib/utils.libsonnet';
     port: c.port,
     recent: utils.indent(utils.alertedOrWasWorking(
       'FabricInfinibandPortDown',
-      'max without (state) (max_over_time(fabric_infiniband_port_state{state=~"ACTIVE|ACTIVE_DEFER"}[%s]))' % c.w.ibWasActive
+      // rules/infiniband.libsonnet records when each port last carried traffic.
+      'time() - port:fabric_infiniband_port_state:last_active_timestamp < %d' % utils.seconds(c.w.ibWasActive)
     )),
   },
 

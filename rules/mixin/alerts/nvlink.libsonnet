@@ -23,7 +23,8 @@ local utils = import '../lib/utils.libsonnet';
             ||| % {
               link: c.link,
               recent: utils.indent(utils.alertedOrWasWorking(
-                'FabricNvlinkLinkDown', 'max_over_time(fabric_nvlink_state[%s]) == 1' % c.w.ibWasActive
+                'FabricNvlinkLinkDown',
+                'time() - gpu_link:fabric_nvlink_state:last_active_timestamp < %d' % utils.seconds(c.w.ibWasActive)
               )),
             },
             c.forOf.nvlinkDown,

@@ -25,12 +25,28 @@ local utils = import '../lib/utils.libsonnet';
           {
             // The link's average over the 30 minutes before the current window: what
             // "busy" meant for this link before a collapse.
+            // From the link's recorded 5-minute rates (one sample a minute), not its raw
+            // counter over 30 minutes (2-4 samples a minute a link, 144 links a node).
             record: 'gpu_link:fabric_nvlink_bytes:rate30m_before',
-            expr: nvlinkBytesRate(c.w.nvlinkBaseline, c.w.nvlinkRate),
+            expr: 'avg_over_time(gpu_link:fabric_nvlink_bytes:rate5m[%s] offset %s)' % [c.w.nvlinkBaseline, c.w.nvlinkRate],
           },
           {
             record: 'gpu:fabric_nvlink_bytes:rate5m',
             expr: 'sum by (%s) (gpu_link:fabric_nvlink_bytes:rate5m)' % c.gpu,
+          },
+          {
+            // When the link was last seen active: now while it is, else this rule's own
+            // last value carried forward. FabricNvlinkLinkDown asks "active within the
+            // look-back" of this one sample per link instead of scanning every link's
+            // raw state over the whole look-back each minute (6 h x 144 links a node).
+            // An evaluator stopped longer than the lookback delta (5 m) forgets the links
+            // that were down across it; ALERTS keeps those already firing.
+            record: 'gpu_link:fabric_nvlink_state:last_active_timestamp',
+            expr: |||
+              max by (%(link)s) (timestamp(fabric_nvlink_state == 1))
+              or
+              gpu_link:fabric_nvlink_state:last_active_timestamp
+            ||| % { link: c.link },
           },
         ],
       },

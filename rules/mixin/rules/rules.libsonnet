@@ -4,5 +4,6 @@
 // order of this list.
 (import 'tcp.libsonnet')
 + (import 'nvlink.libsonnet')
++ (import 'infiniband.libsonnet')
 + (import 'nccl.libsonnet')
 + (import 'attribution.libsonnet')
