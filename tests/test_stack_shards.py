@@ -14,7 +14,6 @@ About 100 s: the port goes down 10 s in and its alert holds 30 s (fast alerts)."
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 import requests
