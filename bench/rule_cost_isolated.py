@@ -364,7 +364,9 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=12, help="costliest expressions listed")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    rules = args.rules or rule_files()
+    # Absolute: Prometheus reads rule_files relative to its config file's directory, and
+    # a glob that matches nothing is no error (it would evaluate no rules at all).
+    rules = [Path(p).resolve() for p in args.rules] if args.rules else rule_files()
     rounds = load_recording(args.recording)[-args.rounds:]
     if args.history >= len(rounds):
         raise SystemExit(f"--history {args.history}: the recording has only {len(rounds)} rounds")
