@@ -203,7 +203,10 @@ def run(args: argparse.Namespace) -> int:
     settle_after_start()
     log.info("fabricscope exporter %s on %s (node %r), collectors: %s", __version__, args.listen,
              ctx.node, ", ".join(enabled))
-    signal.sigwait(stop_signals)
+    # Timed, so that the Python handlers of other signals (a debugging hook on SIGUSR1, say)
+    # still run on this thread within a second: sigwait() would hold them until it returns.
+    while signal.sigtimedwait(stop_signals, 1.0) is None:
+        pass
     # Probes are released by the exporter rather than by the kernel at exit: the kernel
     # detaches a process's uprobes one after another, behind a grace period each, while the
     # exporter detaches them in parallel (libbpf.destroy_links).
