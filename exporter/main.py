@@ -180,7 +180,7 @@ def settle_after_start() -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Blocked before any thread starts, so every thread inherits the mask and SIGTERM/SIGINT
-    # stay pending until the main thread takes them with sigwait() below. A Python handler
+    # stay pending until the main thread takes them with sigtimedwait() below. A Python handler
     # would not do: the kernel hands a process's signal to any thread that does not block
     # it, and a main thread asleep in a wait never learns of a signal another thread took
     # (a container then waited out its grace period, intermittently). A signal during
