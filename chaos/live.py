@@ -26,6 +26,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable, Iterable, Mapping, Sequence
 
 from .blast import BlastRadiusEngine
@@ -50,8 +51,10 @@ def comm_job_name(comm: str) -> str:
     return f"nccl-{comm}"
 
 
+@lru_cache(maxsize=65536)
 def _bus(bus_id: str) -> str:
-    """PCI bus ids compare without the domain width or case: 00000000:C0:00.0 == 0000:c0:00.0."""
+    """PCI bus ids compare without the domain width or case: 00000000:C0:00.0 == 0000:c0:00.0.
+    (Cached: a fleet's NVLink series name the same few dozen bus ids over and over.)"""
     parts = bus_id.strip().lower().split(":")
     if len(parts) != 3:
         return bus_id.strip().lower()
@@ -73,13 +76,15 @@ def _labels(result: Sequence) -> Iterable[tuple[dict, float]]:
     sample objects with `.labels` and `.value` (the sidecar client's)."""
     for series in result:
         try:
-            if isinstance(series, Mapping):
+            # A plain dict (a decoded API answer) first: isinstance() against the abstract
+            # Mapping costs more than the rest of the loop at 300k series.
+            if type(series) is dict or isinstance(series, Mapping):
                 metric, value = series.get("metric") or {}, float(series["value"][1])
             else:
                 metric, value = series.labels, float(series.value)
         except (AttributeError, KeyError, IndexError, TypeError, ValueError):
             continue
-        if isinstance(metric, Mapping):
+        if type(metric) is dict or isinstance(metric, Mapping):
             yield metric, value
 
 
