@@ -34,24 +34,20 @@ TRICKLE_SECONDS = 0.5
 REOPEN_SECONDS = 0.5
 
 
-class Attack:
-    """`counts[kind]` connections of each kind to host:port from ATTACKER, in a thread of
-    their own; a context manager."""
+class _ClientsInThread:
+    """Client coroutines on an event loop of their own thread, from `with` until its end:
+    subclasses say which coroutines (_clients)."""
 
-    def __init__(self, host: str, port: int, counts: dict[str, int], tls: bool) -> None:
-        self.host, self.port, self.counts, self.tls = host, port, counts, tls
-        self.context = ssl.create_default_context()
-        self.context.check_hostname = False
-        self.context.verify_mode = ssl.CERT_NONE
+    def __init__(self, name: str) -> None:
         self.opened = 0                 # connections opened in all, re-openings included
         self.holding = 0                # open right now
         self.most_held = 0              # the most open at once
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, name="attack", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._stop: asyncio.Event | None = None
         self._started = threading.Event()
 
-    def __enter__(self) -> "Attack":
+    def __enter__(self):
         self._thread.start()
         self._started.wait(10)
         return self
@@ -64,15 +60,32 @@ class Attack:
         self._loop.run_until_complete(self._main())
         self._loop.close()
 
+    def _clients(self) -> list:
+        raise NotImplementedError
+
     async def _main(self) -> None:
         self._stop = asyncio.Event()
-        tasks = [asyncio.ensure_future(self._connection(kind))
-                 for kind, count in self.counts.items() for _ in range(count)]
+        tasks = [asyncio.ensure_future(client) for client in self._clients()]
         self._started.set()
         await self._stop.wait()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class Attack(_ClientsInThread):
+    """`counts[kind]` connections of each kind to host:port from ATTACKER, in a thread of
+    their own; a context manager."""
+
+    def __init__(self, host: str, port: int, counts: dict[str, int], tls: bool) -> None:
+        super().__init__("attack")
+        self.host, self.port, self.counts, self.tls = host, port, counts, tls
+        self.context = ssl.create_default_context()
+        self.context.check_hostname = False
+        self.context.verify_mode = ssl.CERT_NONE
+
+    def _clients(self) -> list:
+        return [self._connection(kind) for kind, count in self.counts.items() for _ in range(count)]
 
     async def _connection(self, kind: str) -> None:
         while not self._stop.is_set():
@@ -120,44 +133,20 @@ class Attack:
                 pass
 
 
-class Crowd:
+class Crowd(_ClientsInThread):
     """`count` connect-only sockets spread over CROWD_SOURCES, each re-opened 0.2 s after
     the server closes it, until stopped; in a thread of its own (a context manager)."""
 
     def __init__(self, host: str, port: int, count: int = 1000) -> None:
+        super().__init__("crowd")
         self.host, self.port, self.count = host, port, count
-        self.opened = self.holding = self.most_held = 0
         self.closed_by_server = 0
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft != resource.RLIM_INFINITY and soft < count + 512:
             resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, count + 4096), hard))
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, name="crowd", daemon=True)
-        self._stop: asyncio.Event | None = None
-        self._started = threading.Event()
 
-    def __enter__(self) -> "Crowd":
-        self._thread.start()
-        self._started.wait(10)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(15)
-
-    def _run(self) -> None:
-        self._loop.run_until_complete(self._main())
-        self._loop.close()
-
-    async def _main(self) -> None:
-        self._stop = asyncio.Event()
-        tasks = [asyncio.ensure_future(self._socket(CROWD_SOURCES[i % len(CROWD_SOURCES)]))
-                 for i in range(self.count)]
-        self._started.set()
-        await self._stop.wait()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    def _clients(self) -> list:
+        return [self._socket(CROWD_SOURCES[i % len(CROWD_SOURCES)]) for i in range(self.count)]
 
     async def _socket(self, source: str) -> None:
         loop = asyncio.get_running_loop()
