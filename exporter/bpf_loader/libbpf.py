@@ -178,10 +178,8 @@ class Link:
 
 
 class FdLink(Link):
-    """A link the kernel gave as a descriptor (BPF_LINK_CREATE): closing it detaches."""
-
-    def __init__(self, lib: _Lib, fd: int, program: str, target: str) -> None:
-        super().__init__(lib, fd, program, target)
+    """A link the kernel gave as a descriptor (BPF_LINK_CREATE), held where Link holds
+    libbpf's pointer: closing it detaches."""
 
     def destroy(self) -> None:
         with self._lock:
