@@ -32,7 +32,9 @@ from .configs import (FAST_ALERT_OVERRIDES, alertmanager_config, prometheus_conf
                       write_yaml)
 from .errors import StackError
 from .processes import ManagedProcess, start_alertmanager, start_prometheus
-from .victoria import start_victoria_metrics, start_vmagent, start_vmalert, vmagent_scrape_config, vmalert_rules
+from .shards import ShardedVictoria
+from .victoria import (own_metrics_jobs, start_victoria_metrics, start_vmagent, start_vmalert, vmagent_scrape_config,
+                       vmalert_rules)
 from .timescale import scale_route_timing, scale_rule_overrides, scale_scenario
 from .sidecar import DEFAULT_SIDECAR_PORT, Periodic, SidecarProcess, alert_printer, mint_key, span_feeder, start_sidecar
 from .webhook import SIDECAR_WEBHOOK_PATH
@@ -45,6 +47,8 @@ log = logging.getLogger("fabricscope.demo.stack")
 DEFAULT_PROMETHEUS_PORT = 19090
 DEFAULT_ALERTMANAGER_PORT = 19093
 BACKENDS = ("prometheus", "victoriametrics")
+# Every target scraped by two vmagent members: one member lost loses no series.
+DEFAULT_REPLICATION = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,6 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prometheus (default): one Prometheus scrapes, stores and evaluates the rules; "
                              "victoriametrics: vmagent scrapes and remote-writes to VictoriaMetrics, vmalert "
                              "evaluates the same rules (docs/scale.md)")
+    parser.add_argument("--shards", type=int, default=None, metavar="N",
+                        help="with --backend victoriametrics: N vmagent members in cluster mode, each target "
+                             "scraped by --replication of them, VictoriaMetrics deduplicating the copies, one "
+                             "vmalert per cluster on the rules scoped to that cluster (docs/scale.md)")
+    parser.add_argument("--replication", type=int, default=None, metavar="R",
+                        help=f"with --shards: the vmagent members that scrape each target (default "
+                             f"{DEFAULT_REPLICATION}; losing R-1 members loses no series)")
     parser.add_argument("--prometheus-port", type=int, default=DEFAULT_PROMETHEUS_PORT,
                         help=f"port on 127.0.0.1 of the Prometheus HTTP API: Prometheus, or VictoriaMetrics with "
                              f"--backend victoriametrics (default {DEFAULT_PROMETHEUS_PORT})")
@@ -139,12 +150,15 @@ class Stack:
     vmalert: ManagedProcess | None = None
     vmagent: ManagedProcess | None = None
     victoria_metrics: ManagedProcess | None = None
+    # --shards: vmagent members, one vmalert per cluster and the store, instead of the three above.
+    sharded: ShardedVictoria | None = None
     feeder: Periodic | None = None
     printer: Periodic | None = None
 
     def servers(self) -> list[ManagedProcess]:
         """The server processes that must keep running."""
         return [part for part in (self.prometheus, self.vmalert, self.vmagent, self.victoria_metrics,
+                                  *(self.sharded.processes() if self.sharded else ()),
                                   self.alertmanager, self.sidecar and self.sidecar.process) if part is not None]
 
     def stop(self) -> None:
@@ -157,6 +171,7 @@ class Stack:
                               ("prometheus", self.prometheus and self.prometheus.stop),
                               ("vmalert", self.vmalert and self.vmalert.stop),
                               ("vmagent", self.vmagent and self.vmagent.stop),
+                              ("sharded backend", self.sharded and self.sharded.stop),
                               ("alertmanager", self.alertmanager and self.alertmanager.stop),
                               ("sidecar", self.sidecar and self.sidecar.stop),
                               ("victoria-metrics", self.victoria_metrics and self.victoria_metrics.stop),
@@ -225,6 +240,7 @@ def start_stack(args: argparse.Namespace, stack: Stack, out=sys.stdout) -> None:
 def check_prerequisites(args: argparse.Namespace, host: str) -> None:
     """Binaries, sidecar dependencies, ports and options: fail before anything starts, not
     halfway through. Fills in the scrape interval's default."""
+    check_sharding(args)
     victoria = args.backend == "victoriametrics"
     for binary in (("victoria-metrics", "vmagent", "vmalert") if victoria else ("prometheus",)) + (
             "prometheus-alertmanager",):
@@ -245,12 +261,31 @@ def check_prerequisites(args: argparse.Namespace, host: str) -> None:
         args.scrape_interval = "1s" if args.time_scale > 1 else "5s"
 
 
+def check_sharding(args: argparse.Namespace) -> None:
+    """--shards and --replication: only on the VictoriaMetrics backend, and a replication
+    that the members can carry. Fills in the replication's default."""
+    if args.shards is None:
+        if args.replication is not None:
+            raise StackError("--replication needs --shards (it is the vmagent members scraping each target)")
+        return
+    if args.backend != "victoriametrics":
+        raise StackError(f"--shards needs --backend victoriametrics (vmagent's cluster mode), got --backend "
+                         f"{args.backend}")
+    replication = DEFAULT_REPLICATION if args.replication is None else args.replication
+    if replication < 1:
+        raise StackError(f"--replication must be at least 1, got {replication}")
+    if args.shards < 2 or args.shards < replication:
+        raise StackError(f"--shards must be at least 2 and at least --replication ({replication}): each target is "
+                         f"scraped by {replication} of the N vmagent members, got --shards {args.shards}")
+    args.replication = replication
+
+
 def fresh_workdir(workdir: Path) -> Path:
     """The workdir without a previous run's TSDB, Alertmanager state, sidecar database and
     keys, and notification log: alerts and spans of a previous run must not reappear as if
     this scenario caused them."""
     workdir.mkdir(parents=True, exist_ok=True)
-    for stale in ("prometheus-data", "alertmanager-data", "victoria-metrics-data", "vmagent-data"):
+    for stale in ("prometheus-data", "alertmanager-data", "victoria-metrics-data", "vmagent-data", "shards"):
         shutil.rmtree(workdir / stale, ignore_errors=True)
     for stale in ("sidecar.db", "sidecar.db-wal", "sidecar.db-shm", "keys.yaml"):
         (workdir / "sidecar" / stale).unlink(missing_ok=True)
@@ -347,6 +382,8 @@ def start_backend(run: StackRun, stack: Stack) -> list[str]:
         sidecar_address=stack.sidecar.url.split("://", 1)[1],
         sidecar_ca=stack.sidecar.certs.ca if stack.sidecar.certs else None)
     rule_list = ', '.join(str(p) for p in rules) or 'none'
+    if run.victoria and args.shards:
+        return start_sharded_backend(run, stack, scrape, rule_list)
     if run.victoria:
         dropped = start_victoria_backend(stack, scrape, rules, workdir, host, run.prometheus_port,
                                          run.alertmanager_url, args.scrape_interval, run.scenario.cluster_name)
@@ -365,6 +402,30 @@ def start_backend(run: StackRun, stack: Stack) -> list[str]:
     return [f"Prometheus:     {run.prometheus_url}   (alerts: {run.prometheus_url}/alerts, targets: "
             f"{run.prometheus_url}/targets)",
             f"  rules:        {rule_list}"]
+
+
+def start_sharded_backend(run: StackRun, stack: Stack, scrape: dict, rule_list: str) -> list[str]:
+    """demo/stack/shards.py's set-up for the demo's cluster: --shards vmagent members in
+    cluster mode, VictoriaMetrics on --prometheus-port, one vmalert for the cluster on the
+    rules scoped to it; the banner's lines about it."""
+    args, cluster = run.args, run.scenario.cluster_name
+    stack.sharded = ShardedVictoria(run.workdir / "shards", scrape, [cluster], run.rules, run.alertmanager_url,
+                                    scrape_interval=args.scrape_interval, members=args.shards,
+                                    replication=args.replication, host=run.host, store_port=run.prometheus_port,
+                                    own_metrics=True)
+    stack.sharded.start()
+    dropped = stack.sharded.dropped[cluster]
+    return [
+        f"VictoriaMetrics: {run.prometheus_url}   (Prometheus API; vmui: {run.prometheus_url}/vmui; "
+        f"dedup {args.scrape_interval})",
+        f"  vmagents:     {args.shards} members in cluster mode, each target scraped by {args.replication}:",
+        *(f"    member {member}:   {stack.sharded.vmagent_url(member)}   "
+          f"(targets: {stack.sharded.vmagent_url(member)}/targets)" for member in range(args.shards)),
+        f"  vmalert:      {stack.sharded.vmalert_url(cluster)}   (cluster {cluster}; alerts: "
+        f"{stack.sharded.vmalert_url(cluster)}/api/v1/alerts)",
+        f"  rules:        {rule_list}, scoped to cluster=\"{cluster}\" in {run.workdir / 'shards' / 'rules' / cluster}"
+        + (f" (for vmalert without {', '.join(sorted({d.rsplit(': ', 1)[1] for d in dropped}))} on "
+           f"{len(dropped)} rules)" if dropped else "")]
 
 
 def banner(run: StackRun, stack: Stack, backend_lines: list[str]) -> list[str]:
@@ -425,9 +486,8 @@ def start_victoria_backend(stack: Stack, prom_config: dict, rules: list[Path], w
     vmalert_port, vmagent_port = free_port(host), free_port(host)
     scrape = vmagent_scrape_config(prom_config)
     # The backend's own metrics, as Prometheus scrapes itself: ingestion, rule evaluation.
-    scrape["scrape_configs"] += [{"job_name": job, "static_configs": [{"targets": [f"{host}:{p}"]}]}
-                                 for job, p in (("victoria-metrics", port), ("vmagent", vmagent_port),
-                                                ("vmalert", vmalert_port))]
+    scrape["scrape_configs"] += own_metrics_jobs(host, [("victoria-metrics", [port]), ("vmagent", [vmagent_port]),
+                                                        ("vmalert", [vmalert_port])])
     config = write_yaml(workdir / "vmagent.yml", scrape)
     stack.vmagent = start_vmagent(config, workdir / "vmagent-data", host, vmagent_port, f"{vm_url}/api/v1/write",
                                   workdir / "vmagent.log")

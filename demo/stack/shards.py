@@ -26,13 +26,17 @@ from fabricscope.rules.cli import write as write_scoped_rules
 from .binaries import free_ports
 from .configs import write_yaml
 from .processes import ManagedProcess
-from .victoria import start_victoria_metrics, start_vmagent, start_vmalert, vmagent_scrape_config, vmalert_rules
+from .victoria import (own_metrics_jobs, start_victoria_metrics, start_vmagent, start_vmalert, vmagent_scrape_config,
+                       vmalert_rules)
 
 
 class ShardedVictoria:
     def __init__(self, workdir: Path, prometheus_config: dict[str, Any], clusters: list[str], rules: list[Path],
                  alertmanager_url: str, scrape_interval: str = "30s", evaluation_interval: str | None = None,
-                 members: int = 3, replication: int = 2, host: str = "127.0.0.1") -> None:
+                 members: int = 3, replication: int = 2, host: str = "127.0.0.1", store_port: int = 0,
+                 own_metrics: bool = False) -> None:
+        """`store_port` 0 picks a free port; `own_metrics` adds scrape jobs for the store's,
+        the vmagents' and the vmalerts' own metrics (as Prometheus scrapes itself)."""
         if not 1 <= replication <= members:
             raise ValueError(f"replication {replication} must be between 1 and the members ({members})")
         if len(set(clusters)) != len(clusters) or not clusters:
@@ -43,8 +47,14 @@ class ShardedVictoria:
         self.scrape_interval, self.evaluation_interval = scrape_interval, evaluation_interval or scrape_interval
         self.members, self.replication = members, replication
         ports = free_ports(1 + members + len(clusters), host)
-        self.vm_port, self.vmagent_ports = ports[0], ports[1:1 + members]
+        self.vm_port, self.vmagent_ports = store_port or ports[0], ports[1:1 + members]
         self.vmalert_ports = dict(zip(clusters, ports[1 + members:]))
+        if own_metrics:
+            self.scrape["scrape_configs"] += own_metrics_jobs(host, [
+                ("victoria-metrics", [self.vm_port]), ("vmagent", self.vmagent_ports),
+                ("vmalert", list(self.vmalert_ports.values()))])
+        # What vmalert's copies of the rules left out ("group/rule: field"), per cluster.
+        self.dropped: dict[str, list[str]] = {}
         self.victoria_metrics: ManagedProcess | None = None
         self.vmagents: list[ManagedProcess] = []
         self.vmalerts: dict[str, ManagedProcess] = {}
@@ -58,6 +68,13 @@ class ShardedVictoria:
     def vmalert_url(self, cluster: str) -> str:
         return f"http://{self.host}:{self.vmalert_ports[cluster]}"
 
+    def vmagent_url(self, member: int) -> str:
+        return f"http://{self.host}:{self.vmagent_ports[member]}"
+
+    def processes(self) -> list[ManagedProcess]:
+        """Every server process started (the ones that must keep running)."""
+        return [part for part in [self.victoria_metrics, *self.vmagents, *self.vmalerts.values()] if part is not None]
+
     def start(self) -> "ShardedVictoria":
         try:
             self.victoria_metrics = start_victoria_metrics(
@@ -70,7 +87,7 @@ class ShardedVictoria:
                 self.vmagents.append(self._start_vmagent(config, member))
             for cluster in self.clusters:
                 scoped = write_scoped_rules(self.rules, self.workdir / "rules" / cluster, cluster)
-                self._rule_files[cluster], _ = vmalert_rules(scoped, self.workdir / "vmalert-rules" / cluster)
+                self._rule_files[cluster], self.dropped[cluster] = vmalert_rules(scoped, self.workdir / "vmalert-rules" / cluster)
                 self.vmalerts[cluster] = self._start_vmalert(cluster)
         except BaseException:
             self.stop()

@@ -66,6 +66,13 @@ def vmagent_scrape_config(prometheus_config: dict[str, Any]) -> dict[str, Any]:
             "scrape_configs": jobs}
 
 
+def own_metrics_jobs(host: str, servers: list[tuple[str, list[int]]]) -> list[dict[str, Any]]:
+    """Scrape jobs for the backend's own metrics (ingestion, rule evaluation), one job per
+    kind of server: [(job, [port, ...]), ...]."""
+    return [{"job_name": job, "static_configs": [{"targets": [f"{host}:{port}" for port in ports]}]}
+            for job, ports in servers]
+
+
 def start_victoria_metrics(data_dir: Path, host: str, port: int, log_path: Path, retention: str = "2d",
                            extra_args: list[str] | None = None, timeout: float = 60.0) -> ManagedProcess:
     argv = [find_binary("victoria-metrics"), f"-storageDataPath={data_dir}", f"-httpListenAddr={host}:{port}",
