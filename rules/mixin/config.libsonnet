@@ -60,10 +60,13 @@
       tcpBaseline: '5m',  // rolling average of the p99 over 5 minutes
       ncclLag: '1m',  // per-rank mean arrival lag and collective rate (straggler detection)
       // A node's offset against the comm's earliest rank (cross-node join): its least over
-      // the joins of this window. Short: the last join or two under 15-30 s rule groups, so
-      // a late node's condition holds within a boundary, a scrape and a rule interval or
-      // two; a single scheduling spike lasts one join, and the alert's for: waits out more.
+      // the joins of this window, added to its ranks' lag (comm_rank:...:mean1m, panels).
+      // FabricNcclStragglerNode reads the latest join instead (ncclNodeOffsetHold).
       ncclNodeOffset: '20s',
+      // How long the latest cross-node join stands for the node (FabricNcclStragglerNode)
+      // while no newer one lines up: longer than a rule interval plus the time between two
+      // boundaries, so the alert's for: runs on between joins; a newer join replaces it at once.
+      ncclNodeOffsetHold: '1m',
       // A node's clock against Prometheus': the smallest (node clock - scrape timestamp)
       // seen over this window (docs/nccl.md, "Clocks").
       ncclClockOffset: '5m',

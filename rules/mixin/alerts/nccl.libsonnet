@@ -4,11 +4,13 @@
 local utils = import '../lib/utils.libsonnet';
 local attributionOf = import '../lib/attribution.libsonnet';
 local hangOf = import '../lib/nccl_hang.libsonnet';
+local joinOf = import '../lib/nccl_join.libsonnet';
 
 {
   local c = utils.context($._config),
   local attribution = attributionOf(c),
   local hang = hangOf(c),
+  local join = joinOf(c),
 
   // Query templates in annotations select one comm of one cluster.
   local commSel = c.cluster + '="%s",comm="%s"',
@@ -29,7 +31,9 @@ local hangOf = import '../lib/nccl_hang.libsonnet';
       {
         name: 'fabric-nccl.alerts',
         interval: c.cfg.intervals.nccl,
-        rules: [
+        // The cross-node join first (lib/nccl_join.libsonnet): FabricNcclStragglerNode below
+        // reads what it records in the same evaluation.
+        rules: join.rules + [
           c.alert(
             'FabricNcclHang',
             c.sev.ncclHang,
@@ -103,16 +107,18 @@ local hangOf = import '../lib/nccl_hang.libsonnet';
             'FabricNcclStragglerNode',
             c.sev.straggler,
             // Every rank of the node enters late against the comm's earliest rank
-            // elsewhere. The floor is above what NTP keeps between nodes.
+            // elsewhere, on the latest join (recorded above in this evaluation): the for:
+            // holds it to account, a single late join is only pending. The floor is above
+            // what NTP keeps between nodes.
             |||
-              comm_node:fabric_nccl_arrival_offset_seconds:min > %(abs)s
+              comm_node:fabric_nccl_arrival_offset_seconds:last > %(abs)s
               and
               comm_node:fabric_nccl_arrival_offset:step_share1m > %(share)s
             ||| % { abs: c.num(c.th.stragglerNodeMinOffsetSeconds), share: c.num(c.th.stragglerMinStepShare) },
             c.forOf.straggler,
             'Every NCCL rank on one node enters its collectives late: the whole job waits for this node.',
             'The ranks of comm {{ $labels.comm }} on {{ $labels.node }} enter each collective {{ $value | humanizeDuration }} '
-            + 'after the earliest rank elsewhere (at least, over ' + c.w.ncclNodeOffset + '); every step waits that long: '
+            + 'after the earliest rank elsewhere (the latest join of their sequence boundaries); every step waits that long: '
             + stepShare('comm_node:fabric_nccl_arrival_offset:step_share1m', [c.cluster, 'comm', c.node])
             + ' of the job\'s time.',
           ),
@@ -136,7 +142,7 @@ local hangOf = import '../lib/nccl_hang.libsonnet';
               (comm:fabric_nccl_arrival_lag_seconds:ranks1m >= %(ranks)s)
               unless on (%(node)s)
               (
-                comm_node:fabric_nccl_arrival_offset_seconds:min > %(nodeAbs)s
+                comm_node:fabric_nccl_arrival_offset_seconds:last > %(nodeAbs)s
                 and
                 comm_node:fabric_nccl_arrival_offset:step_share1m > %(share)s
               )

@@ -141,47 +141,10 @@ local hangOf = import '../lib/nccl_hang.libsonnet';
             ||| % { node: c.host, window: c.w.ncclClockOffset, step: c.num(c.th.ncclClockOffsetMaxStepSeconds),
                     settle: c.w.ncclClockOffsetSettle },
           },
-          {
-            // Cross-node join: each rank's entry into the same boundary op, on
-            // Prometheus' clock (its node's offset taken out), minus the comm's
-            // earliest, taken only when every reporting rank is at the same boundary
-            // (scrapes of different nodes land at different times).
-            record: 'comm_rank:fabric_nccl_sequence_boundary_lag_seconds',
-            expr: |||
-              (
-                max by (%(rank)s) (fabric_nccl_sequence_boundary_entry_timestamp_seconds)
-                - on (%(nodeOnly)s) group_left
-                node:fabric_nccl_clock_offset_seconds:settled
-              )
-              - on (%(comm)s) group_left
-              min by (%(comm)s) (
-                max by (%(rank)s) (fabric_nccl_sequence_boundary_entry_timestamp_seconds)
-                - on (%(nodeOnly)s) group_left
-                node:fabric_nccl_clock_offset_seconds:settled
-              )
-              and on (%(comm)s)
-              (max by (%(comm)s) (fabric_nccl_sequence_boundary) == min by (%(comm)s) (fabric_nccl_sequence_boundary))
-              and on (%(comm)s)
-              (count by (%(comm)s) (fabric_nccl_sequence_boundary) > 1)
-            ||| % { rank: c.rank, comm: c.comm, nodeOnly: c.host },
-          },
-          {
-            // How late a node's earliest rank enters, against the comm's earliest rank
-            // anywhere: 0 for the first node; for others, what is left of their clocks'
-            // disagreement after the offsets are taken out (docs/nccl.md measures it).
-            // A node whose clock is not settled has no boundary lag, so is not judged.
-            record: 'comm_node:fabric_nccl_arrival_offset_seconds',
-            expr: 'min by (%s) (comm_rank:fabric_nccl_sequence_boundary_lag_seconds)' % c.commNode,
-          },
-          {
-            // The least over the window of the evaluations where the boundaries lined up:
-            // a node late on every step is late on every join, while a busy node's
-            // scheduling delays (one-sided: they only ever make a rank later) come and go.
-            // Short (the last joins, docs/nccl.md "Across nodes, measured"): the alert's
-            // for: is what holds a late node to account, this only drops a single spike.
-            record: 'comm_node:fabric_nccl_arrival_offset_seconds:min',
-            expr: 'min_over_time(comm_node:fabric_nccl_arrival_offset_seconds[%s])' % c.w.ncclNodeOffset,
-          },
+          // The cross-node join (comm_rank:fabric_nccl_sequence_boundary_lag_seconds,
+          // comm_node:fabric_nccl_arrival_offset_seconds, :min, :last) is recorded in the
+          // alert group (lib/nccl_join.libsonnet): FabricNcclStragglerNode reads it in the
+          // same evaluation; the rules below read it as of that group's last evaluation.
           {
             // The rank's mean lag behind the comm's earliest rank: the local lag plus its
             // node's offset; the local lag alone where the comm has one node (or the
@@ -241,14 +204,6 @@ local hangOf = import '../lib/nccl_hang.libsonnet';
               * on (%(rank)s)
               comm_rank:fabric_nccl_collectives:rate1m
             ||| % { rank: c.rank },
-          },
-          {
-            record: 'comm_node:fabric_nccl_arrival_offset:step_share1m',
-            expr: |||
-              comm_node:fabric_nccl_arrival_offset_seconds:min
-              * on (%(node)s)
-              max by (%(node)s) (comm_rank:fabric_nccl_collectives:rate1m)
-            ||| % { node: c.commNode },
           },
           // ---- how late each rank is, a hung one included ----------------------------
           // A rank that never entered the op its peers wait in (or is stuck inside it)
