@@ -85,11 +85,27 @@ class Exporter:
 
 # ---- the job ----------------------------------------------------------------------------------
 
+def wait_until(when: float) -> None:
+    """Sleep to within a millisecond of `when` (CLOCK_REALTIME), then spin: a rank wakes within
+    tens of microseconds of it, not a scheduler tick later."""
+    while (left := when - time.time()) > 0.002:
+        time.sleep(left - 0.001)
+    while time.time() < when:
+        pass
+
+
 def worker(rank: int, world: int, backend: str, library: str, control, progress, ready, go, barrier,
-           port: int, one_gpu: bool = False) -> None:
+           port: int, one_gpu: bool = False, tick: float = 0.0, overruns=None, ticks=None) -> None:
     """control = [delay seconds, stop until (UNIX s), last step]; the last rank is delayed/stopped.
     one_gpu: every rank on GPU 0, each its own NCCL "host" (NCCL_HOSTID), joined over sockets on
-    lo; each step two all-reduces, 4 MiB then one float (a gradient bucket and a stop flag)."""
+    lo; each step two all-reduces, 4 MiB then one float (a gradient bucket and a stop flag).
+    tick > 0: every rank starts each step at one agreed wall-clock time (this host's
+    CLOCK_REALTIME), the last rank `delay` after it, so arrivals differ by the programmed delay
+    and wake-up jitter only. Without it, ranks time-sliced on one GPU leave each step's
+    synchronisation in turn, milliseconds apart, and enter the next step so. The time is agreed
+    in the job itself: the small collective becomes one float64 with MAX, each rank proposing
+    `now + tick`; a step that outlasts the tick starts late and is counted (overruns)."""
+    starts = [0.0]                                        # with a tick: the next step's agreed start
     if backend == "torch" and one_gpu:
         os.environ.update(NCCL_HOSTID=f"fabric-bench-rank-{rank}", NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1",
                           NCCL_IB_DISABLE="1", NCCL_NET="Socket", NCCL_SOCKET_IFNAME="lo")
@@ -103,13 +119,19 @@ def worker(rank: int, world: int, backend: str, library: str, control, progress,
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("nccl", rank=rank, world_size=world)
         grad = torch.ones(1024 * 1024, dtype=torch.float32, device="cuda:0")
-        flag = torch.zeros(1, dtype=torch.float32, device="cuda:0")
+        flag = torch.zeros(1, dtype=torch.float64 if tick else torch.float32, device="cuda:0")
 
         def step() -> None:
-            time.sleep(COMPUTE_SECONDS)
+            if not tick:
+                time.sleep(COMPUTE_SECONDS)
+                dist.all_reduce(grad)
+                dist.all_reduce(flag)
+                flag.item()
+                return
             dist.all_reduce(grad)
-            dist.all_reduce(flag)
-            flag.item()
+            flag.fill_(time.time() + tick)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            starts[0] = flag.item()
 
         finish = dist.destroy_process_group
     elif backend == "torch":
@@ -148,18 +170,27 @@ def worker(rank: int, world: int, backend: str, library: str, control, progress,
                                       ctypes.c_void_p, ctypes.c_void_p]
 
         def step() -> None:
-            time.sleep(COMPUTE_SECONDS)
+            if not tick:
+                time.sleep(COMPUTE_SECONDS)
             lib.ncclAllReduce(buf, buf, 1024, 7, 0, comm, None)
             if one_gpu:                                   # the plan's second, small collective
                 time.sleep(0.001)
                 lib.ncclAllReduce(buf, buf, 1, 7, 0, comm, None)
+            if tick and rank == 0:                        # the fake reduces nothing: rank 0 proposes,
+                ticks[0] = time.time() + tick             # the barrier publishes it
             barrier.wait()
+            if tick:
+                starts[0] = ticks[0]
 
         def finish() -> None:
             lib.ncclCommDestroy(comm)
     count = 0
     while count < control[2]:
         count += 1
+        if tick and starts[0]:
+            if time.time() > starts[0]:
+                overruns[rank] += 1
+            wait_until(starts[0])
         if rank == world - 1:
             if control[1] > time.time():
                 time.sleep(control[1] - time.time())
@@ -171,7 +202,8 @@ def worker(rank: int, world: int, backend: str, library: str, control, progress,
 
 
 class Job:
-    def __init__(self, world: int, backend: str, library: str, salt: int, one_gpu: bool = False) -> None:
+    def __init__(self, world: int, backend: str, library: str, salt: int, one_gpu: bool = False,
+                 tick: float = 0.0) -> None:
         context = mp.get_context("spawn")
         self.backend, self.salt = backend, salt
         os.environ["FAKE_NCCL_ID_SALT"] = str(salt)            # the fake library's comm id of this job
@@ -181,12 +213,15 @@ class Job:
         os.environ.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT", NCCL_DEBUG_FILE=f"{self.nccl_logs}/%p.log")
         self.control = context.Array("d", [0.0, 0.0, 1e12], lock=False)
         self.progress = context.Array("l", world, lock=False)
+        self.overruns = context.Array("l", world, lock=False)     # steps started after their tick
+        ticks = context.Array("d", 1, lock=False)
         readies = [context.Event() for _ in range(world)]
         self._go = context.Event()
         barrier = context.Barrier(world)
         port = free_port()
         self.procs = [context.Process(target=worker, args=(rank, world, backend, library, self.control, self.progress,
-                                                          readies[rank], self._go, barrier, port, one_gpu),
+                                                          readies[rank], self._go, barrier, port, one_gpu, tick,
+                                                          self.overruns, ticks),
                                       daemon=True)
                       for rank in range(world)]
         for proc in self.procs:
@@ -438,7 +473,7 @@ def restarts_plan(args, world: int, library: str, log, start_exporter, save=lamb
     reference = start_exporter()
     time.sleep(2)
     already = next(iter(pick(scrape(reference.base), "fabric_nccl_processes_traced").values()), 0)
-    job = Job(world, args.backend, library, salt=21, one_gpu=True)
+    job = Job(world, args.backend, library, salt=21, one_gpu=True, tick=args.tick)
     deadline = time.time() + 60
     while next(iter(pick(scrape(reference.base), "fabric_nccl_processes_traced").values()), 0) < already + world:
         if time.time() > deadline:
@@ -455,13 +490,19 @@ def restarts_plan(args, world: int, library: str, log, start_exporter, save=lamb
     log(f"communicator layout of the job's libnccl: {json.dumps(results_layout)}")
     log(f"job running, comm {comm} (NCCL says {identity['nccl_says']}), rank {late} {args.delay * 1e3:.0f} ms late")
     results: dict = {"comm": comm, "late_rank": late, "delay_ms": args.delay * 1e3, "late_starts": [], "restarts": [],
-                     "layout": results_layout}
+                     "layout": results_layout, "tick_s": args.tick}
+
+    def judged(exporter: Exporter, windows: int) -> dict:
+        """judge_life, with the steps run and those started after their tick meanwhile."""
+        steps, overruns = min(job.progress), sum(job.overruns)
+        row = judge_life(reference, exporter, comm, job, world, late, windows, log)
+        return {**row, "steps": min(job.progress) - steps, "overruns": sum(job.overruns) - overruns}
     for at in args.late_starts:
         time.sleep(max(0.0, job_start + at - time.time()))
         exporter = start_exporter()
         log(f"exporter started {time.time() - job_start:.1f} s after the job:")
         row = {"started_after_job_s": round(exporter.started - job_start, 1),
-               **judge_life(reference, exporter, comm, job, world, late, args.windows, log)}
+               **judged(exporter, args.windows)}
         row["comm"] = named(exporter, world, 10, job)[1].get("comm")
         results["late_starts"].append(row)
         save(results)                                   # what a run cut short still tells
@@ -477,11 +518,12 @@ def restarts_plan(args, world: int, library: str, log, start_exporter, save=lamb
         other = start_exporter(restarting=other)
         log(f"restart {repeat}: killed at {kill_at:.1f} s, started again {delay:.1f} s later (same state dir):")
         row = {"repeat": repeat, "kill_at_s": round(kill_at, 1), "restart_delay_s": round(delay, 1),
-               **judge_life(reference, other, comm, job, world, late, args.windows, log)}
+               **judged(other, args.windows)}
         row["comm"] = named(other, world, 10, job)[1].get("comm")
         results["restarts"].append(row)
         save(results)
     other.kill()
+    results["steps"], results["overruns"] = list(job.progress), list(job.overruns)
     job.stop()
     return results
 
@@ -490,9 +532,17 @@ def tables(results: dict, commit: str) -> str:
     """The restart and late-start tables (Markdown) of a --plan restarts run."""
     plan = results["plan"]
     late, ok = plan["late_rank"], "✅"
+    tick = plan.get("tick_s") or 0
+    lives = plan["restarts"] + plan["late_starts"]
+    paced = (f"each step an all-reduce of 4 MiB then one of one float64 (MAX: the next step's start); every rank "
+             f"starts each step at that agreed wall-clock time (CLOCK_REALTIME, {tick * 1e3:.0f} ms after the "
+             f"latest rank's proposal), rank {late} {plan['delay_ms']:.0f} ms after it; steps in the judged windows "
+             f"that started after their time: {sum(r.get('overruns', 0) for r in lives)} of "
+             f"{sum(r.get('steps', 0) for r in lives)} rank-steps" if tick else
+             f"each step an all-reduce of 4 MiB then one of one float; rank {late} {plan['delay_ms']:.0f} ms late "
+             f"to every step")
     head = (f"Measured at commit `{commit}` on {results['host']} ({results['backend']}): {results['world']} ranks "
-            f"on one GPU (NCCL_HOSTID per rank, sockets on lo), each step an all-reduce of 4 MiB then one of "
-            f"one float; rank {late} {plan['delay_ms']:.0f} ms late to every step. Lags are the mean arrival lag "
+            f"on one GPU (NCCL_HOSTID per rank, sockets on lo), {paced}. Lags are the mean arrival lag "
             f"over {len(plan['restarts'][0]['windows_ms']) if plan['restarts'] else '?'} scrape windows of 1 s after "
             f"the exporter numbered every rank by NCCL's counter; 'reference' is an exporter that saw the init.\n")
 
@@ -539,6 +589,9 @@ def main() -> int:
     parser.add_argument("--delay", type=float, default=0.005, help="the last rank's lateness (s)")
     parser.add_argument("--windows", type=int, default=5, help="scrape windows of 1 s judged per exporter life")
     parser.add_argument("--seed", type=int, default=35)
+    parser.add_argument("--tick", type=float, default=0.0,
+                        help="restarts: start every step at an agreed wall-clock time this long after the "
+                             "latest rank's proposal (s; 0: as the GPU's time-slicing lets them)")
     parser.add_argument("--table", type=Path, help="print the tables of a --plan restarts JSON and exit")
     parser.add_argument("--commit", default="", help="with --table: the commit measured")
     parser.add_argument("--serve", nargs=2, metavar=("PORT", "STATE"), help=argparse.SUPPRESS)

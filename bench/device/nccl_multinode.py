@@ -682,7 +682,18 @@ PLANS = {
 def summarise(results: dict) -> dict:
     """Per fault and skew: pending (condition true) and firing times p50/p90, who was named,
     wrong-node attributions; false flags in the no-fault time."""
-    summary: dict = {"faults": {}, "false_flags": {}, "startup_flags": {}, "clock_alerts": {}}
+    summary: dict = {"faults": {}, "false_flags": {}, "startup_flags": {}, "false_pages": {}, "startup_pages": {},
+                     "clock_alerts": {}}
+
+    def flagged(skew: str, flags: list[dict], startup: bool = False) -> None:
+        """Every flag without a fault (pending or firing), and of them the pages (firing): a
+        pending alert is a condition the for: has not yet held, and pages no one."""
+        pages = [f for f in flags if f["state"] == "firing"]
+        summary["false_flags"].setdefault(skew, []).extend(flags)
+        summary["false_pages"].setdefault(skew, []).extend(pages)
+        if startup:
+            summary["startup_flags"].setdefault(skew, []).extend(flags)
+            summary["startup_pages"].setdefault(skew, []).extend(pages)
     for phase in results["phases"]:
         for skew, whos in phase.get("clock", {}).items():
             summary["clock_alerts"].setdefault(skew, []).extend(w for w in whos if w not in summary["clock_alerts"][skew])
@@ -692,9 +703,7 @@ def summarise(results: dict) -> dict:
                 whos.extend(w for w in r.get("clock", []) if w not in whos)
         if phase["fault"] is None:
             for skew, flags in phase["false_flags"].items():
-                summary["false_flags"].setdefault(skew, []).extend(flags)
-                if phase.get("name") == "start-up":
-                    summary["startup_flags"].setdefault(skew, []).extend(flags)
+                flagged(skew, flags, startup=phase.get("name") == "start-up")
             continue
         kind = phase["fault"]["kind"]
         per_skew = summary["faults"].setdefault(kind, {})
@@ -709,7 +718,7 @@ def summarise(results: dict) -> dict:
                 if r["culprit"]:
                     s["culprits"].append(r["culprit"])
             for skew, flags in record.get("after", {}).items():
-                summary["false_flags"].setdefault(skew, []).extend(flags)
+                flagged(skew, flags)
     for kind, per_skew in summary["faults"].items():
         for s in per_skew.values():
             for key in ("pending_s", "firing_s"):

@@ -6,7 +6,7 @@ Per fault and clock skew: when the condition became true (the alert pending) p50
 the repeats, when the alert fired under the run's rules (the demo's fast alerts), the alert
 time under the production `for:` (condition true plus the mixin's `for:`, the condition
 holding), which rank and node were named, wrong-node attributions; then false flags in the
-no-fault time (of them, in the job's start-up), clock alerts (right only for a drifting
+no-fault time (of them, in the job's start-up) and of those the pages (firing), clock alerts (right only for a drifting
 clock), and the rules' clock offset estimate against the skew applied.
 """
 from __future__ import annotations
@@ -70,13 +70,15 @@ def tables(results: dict) -> str:
                          f"| {named(s['named'])}{' (culprit: ' + culprits + ')' if culprits else ''} "
                          f"| {len(s['wrong'])} |")
     summary = results["summary"]
-    lines += ["", "| skew (ms) | false flags without a fault (start-up) | clock alerts | clock offset estimated "
-              "/ applied (ms) | error (ms) |", "|---|---|---|---|---|"]
+    lines += ["", "| skew (ms) | false flags without a fault (start-up) | of them pages, firing (start-up) "
+              "| clock alerts | clock offset estimated / applied (ms) | error (ms) |", "|---|---|---|---|---|---|"]
     flags, startup = summary["false_flags"], summary.get("startup_flags", {})
+    pages, startup_pages = summary.get("false_pages"), summary.get("startup_pages", {})
     clock = summary.get("clock_alerts", {})
     for skew, estimate in sorted(results.get("clock_estimates", {}).items(), key=lambda kv: skew_order(kv[0])):
         applied = estimate.get("applied_ms", float(skew) if skew_order(skew)[0] == 0 else None)
-        lines.append(f"| {skew_name(skew)} | {len(flags.get(skew, []))} ({len(startup.get(skew, []))}) "
+        paged = "—" if pages is None else f"{len(pages.get(skew, []))} ({len(startup_pages.get(skew, []))})"
+        lines.append(f"| {skew_name(skew)} | {len(flags.get(skew, []))} ({len(startup.get(skew, []))}) | {paged} "
                      f"| {named(clock.get(skew, []))} | {estimate['estimated_ms']:+.3f} / {applied:+.3f} "
                      f"| {estimate['error_ms']:+.3f} |")
     return "\n".join(lines)
