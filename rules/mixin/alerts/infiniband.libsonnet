@@ -42,14 +42,21 @@ local utils = import '../lib/utils.libsonnet';
     increase(%(s)s[%(r)s])
   ||| % { s: series, r: range },
 
+  // Whether a counter rose within `range` (> 0 where it did, 0 where it did not): all
+  // that "a down within the recent window" asks. One pass over the window instead of
+  // counted()'s four: increase() is above 0 exactly when the samples rose, across a reset
+  // too, and its extrapolation never makes a 0 positive.
+  local rose(series, range) = 'increase(%s[%s])\n' % [series, range],
+
   // What a port counter counted over `range`, also from the wider source of the same
   // count where the port has one (a RoCE port's 64-bit ethtool PHY counter on its
   // netdev), so a saturated sysfs counter does not hide new errors. Each source is its
   // own series (no jump when one of them is briefly unreadable); the caller takes the
   // larger count per port. Returns `or`-joined terms.
-  local ibCounterCounts(counter, range) =
+  // `count` is counted (the exact rise) or rose (only whether it rose: cheaper).
+  local ibCounterCounts(counter, range, count=counted) =
     local wider = std.get(c.cfg.ibWiderCounters, counter, null);
-    counted('fabric_infiniband_port_counter_total{counter="%s"}' % counter, range)
+    count('fabric_infiniband_port_counter_total{counter="%s"}' % counter, range)
     + (if wider == null then '' else |||
       or
       (
@@ -58,7 +65,7 @@ local utils = import '../lib/utils.libsonnet';
       * on (%(iface)s) group_left (device, port)
       label_replace(fabric_infiniband_port_info, "interface", "$1", "netdev", "(.+)")
     ||| % {
-      counted: utils.indent(counted('fabric_netdev_ethtool_counter_total{counter="%s"}' % wider, range)),
+      counted: utils.indent(count('fabric_netdev_ethtool_counter_total{counter="%s"}' % wider, range)),
       iface: c.by([c.cfg.nodeLabel, 'interface']),
     }),
 
@@ -68,7 +75,7 @@ local utils = import '../lib/utils.libsonnet';
   // series itself (a drop from ACTIVE, counted by resets() over the state clamped to
   // 3..4, so DOWN <-> INIT bouncing while down is not counted again). link_downed is 8
   // bits wide and stops at 255; from then on the other sources still count the flaps.
-  local ibPortDowns(range) = |||
+  local ibPortDowns(range, count=counted) = |||
     max by (%(port)s) (
       %(transitions)s
       or
@@ -82,8 +89,8 @@ local utils = import '../lib/utils.libsonnet';
   ||| % {
     port: c.port,
     r: range,
-    transitions: utils.indent(counted('fabric_infiniband_port_down_transitions_total', range)),
-    downed: utils.indent(ibCounterCounts('link_downed', range)),
+    transitions: utils.indent(count('fabric_infiniband_port_down_transitions_total', range)),
+    downed: utils.indent(ibCounterCounts('link_downed', range, count)),
   },
 
   // Port error counters stopped at the largest value their PortCounters field holds.
@@ -233,7 +240,7 @@ local utils = import '../lib/utils.libsonnet';
               port: c.port,
               n: c.num(c.th.ibFlapDownTransitions),
               flaps: std.rstripChars(ibPortDowns(c.w.ibFlap), '\n'),
-              recent: std.rstripChars(ibPortDowns(c.w.signalRecent), '\n'),
+              recent: std.rstripChars(ibPortDowns(c.w.signalRecent, rose), '\n'),
             },
             c.forOf.ibFlap,
             'An InfiniBand/RoCE link keeps going down and coming back.',

@@ -37,13 +37,14 @@ local utils = import '../lib/utils.libsonnet';
             c.sev.nvlinkErrors,
             // Errors counted in a window in which the link also went down are that
             // link-down incident's (the precursor errors of a failing link): they ticket
-            // neither while it is down nor after it is back.
+            // neither while it is down nor after it is back (rules/nvlink.libsonnet records
+            // when each link was last seen down).
             '(\n  ' + std.join('\n  or\n  ', [
               'rate(fabric_nvlink_errors_total{type="%s"}[%s]) > %s'
               % [type, c.w.nvlinkErrorRate, c.num(c.th.nvlinkErrorRates[type])]
               for type in std.objectFields(c.th.nvlinkErrorRates)
-            ]) + '\n)\nunless on (%s)\nmin_over_time(fabric_nvlink_state[%s]) == 0\n'
-            % [c.link, c.w.nvlinkErrorRate],
+            ]) + '\n)\nunless on (%s)\ntime() - gpu_link:fabric_nvlink_state:last_down_timestamp < %d\n'
+            % [c.link, utils.seconds(c.w.nvlinkErrorRate)],
             c.forOf.nvlinkErrors,
             'An NVLink link is counting errors faster than its threshold.',
             'NVLink {{ $labels.link }} of GPU {{ $labels.gpu }} on {{ $labels.node }} counts {{ $value | printf "%.3g" }} {{ $labels.type }} errors per second.',

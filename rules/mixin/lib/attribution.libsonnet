@@ -1,8 +1,7 @@
 // Attribution in alert annotations: where a slow or hung rank runs (node, GPU, NIC port)
-// and what is wrong along that path, read from the series rules/attribution.libsonnet
-// records. The straggler and hang alerts (alerts/nccl.libsonnet) carry a `diagnosis`
-// annotation that names the rank's node, GPU and NIC port and whatever that port and
-// that GPU's NVLinks show in the last `windows.attributionCause` (errors, flaps, a port
+// and what is wrong along that path, asked of that port's and GPU's own series. The
+// straggler and hang alerts (alerts/nccl.libsonnet) carry a `diagnosis` annotation that
+// names the rank's node, GPU and NIC port and whatever that port and that GPU's NVLinks show in the last `windows.attributionCause` (errors, flaps, a port
 // not ACTIVE, NVLinks down), or says that they show nothing.
 //   local attribution = (import '../lib/attribution.libsonnet')(c);  // c: utils.context
 local utils = import 'utils.libsonnet';
@@ -10,30 +9,39 @@ local utils = import 'utils.libsonnet';
 function(c) {
   // What one port / one GPU shows, as "; <finding>" fragments, or the all-clear. `L` is
   // the template expression holding the rank's labels ($labels, or a loop variable).
+  // Each finding is asked of the raw series of that one port or GPU when the annotation
+  // is rendered (only while a straggler or hang alert is active), not recorded for every
+  // port, GPU and NVLink of the fleet each cycle for the few an alert names.
   local causes(L) =
+    local w = c.w.attributionCause;
     local sel(labels) = std.join(',', ['%s="%%s"' % l for l in labels]);
     local args(labels) = std.join(' ', ['%s.%s' % [L, l] for l in labels]);
-    local portQ(metric, cond) = 'query (printf `%s{%s} %s` %s)' % [metric, sel([c.cluster, c.node, 'device', 'port']), cond, args([c.cluster, c.node, 'device', 'port'])];
-    local gpuQ(metric, cond) = 'query (printf `%s{%s} %s` %s)' % [metric, sel([c.cluster, c.node, 'gpu']), cond, args([c.cluster, c.node, 'gpu'])];
+    local portLabels = [c.cluster, c.node, 'device', 'port'], gpuLabels = [c.cluster, c.node, 'gpu'];
+    // `expr` with {P} where the port's (or {G} the GPU's) label matchers go.
+    local portQ(expr) = 'query (printf `%s` %s)' % [std.strReplace(expr, '{P}', sel(portLabels)), args(portLabels)];
+    local gpuQ(expr) = 'query (printf `%s` %s)' % [std.strReplace(expr, '{G}', sel(gpuLabels)), args(gpuLabels)];
     local nic = '{{ %(L)s.device }} port {{ %(L)s.port }}' % { L: L };
     '{{ $found := false }}'
     + '{{ if %s.device }}' % L
     + '{{ with %s }}{{ $found = true }}; %s symbol errors {{ . | first | value | printf "%%.0f" }}/h{{ end }}'
-      % [portQ('port:fabric_infiniband_symbol_errors:per_hour10m', '> 0'), nic]
+      % [portQ('max(rate(fabric_infiniband_port_counter_total{counter="symbol_error",{P}}[%s])) * 3600 > 0' % w), nic]
+    // Times the link went down: the exporter's own ACTIVE -> not ACTIVE count, or the
+    // port's link_downed counter, whichever saw more.
     + '{{ with %s }}{{ $found = true }}; %s link went down {{ . | first | value | printf "%%.0f" }}x in %s{{ end }}'
-      % [portQ('port:fabric_infiniband_down_transitions:increase10m', '>= 1'), nic, c.w.attributionCause]
+      % [portQ('max(increase(fabric_infiniband_port_down_transitions_total{{P}}[%(w)s]) or increase(fabric_infiniband_port_counter_total{counter="link_downed",{P}}[%(w)s])) >= 1' % { w: w }), nic, w]
+    // Not ACTIVE/ACTIVE_DEFER (codes 4, 5).
     + '{{ with %s }}{{ $found = true }}; %s is not ACTIVE now{{ end }}'
-      % [portQ('port:fabric_infiniband_port_state:not_active', '== 1'), nic]
+      % [portQ('max(fabric_infiniband_port_state{{P}}) < 4'), nic]
     + '{{ end }}'
     + '{{ if %s.gpu }}' % L
     + '{{ with %s }}{{ $found = true }}; GPU {{ %s.gpu }} NVLink errors {{ . | first | value | printf "%%.3g" }}/s{{ end }}'
-      % [gpuQ('gpu:fabric_nvlink_errors:rate10m', '> 0'), L]
+      % [gpuQ('sum(rate(fabric_nvlink_errors_total{{G}}[%s])) > 0' % w), L]
     + '{{ with %s }}{{ $found = true }}; GPU {{ %s.gpu }} has {{ . | first | value | printf "%%.0f" }} NVLink(s) down{{ end }}'
-      % [gpuQ('gpu:fabric_nvlink_links_down:count', '> 0'), L]
+      % [gpuQ('count(fabric_nvlink_state{{G}} == 0)'), L]
     + '{{ end }}'
     // The all-clear only where something was looked at: a rank of unknown GPU says so in where().
     + '{{ if and (not $found) %s.gpu }}; no errors, flaps or down links on its %s in the last %s{{ end }}'
-      % [L, '{{ if %s.device }}NIC port or {{ end }}NVLinks' % L, c.w.attributionCause],
+      % [L, '{{ if %s.device }}NIC port or {{ end }}NVLinks' % L, w],
 
   // "rank 5 (gpu-node-1 GPU 1, mlx5_1 port 1)"
   local where(L) =
