@@ -2,20 +2,20 @@
 
     .venv/bin/python bench/live_merge.py --nodes 1000 [--profile 15] [--backend URL]
 
-Without --backend, the five instant queries of chaos/live.py are answered from the fleet's
-own exposition: the demo fleet's node 0 (bench/fleet_scale.py's scenario) rendered once,
-its copies' series for the queried metrics (docs/demo.md#fleet-mode) written out as the
-Prometheus API's JSON body (with the `instance` and `job` labels a scrape adds), so each
-query costs what the sidecar pays after the engine answered: the JSON decode, then
-observe() and apply() on the generated fat tree, then the compact engine. With --backend,
-the same queries go to that Prometheus-compatible API (the engine's time included).
+The series of the metrics chaos/live.py reads (chaos.live.METRICS) are taken from the
+fleet's own exposition: the demo fleet's node 0 (bench/fleet_scale.py's scenario) rendered
+once and its copies (docs/demo.md#fleet-mode), with the `instance` and `job` labels a
+scrape adds. They are loaded into a real Prometheus with one scrape (nothing else in it:
+no rules, no other series) and the merge's queries are asked of it, so each costs the
+engine's evaluation and encoding, the transfer and the JSON decode; then observe() and
+apply() run on the generated fat tree, then the compact engine. With --backend, the queries
+go to that Prometheus-compatible API instead (it must hold the fleet).
 
 Printed per phase: the inventory (demo_topology), observe() (the queries and their parse;
-the queries' own times summed beside it), apply(), the engine (BlastRadiusEngine), the
-whole first LiveTopology.refresh(), the next refresh with nothing changed (the sidecar's
-periodic one in steady state), and a rail leaf switch failing on the result.
---prometheus loads the prepared series into a real Prometheus first (one scrape) and
-queries it: the engine's evaluation and JSON encoding included. --profile N adds the N costliest functions (cumulative).
+the queries' own times summed beside it, and what each answered), apply(), the engine
+(BlastRadiusEngine), the whole first LiveTopology.refresh(), the next refresh with nothing
+changed (the sidecar's periodic one in steady state), and a rail leaf switch failing on
+the result. --profile N adds the N costliest functions (cumulative).
 """
 from __future__ import annotations
 
@@ -51,11 +51,11 @@ SERIES = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\}\s+(\S+)')
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
-def fleet_answers(nodes: int) -> tuple[object, dict[str, bytes]]:
+def fleet_answers(nodes: int, down_links: int = 0) -> tuple[object, dict[str, bytes]]:
     """The scenario, and for each query of chaos/live.py its API body over `nodes` nodes."""
     scenario = load_scenario({"seed": 7, "tick_seconds": 1, "faults": [],
                               "cluster": {"name": "fleet", "nodes": 1, "gpus_per_node": 8, "hcas_per_node": 8}})
-    wanted = set(live_mod.QUERIES.values())
+    wanted = set(live_mod.METRICS)
     results: dict[str, list] = {name: [] for name in wanted}
     with tempfile.TemporaryDirectory(prefix="live-merge-") as tmp:
         with Fleet(DemoCluster(scenario, Path(tmp) / "demo"), nodes) as fleet:
@@ -73,6 +73,11 @@ def fleet_answers(nodes: int) -> tuple[object, dict[str, bytes]]:
                     labels = dict(LABEL.findall(match.group(2)))
                     labels.update({"__name__": match.group(1), "instance": f"{node}:9101", "job": "fabricscope"})
                     results[match.group(1)].append({"metric": labels, "value": [time.time(), match.group(3)]})
+    # --down-links: that many NVLinks inactive, each on another node (spread over the fleet).
+    states = results["fabric_nvlink_state"]
+    step = max(1, len(states) // max(1, down_links))
+    for row in states[::step][:down_links]:
+        row["value"][1] = "0"
     bodies = {name: json.dumps({"status": "success", "data": {"resultType": "vector", "result": rows}}).encode()
               for name, rows in results.items()}
     return scenario, bodies
@@ -81,22 +86,23 @@ def fleet_answers(nodes: int) -> tuple[object, dict[str, bytes]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--backend", default=None, help="a Prometheus-compatible base URL to query instead")
-    parser.add_argument("--prometheus", action="store_true",
-                        help="load the prepared series into a real Prometheus (one scrape) and query it")
+    parser.add_argument("--backend", default=None,
+                        help="a Prometheus-compatible base URL holding the fleet, to query instead of loading one")
+    parser.add_argument("--down-links", type=int, default=0,
+                        help="NVLinks made inactive in the prepared series, each on another node (default 0: healthy)")
     parser.add_argument("--repeat", type=int, default=3, help="refreshes measured (the median is printed)")
     parser.add_argument("--profile", type=int, default=0, help="print the N costliest functions of one refresh")
     args = parser.parse_args()
 
     began = time.perf_counter()
-    scenario, bodies = fleet_answers(args.nodes)
+    scenario, bodies = fleet_answers(args.nodes, args.down_links)
     prepared = time.perf_counter() - began
     fleet_scenario = scenario.with_nodes(args.nodes)
-    if args.prometheus:
-        with loaded_prometheus(bodies) as url:
-            args.backend = url
-            return measure(args, scenario, fleet_scenario, bodies, prepared)
-    return measure(args, scenario, fleet_scenario, bodies, prepared)
+    if args.backend:
+        return measure(args, fleet_scenario, bodies, prepared)
+    with loaded_prometheus(bodies) as url:
+        args.backend = url
+        return measure(args, fleet_scenario, bodies, prepared)
 
 
 @contextlib.contextmanager
@@ -153,7 +159,7 @@ def loaded_prometheus(bodies: dict[str, bytes]):
         server.shutdown()
 
 
-def measure(args, scenario, fleet_scenario, bodies, prepared) -> int:
+def measure(args, fleet_scenario, bodies, prepared) -> int:
     spent: dict[str, float] = {}
     lock = threading.Lock()                      # chaos/live.py may ask the queries from threads
     asked: list[str] = []
@@ -162,18 +168,16 @@ def measure(args, scenario, fleet_scenario, bodies, prepared) -> int:
         with lock:
             spent[key] = spent.get(key, 0.0) + seconds
 
+    answered: dict[str, tuple[int, int]] = {}    # query -> (rows, bytes) of its last answer
+
     def query(expr: str):
         t = time.perf_counter()
         asked.append(expr)
-        if args.backend:
-            url = f"{args.backend}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-            with urllib.request.urlopen(url, timeout=120) as answer:
-                result = json.load(answer)["data"]["result"]
-        else:
-            body = bodies.get(expr)
-            if body is None:
-                raise KeyError(f"no prepared answer for {expr!r}")
-            result = json.loads(body)["data"]["result"]
+        url = f"{args.backend}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=120) as answer:
+            body = answer.read()
+        result = json.loads(body)["data"]["result"]
+        answered[expr] = (len(result), len(body))
         add("queries", time.perf_counter() - t)
         return result
 
@@ -226,18 +230,22 @@ def measure(args, scenario, fleet_scenario, bodies, prepared) -> int:
                             text=True).stdout.strip()
     series = {name: len(json.loads(body)["data"]["result"]) for name, body in bodies.items()}
     body_bytes = sum(len(b) for b in bodies.values())
-    print(f"{args.nodes} nodes x 8 GPUs, commit {commit}, {os.cpu_count()} CPUs (shared), "
-          f"answers {'from ' + args.backend if args.backend else 'prepared from the fleet exposition'} "
-          f"(prepared in {prepared:.1f} s)")
-    print("series per query: " + ", ".join(f"{n} {c}" for n, c in sorted(series.items()))
-          + f"; {body_bytes / 1e6:.1f} MB of JSON")
+    load = os.getloadavg()
+    print(f"{args.nodes} nodes x 8 GPUs, commit {commit}, {os.cpu_count()} CPUs (shared, load average "
+          f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the end), answers from {args.backend} "
+          f"(series prepared in {prepared:.1f} s)")
+    print(f"{args.down_links} NVLinks inactive; series held per metric: " + ", ".join(f"{n} {c}" for n, c in sorted(series.items()))
+          + f"; {body_bytes / 1e6:.1f} MB as the API's JSON")
     print(f"merged: {report.get('ports')} ports, {report.get('nvlinks')} NVLink edges, {report.get('jobs')} jobs, "
           f"{report.get('unmatched_count')} unmatched; {result.affected_device_count} of {result.total_devices} "
           f"devices and {result.affected_job_count} jobs cut by leaf-su0-r3")
-    print("queries asked: " + ", ".join(f"{asked.count(q)}x {q}" for q in dict.fromkeys(asked)))
+    print("queries asked, each: times, rows and bytes of its answer")
+    for expr in dict.fromkeys(asked):
+        count, size = answered[expr]
+        print(f"  {asked.count(expr)}x {expr}: {count} rows, {size / 1e6:.2f} MB")
     print(f"median of {len(rows)} refreshes, seconds:")
     labels = {"inventory": "inventory (demo_topology)",
-              "observe": "observe(): the five queries and their parse",
+              "observe": "observe(): the queries and their parse",
               "queries": "  the queries' own times, summed (they may overlap)",
               "apply": "apply()", "engine": "engine (BlastRadiusEngine)",
               "refresh": "refresh, first (the merge)",

@@ -3,14 +3,21 @@
 What the metrics say wins over what the inventory says:
 - InfiniBand/RoCE port states (`fabric_infiniband_port_state{node, device, port, state}`):
   a port that is not ACTIVE takes its link down in both directions.
-- NVLink (`fabric_nvlink_state{node, gpu, link}` and `fabric_nvlink_info{..., remote_pci_bus_id,
-  remote_type}`): the GPU's edge to each NVSwitch (or peer GPU) it reaches is up while any
-  of its links there is active; an edge the inventory lacks is added.
+- NVLink (`fabric_nvlink_info{node, gpu, link, remote_pci_bus_id, ...}` and
+  `fabric_nvlink_state{node, gpu, link}`): the GPU's edge to each NVSwitch (or peer GPU) it
+  reaches is up while any of its links there is active; an edge the inventory lacks is
+  added; an edge no link reports (the node's series vanished) keeps the inventory's state.
+  The engine answers per edge, not per link: the links of each edge (counted on the
+  engine), the links that are not active (a healthy fleet has none), and the remote end of
+  those only. At 1,000 8-GPU nodes that is 32,000 small rows instead of 288,000 series of
+  state and info (docs/scale.md). The exporter writes a link's state and info together, so
+  a link with info is a link with a state, active unless its state says otherwise.
 - NCCL communicators -> jobs: `fabric_nccl_rank_info{comm, rank, gpu, job_id, node}` where the
-  exporter knows each rank's GPU; otherwise `fabric_nccl_comm_info{comm, rank, node}`, where a
-  rank's GPU is taken to be the host's GPU whose index is the rank's position among the
-  communicator's ranks on that host (the LOCAL_RANK = CUDA device convention of torchrun
-  and the demo). A job named like an inventory job replaces it.
+  exporter knows each rank's GPU; otherwise `fabric_nccl_comm_info{comm, rank, node}` (only
+  of communicators no rank_info describes, filtered on the engine), where a rank's GPU is
+  taken to be the host's GPU whose index is the rank's position among the communicator's
+  ranks on that host (the LOCAL_RANK = CUDA device convention of torchrun and the demo). A
+  job named like an inventory job replaces it.
 
 The Prometheus client is not imported here: callers pass `query`, any callable that runs
 an instant query and returns the API's `data.result` list ({"metric": {...}, "value": [t, v]})
@@ -29,6 +36,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Iterable, Mapping, Sequence
 
+from fabricscope.promql import equals_any
+
 from .blast import BlastRadiusEngine
 from .model import Job, Rank, Topology
 
@@ -39,11 +48,27 @@ ACTIVE_PORT_STATES = frozenset({"ACTIVE", "ACTIVE_DEFER"})
 NVLINK_PARTITION = "nvlink"
 QUERIES = {
     "port_state": "fabric_infiniband_port_state",
-    "nvlink_state": "fabric_nvlink_state",
-    "nvlink_info": "fabric_nvlink_info",
+    # One row per NVLink edge, its value the edge's number of links.
+    "nvlink_links": "count by (node, gpu, remote_pci_bus_id) (fabric_nvlink_info)",
+    # Only what deviates from an active link.
+    "nvlink_inactive": "fabric_nvlink_state < 1",
     "rank_info": "fabric_nccl_rank_info",
-    "comm_info": "fabric_nccl_comm_info",
+    "comm_info": 'fabric_nccl_comm_info unless on (comm) fabric_nccl_rank_info{node!="", rank=~"[-+]?[0-9]+"}',
 }
+# The metrics those queries read (what a store must hold for the merge).
+METRICS = ("fabric_infiniband_port_state", "fabric_nvlink_info", "fabric_nvlink_state", "fabric_nccl_rank_info",
+           "fabric_nccl_comm_info")
+# The remote ends of inactive links are read for their nodes only, by name, up to this many
+# nodes (a regex of node names); more than that and reading every link's info is cheaper.
+TARGETED_NODES = 200
+
+
+def nvlink_info_query(nodes: Iterable[str]) -> str:
+    """The NVLink info series of `nodes` (all of them past TARGETED_NODES)."""
+    nodes = sorted(set(nodes))
+    if len(nodes) > TARGETED_NODES:
+        return "fabric_nvlink_info"
+    return f"fabric_nvlink_info{{node=~{equals_any(nodes)}}}"
 
 
 def comm_job_name(comm: str) -> str:
@@ -67,7 +92,8 @@ def _bus(bus_id: str) -> str:
 @dataclass
 class Observations:
     port_up: dict[tuple[str, str, int], bool] = field(default_factory=dict)            # (node, device, port)
-    nvlink: dict[tuple[str, int, int], tuple[bool, str, str]] = field(default_factory=dict)  # (node, gpu, link)
+    # (node, gpu, remote_pci_bus_id as exported) -> (links, active links)
+    nvlink: dict[tuple[str, int, str], tuple[int, int]] = field(default_factory=dict)
     ranks: dict[str, list[tuple[int, str, int | None]]] = field(default_factory=dict)  # job -> (rank, node, gpu)
 
 
@@ -102,14 +128,7 @@ def observe(query: InstantQuery) -> Observations:
         port = _int(m.get("port"))
         if m.get("node") and m.get("device") and port is not None and m.get("state"):
             obs.port_up[(m["node"], m["device"], port)] = m["state"] in ACTIVE_PORT_STATES
-    info = {}
-    for m, _ in _labels(query(QUERIES["nvlink_info"])):
-        key = (m.get("node", ""), _int(m.get("gpu")), _int(m.get("link")))
-        info[key] = (m.get("remote_pci_bus_id", ""), m.get("remote_type", ""))
-    for m, value in _labels(query(QUERIES["nvlink_state"])):
-        key = (m.get("node", ""), _int(m.get("gpu")), _int(m.get("link")))
-        if key[0] and key[1] is not None and key[2] is not None and key in info:
-            obs.nvlink[key] = (value >= 1, *info[key])
+    obs.nvlink = observe_nvlinks(query)
     described = set()
     for m, _ in _labels(query(QUERIES["rank_info"])):
         rank, gpu = _int(m.get("rank")), _int(m.get("gpu"))
@@ -130,6 +149,31 @@ def observe(query: InstantQuery) -> Observations:
         local = {(node, r): i for node, rs in per_host.items() for i, r in enumerate(sorted(set(rs)))}
         obs.ranks[comm_job_name(comm)] = [(rank, node, local[(node, rank)]) for rank, node in sorted(set(ranks))]
     return obs
+
+
+def _link_key(m: Mapping) -> tuple[str, int | None, int | None]:
+    return m.get("node", ""), _int(m.get("gpu")), _int(m.get("link"))
+
+
+def observe_nvlinks(query: InstantQuery) -> dict[tuple[str, int, str], tuple[int, int]]:
+    """(node, gpu, remote bus) -> (links, active links) of each NVLink edge."""
+    links: dict[tuple[str, int, str], int] = defaultdict(int)
+    for m, value in _labels(query(QUERIES["nvlink_links"])):
+        gpu = _int(m.get("gpu"))
+        if m.get("node") and gpu is not None:
+            links[(m["node"], gpu, m.get("remote_pci_bus_id", ""))] += int(value)
+    inactive = set()
+    for m, _ in _labels(query(QUERIES["nvlink_inactive"])):
+        key = _link_key(m)
+        if key[0] and key[1] is not None and key[2] is not None:
+            inactive.add(key)
+    down: dict[tuple[str, int, str], int] = defaultdict(int)
+    if inactive:
+        for m, _ in _labels(query(nvlink_info_query(node for node, _, _ in inactive))):
+            key = _link_key(m)
+            if key in inactive:
+                down[(key[0], key[1], m.get("remote_pci_bus_id", ""))] += 1
+    return {edge: (count, max(0, count - down.get(edge, 0))) for edge, count in links.items()}
 
 
 class DeviceIndex:
@@ -207,13 +251,13 @@ def apply(topology: Topology, obs: Observations) -> ApplyReport:
             topology.set_link_state(other, name, "up" if up else "down")
         report.ports += 1
     edges: dict[tuple[str, str], bool] = {}
-    for (node, gpu, link), (active, bus, _remote_type) in sorted(obs.nvlink.items()):
+    for (node, gpu, bus), (links, active) in sorted(obs.nvlink.items()):
         name = gpus.get((node, gpu))
         remote = buses.get((node, _bus(bus))) if bus else None
         if name is None or remote is None:
-            report.unmatched.append(f"nvlink {node}/gpu{gpu}:{link} -> {bus or '?'}")
+            report.unmatched.append(f"nvlink {node}/gpu{gpu} -> {bus or '?'} ({links} links)")
             continue
-        edges[(name, remote)] = edges.get((name, remote), False) or active
+        edges[(name, remote)] = edges.get((name, remote), False) or active > 0
     for (gpu, remote), up in sorted(edges.items()):
         state = "up" if up else "down"
         if not graph.has_edge(gpu, remote):

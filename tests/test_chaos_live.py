@@ -5,7 +5,8 @@ import pytest
 import requests
 
 from fabricscope.chaos.blast import BlastRadiusEngine
-from fabricscope.chaos.live import enrich, observe
+from fabricscope.chaos import live as live_module
+from fabricscope.chaos.live import QUERIES, Observations, apply, enrich, observe
 from fabricscope.demo.cluster import DemoCluster
 from fabricscope.demo.scenario import load_scenario
 from fabricscope.demo.topology import demo_job_name, demo_topology
@@ -15,7 +16,9 @@ from tests.procs import prometheus, wait_for
 # (links 5-8 on an HGX H100 board).
 FAULTS = [{"kind": "link_down", "node": 1, "at": "0s", "target": {"device": "mlx5_1", "port": 1}}] + [
     {"kind": "nvlink_down", "node": 0, "at": "0s", "target": {"gpu": 1, "link": link},
-     "params": {"precursor_seconds": 0}} for link in (5, 6, 7, 8)]
+     "params": {"precursor_seconds": 0}} for link in (5, 6, 7, 8)] + [
+    # One of the four links of gpu-node-1's GPU 0 to NVSwitch 0: the edge stays up.
+    {"kind": "nvlink_down", "node": 1, "at": "0s", "target": {"gpu": 0, "link": 1}, "params": {"precursor_seconds": 0}}]
 SCENARIO = {"seed": 5, "cluster": {"name": "live", "nodes": 2, "gpus_per_node": 2, "hcas_per_node": 2},
             "tick_seconds": 0.5, "faults": FAULTS}
 
@@ -43,7 +46,8 @@ def live(tmp_path_factory):
         with prometheus(config, workdir) as server:
             query = PrometheusQuery(server.url)
             wait_for(lambda: len(query("fabric_nccl_comm_info")) == 4 and len(query("fabric_nvlink_state")) == 72
-                     and len(query("fabric_infiniband_port_state")) == 6, 60, "the demo's metrics in Prometheus")
+                     and len(query("fabric_infiniband_port_state")) == 6
+                     and len(query("fabric_nvlink_state < 1")) == 5, 60, "the demo's metrics in Prometheus")
             yield scenario, query
 
 
@@ -52,7 +56,12 @@ def test_observations_from_the_exporters(live):
     obs = observe(query)
     assert obs.port_up[("gpu-node-1", "mlx5_1", 1)] is False
     assert obs.port_up[("gpu-node-0", "mlx5_1", 1)] is True
-    assert obs.nvlink[("gpu-node-0", 1, 5)][0] is False
+    # Per edge (GPU -> the remote end's bus): links, active links. GPU 1 of gpu-node-0 has
+    # all four of its links to NVSwitch 1 down; GPU 0 of gpu-node-1 one of its links to NVSwitch 0.
+    not_all_active = {edge: counts for edge, counts in obs.nvlink.items() if counts[0] != counts[1]}
+    assert not_all_active == {("gpu-node-0", 1, "00000000:C1:00.0"): (4, 0),
+                              ("gpu-node-1", 0, "00000000:C0:00.0"): (5, 4)}
+    assert len(obs.nvlink) == 2 * 2 * 4 and sum(links for links, _ in obs.nvlink.values()) == 72
     assert sorted(obs.ranks[demo_job_name(scenario)]) == [(0, "gpu-node-0", 0), (1, "gpu-node-0", 1), (2, "gpu-node-1", 0),
                                       (3, "gpu-node-1", 1)]
 
@@ -69,6 +78,7 @@ def test_live_state_merges_over_the_generated_topology(live):
     assert graph["leaf-su0-r1"]["gpu-node-1/mlx5_1"]["state"] == "down"
     assert graph["gpu-node-0/gpu1"]["gpu-node-0/nvswitch1"]["state"] == "down"
     assert graph["gpu-node-0/gpu1"]["gpu-node-0/nvswitch0"]["state"] == "up"
+    assert graph["gpu-node-1/gpu0"]["gpu-node-1/nvswitch0"]["state"] == "up"      # 4 of 5 links active
     assert topology.version != before
     (job,) = topology.jobs.values()
     assert job.source == "prometheus" and [r.gpu for r in job.ranks] == [
@@ -83,14 +93,63 @@ def test_live_state_merges_over_the_generated_topology(live):
     assert again.version == topology.version
 
 
+def test_edge_states_are_the_per_link_merge(live):
+    """The per-edge answers give what merging every link's state and info series gives
+    (the way the merge read them before: 288,000 series at 1,000 nodes)."""
+    scenario, query = live
+    info = {(m["node"], int(m["gpu"]), int(m["link"])): m["remote_pci_bus_id"]
+            for m in (row["metric"] for row in query("fabric_nvlink_info"))}
+    per_link: dict = {}
+    for row in query("fabric_nvlink_state"):
+        m = row["metric"]
+        edge = (m["node"], int(m["gpu"]), info[(m["node"], int(m["gpu"]), int(m["link"]))])
+        per_link[edge] = per_link.get(edge, False) or float(row["value"][1]) >= 1
+    assert {edge: active > 0 for edge, (_, active) in observe(query).nvlink.items()} == per_link
+    assert list(per_link.values()).count(False) == 1
+
+
+def test_only_the_inactive_links_nodes_are_read_whole(live, monkeypatch):
+    scenario, query = live
+    asked = []
+
+    def node_0_inactive_only(promql: str):
+        # gpu-node-1's inactive link left out: its node's info is not read.
+        asked.append(promql)
+        rows = query(promql)
+        return [r for r in rows if r["metric"]["node"] == "gpu-node-0"] if promql == QUERIES["nvlink_inactive"] else rows
+    observe(node_0_inactive_only)
+    assert [q for q in asked if q.startswith("fabric_nvlink_info")] == [r'fabric_nvlink_info{node=~"gpu\\-node\\-0"}']
+    # Past TARGETED_NODES, the one selector of every link's info (the same answer).
+    monkeypatch.setattr(live_module, "TARGETED_NODES", 1)
+    asked.clear()
+    assert observe(lambda promql: asked.append(promql) or query(promql)).nvlink == observe(query).nvlink
+    assert "fabric_nvlink_info" in asked
+
+
+def test_an_edge_no_link_reports_keeps_the_inventory_state():
+    """A node whose NVLink series vanished (its exporter or NVML gone) says nothing about
+    its edges: they keep the inventory's state; an edge the inventory has down is up again
+    once one of its links reports active."""
+    scenario = load_scenario({**SCENARIO, "faults": []})
+    topology = demo_topology(scenario)
+    topology.set_link_state("gpu-node-0/gpu0", "gpu-node-0/nvswitch0", "down")
+    topology.set_link_state("gpu-node-1/gpu0", "gpu-node-1/nvswitch0", "down")
+    # Only gpu-node-1 reports, GPU 0's five links to NVSwitch 0 all active.
+    report = apply(topology, Observations(nvlink={("gpu-node-1", 0, "00000000:C0:00.0"): (5, 5)}))
+    assert report.nvlinks == 1 and report.unmatched == []
+    assert topology.graph["gpu-node-0/gpu0"]["gpu-node-0/nvswitch0"]["state"] == "down"
+    assert topology.graph["gpu-node-1/gpu0"]["gpu-node-1/nvswitch0"]["state"] == "up"
+
+
 def test_malformed_series_are_skipped_not_fatal():
     answers = {
-        "fabric_infiniband_port_state": [{"metric": {"node": "n", "device": "mlx5_0", "port": "x", "state": "ACTIVE"},
-                                          "value": [0, "4"]}, {"metric": {}, "value": "bad"}, {}],
-        "fabric_nvlink_info": [{"metric": {"node": "n", "gpu": "0", "link": "0"}, "value": [0, "1"]}],
-        "fabric_nvlink_state": [{"metric": {"node": "n", "gpu": "zero", "link": "0"}, "value": [0, "1"]}],
-        "fabric_nccl_rank_info": [],
-        "fabric_nccl_comm_info": [{"metric": {"comm": "c", "rank": "-", "node": "n"}, "value": [0, "1"]}],
+        QUERIES["port_state"]: [{"metric": {"node": "n", "device": "mlx5_0", "port": "x", "state": "ACTIVE"},
+                                 "value": [0, "4"]}, {"metric": {}, "value": "bad"}, {}],
+        QUERIES["nvlink_links"]: [{"metric": {"node": "n", "gpu": "zero", "remote_pci_bus_id": "0:c0:00.0"},
+                                   "value": [0, "4"]}, {"metric": {"gpu": "0"}, "value": [0, "4"]}],
+        QUERIES["nvlink_inactive"]: [{"metric": {"node": "n", "gpu": "0", "link": "x"}, "value": [0, "0"]}],
+        QUERIES["rank_info"]: [],
+        QUERIES["comm_info"]: [{"metric": {"comm": "c", "rank": "-", "node": "n"}, "value": [0, "1"]}],
     }
     obs = observe(lambda promql: answers[promql])
     assert obs.port_up == {} and obs.nvlink == {} and obs.ranks == {}
