@@ -35,6 +35,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
 from fabricscope.demo.cluster import DemoCluster  # noqa: E402
 from fabricscope.demo.fleet import Fleet  # noqa: E402
@@ -107,27 +108,12 @@ def live_blast_radius(base: str, scenario, nodes: int) -> dict:
 
 def expensive_questions(base: str, runs: int = 5, top: int = 3) -> list[tuple[str, float]]:
     """The sidecar's registered PromQL questions (queryapi/query/queries.yaml, with their
-    default parameters), each asked `runs` times of this backend's query API: the `top`
-    slowest by their p99 (with 5 runs, the slowest run)."""
-    from fabricscope.queryapi.query.registry import default_registry
+    default parameters; bench/sidecar_scale.py), each asked `runs` times of this backend's
+    query API: the `top` slowest by their p99 (with 5 runs, the slowest run)."""
+    from sidecar_scale import percentile, registered_questions, timed
 
-    registry = default_registry()
-    times: dict[str, list[float]] = {}
-    for name, spec in sorted(registry.queries.items()):
-        if spec.promql is None:
-            continue
-        try:
-            promql = registry.render(name, registry.validate(name, {}))
-        except (ValueError, LookupError):
-            continue                              # needs a parameter without a default
-        for _ in range(runs):
-            began = time.perf_counter()
-            try:
-                query(base, promql)
-            except (OSError, ValueError, KeyError):
-                pass                              # a timeout counts as the time it took
-            times.setdefault(name, []).append(time.perf_counter() - began)
-    p99 = {name: sorted(values)[min(len(values) - 1, int(0.99 * len(values)))] for name, values in times.items()}
+    times = {name: [timed(base, promql)[0] for _ in range(runs)] for name, promql in registered_questions().items()}
+    p99 = {name: percentile(values, 0.99) for name, values in times.items()}
     return sorted(p99.items(), key=lambda item: -item[1])[:top]
 
 

@@ -32,6 +32,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Iterable, Mapping, Sequence
@@ -283,7 +284,11 @@ def apply(topology: Topology, obs: Observations) -> ApplyReport:
 
 def enrich(topology: Topology, query: InstantQuery) -> ApplyReport:
     """observe() then apply(): the live state merged over `topology` (mutated in place)."""
-    report = apply(topology, observe(query))
+    return _apply_logged(topology, observe(query))
+
+
+def _apply_logged(topology: Topology, obs: Observations) -> ApplyReport:
+    report = apply(topology, obs)
     if report.unmatched:
         log.info("live topology: %d observations matched no device (first: %s)", len(report.unmatched),
                  report.unmatched[0])
@@ -312,11 +317,14 @@ class LiveTopology:
 
     def refresh(self, merge_live: bool = True) -> BlastRadiusEngine:
         """Rebuild from the inventory (and the metrics, unless merge_live is False)."""
-        with self._lock:
+        with self._lock, ThreadPoolExecutor(max_workers=1, thread_name_prefix="live-observe") as pool:
+            # The queries are asked while the inventory is built: they wait on the engine,
+            # the inventory on this process (at 1,000 nodes 2.3 s and 0.7 s).
+            observing = pool.submit(observe, self._query) if self._query is not None and merge_live else None
             topology = self._base()
-            if self._query is not None and merge_live:
+            if observing is not None:
                 try:
-                    self.report = enrich(topology, self._query)
+                    self.report = _apply_logged(topology, observing.result())
                     self.live_error = None
                 except Exception as exc:  # noqa: BLE001 - Prometheus down: keep simulating on what we had
                     # Shown to API clients: a metrics error's public wording, which names no

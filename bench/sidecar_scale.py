@@ -1,0 +1,222 @@
+"""The sidecar at fleet size, against the sharded set-up's store: the live blast-radius
+merge and the registered questions, timed through the store's query API.
+
+    .venv/bin/python bench/sidecar_scale.py var/rule-cost/faults.jsonl.gz --nodes 1000
+
+The store is demo/stack/shards.py's `ShardedVictoria` (one VictoriaMetrics with the
+set-up's dedup, vmagent members in cluster mode, one vmalert for the fleet's cluster on
+the rules scoped to it, writing its recording rules back), loaded with a recording of the
+demo cluster's real exposition expanded to --nodes (bench/rule_cost_isolated.py's
+`FleetRounds`: the simulated nodes in full, copies of node 0 for the rest). The vmagents
+have nothing to scrape: the fleet comes from the recording, so no simulator competes
+with the store for the cores. The rounds are shifted so that the last --ahead of them
+fall in the next minutes: vmalert evaluates on data that looks live, and its recording
+rules have points for the questions that read them.
+
+Then, against the store's URL (what the sidecar's --prometheus-url would be):
+- the live merge: `LiveTopology.refresh()` over the inventory of --nodes nodes
+  (demo_topology of the recording's scenario), the first refresh of a new LiveTopology
+  (what the sidecar does at start) and the next one, median of --merges;
+- every registered PromQL question with its default parameters asked --screen times,
+  then the --top slowest asked --repeats times each: p50, p99 and max.
+The load average is printed: the machine is shared.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from rule_cost_isolated import FleetRounds, load_recording, victoria_import  # noqa: E402
+
+from fabricscope.chaos.live import LiveTopology  # noqa: E402
+from fabricscope.demo.scenario import default_scenario_path, load_scenario  # noqa: E402
+from fabricscope.demo.stack.shards import ShardedVictoria  # noqa: E402
+from fabricscope.demo.topology import demo_topology  # noqa: E402
+from fabricscope.rules import rule_files  # noqa: E402
+
+ROUND_SECONDS = 30            # bench/rule_cost_record.py's default interval
+
+
+def query(base: str, promql: str) -> list[dict]:
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    with urllib.request.urlopen(url, timeout=120) as answer:
+        body = json.load(answer)
+    if body.get("status") != "success":
+        raise ValueError(f"{promql[:60]}: {body.get('error')}")
+    return body["data"]["result"]
+
+
+def registered_questions() -> dict[str, str]:
+    """Every registered PromQL question rendered with its default parameters (those that
+    need a parameter without a default are left out)."""
+    from fabricscope.queryapi.query.registry import default_registry
+
+    registry = default_registry()
+    out = {}
+    for name, spec in sorted(registry.queries.items()):
+        if spec.promql is None:
+            continue
+        try:
+            out[name] = registry.render(name, registry.validate(name, {}))
+        except (ValueError, LookupError):
+            continue
+    return out
+
+
+def total_series(base: str) -> int:
+    """The store's series (a count() over every series is refused past its
+    -search.maxUniqueTimeseries)."""
+    with urllib.request.urlopen(f"{base}/api/v1/status/tsdb", timeout=120) as answer:
+        return int(json.load(answer)["data"].get("totalSeries", 0))
+
+
+def timed(base: str, promql: str) -> tuple[float, int | str]:
+    """Seconds and the answer's series, or the error (a refused question counts the time
+    it took to be refused, and says so)."""
+    began = time.perf_counter()
+    try:
+        series: int | str = len(query(base, promql))
+    except urllib.error.HTTPError as exc:
+        series = f"HTTP {exc.code}: {exc.read().decode(errors='replace')[:200]}"
+    except (OSError, ValueError) as exc:
+        series = f"{type(exc).__name__}: {exc}"[:200]
+    return time.perf_counter() - began, series
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def measure_merge(base: str, scenario, runs: int) -> dict:
+    spent = {"queries": 0.0}
+
+    def ask(promql: str):
+        began = time.perf_counter()
+        try:
+            return query(base, promql)
+        finally:
+            spent["queries"] += time.perf_counter() - began
+
+    firsts, nexts, queries = [], [], []
+    for _ in range(runs):
+        spent["queries"] = 0.0
+        live = LiveTopology(lambda: demo_topology(scenario), ask)
+        began = time.perf_counter()
+        live.refresh()
+        firsts.append(time.perf_counter() - began)
+        queries.append(spent["queries"])
+        began = time.perf_counter()
+        live.refresh()
+        nexts.append(time.perf_counter() - began)
+        if live.live_error:
+            raise SystemExit(f"live merge failed: {live.live_error}")
+    return {"first": percentile(firsts, 0.5), "next": percentile(nexts, 0.5), "queries": percentile(queries, 0.5),
+            "firsts": firsts, "report": live.report.to_dict() if live.report else None}
+
+
+def measure_questions(base: str, screen: int, top: int, repeats: int) -> list[dict]:
+    screened = {}
+    for name, promql in registered_questions().items():
+        times = [timed(base, promql) for _ in range(screen)]
+        screened[name] = (max(t for t, _ in times), times[-1][1])
+    slowest = sorted(screened, key=lambda n: -screened[n][0])[:top]
+    questions = registered_questions()
+    rows = []
+    for name in slowest:
+        times = [timed(base, questions[name])[0] for _ in range(repeats)]
+        rows.append({"name": name, "series": screened[name][1], "p50": percentile(times, 0.5),
+                     "p99": percentile(times, 0.99), "max": max(times), "runs": repeats})
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("recording", type=Path)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=28, help="use the recording's last ROUNDS rounds")
+    parser.add_argument("--ahead", type=int, default=18,
+                        help="rounds placed in the future (vmalert evaluates them as they come due)")
+    parser.add_argument("--lead", type=float, default=240.0,
+                        help="seconds ahead the first future round is placed (about the time loading takes)")
+    parser.add_argument("--settle", type=float, default=60.0,
+                        help="seconds of vmalert evaluation after loading, before measuring")
+    parser.add_argument("--merges", type=int, default=3)
+    parser.add_argument("--screen", type=int, default=3, help="runs of every question to find the slowest")
+    parser.add_argument("--top", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=40, help="runs of each slowest question (p99)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+
+    rounds = load_recording(args.recording)[-args.rounds:]
+    present = len(rounds) - args.ahead
+    scenario = load_scenario(default_scenario_path()).with_nodes(args.nodes)
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="sidecar-scale-", dir=REPO / "var") as tmp:
+        fleet = FleetRounds(rounds, args.nodes, present, time.time() + args.lead)
+        scrape = {"global": {"scrape_interval": f"{ROUND_SECONDS}s"}, "scrape_configs": []}
+        # Nothing listens on the discard port: vmalert's notifications go nowhere.
+        backend = ShardedVictoria(Path(tmp), scrape, [fleet.cluster], rule_files(), "http://127.0.0.1:9",
+                                  scrape_interval=f"{ROUND_SECONDS}s").start()
+        try:
+            began = time.monotonic()
+            samples = victoria_import(fleet, backend.url)
+            loaded = time.monotonic() - began
+            time.sleep(max(0.0, fleet.present - time.time()) + args.settle)
+            series = total_series(backend.url)
+            merge = measure_merge(backend.url, scenario, args.merges)
+            questions = measure_questions(backend.url, args.screen, args.top, args.repeats)
+            # Still live at the end (the future rounds not yet used up): a question over
+            # stale data would answer nothing, cheaply.
+            live_nodes = len(query(backend.url, "up"))
+            last_round = fleet.timestamps()[-1] - time.time()
+        finally:
+            backend.stop()
+    load_after = os.getloadavg()
+
+    print(f"{args.recording.name}: {len(rounds)} rounds {ROUND_SECONDS} s apart ({args.ahead} of them placed in "
+          f"the future), {args.nodes} nodes; commit {commit}; {os.cpu_count()} CPUs shared; load average "
+          f"{load_before[0]:.1f} before, {load_after[0]:.1f} after")
+    print(f"store: ShardedVictoria (VictoriaMetrics -dedup.minScrapeInterval={ROUND_SECONDS}s, 3 vmagent members, "
+          f"vmalert of cluster {fleet.cluster!r} on the scoped rules); {samples:,} samples loaded in {loaded:.0f} s; "
+          f"{series:,} series at the measurement; at its end {live_nodes} nodes up, the last round "
+          f"{last_round:+.0f} s from then")
+    report = merge["report"] or {}
+    print(f"\nlive merge (LiveTopology.refresh over demo_topology of {args.nodes} nodes), median of {args.merges}:")
+    print(f"  first refresh {merge['first']:.2f} s (runs: {', '.join(f'{t:.2f}' for t in merge['firsts'])}); "
+          f"its queries {merge['queries']:.2f} s; next refresh {merge['next']:.2f} s")
+    print(f"  merged: {report.get('ports')} ports, {report.get('nvlinks')} NVLink edges, {report.get('jobs')} jobs, "
+          f"{report.get('unmatched_count')} unmatched")
+    print(f"\nthe {args.top} slowest registered questions ({args.screen} screening runs each of "
+          f"{len(registered_questions())}), {args.repeats} runs each:")
+    print(f"  {'question':34s} {'series':>7s} {'p50 s':>7s} {'p99 s':>7s} {'max s':>7s}")
+    for row in questions:
+        series = row["series"] if isinstance(row["series"], int) else "error"
+        print(f"  {row['name']:34s} {series:>7} {row['p50']:7.2f} {row['p99']:7.2f} {row['max']:7.2f}")
+    for row in questions:
+        if not isinstance(row["series"], int):
+            print(f"  {row['name']}: {row['series']}")
+    if args.json:
+        args.json.write_text(json.dumps({"commit": commit, "nodes": args.nodes, "load": [load_before, load_after],
+                                         "samples": samples, "load_seconds": loaded, "series": series,
+                                         "merge": merge, "questions": questions}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
