@@ -91,7 +91,10 @@
       // normal, not when the long window has emptied (docs/alertmanager.md, Lifecycles).
       signalRecent: '5m',
       nvlinkErrorRate: '5m',
-      nvlinkRate: '5m',
+      // A link's throughput now: short, because FabricNvlinkThroughputCollapse's for: (10m)
+      // already asks for persistence; a longer window only read more samples of every
+      // link each minute (144 links a node) and delayed the alert by its length.
+      nvlinkRate: '1m',
       nvlinkBaseline: '30m',
       // How long a log line keeps its alert raised. A line is an event with no end to
       // wait for: the alert announces it (long enough for Alertmanager's group_wait and
