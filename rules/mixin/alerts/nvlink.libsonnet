@@ -11,6 +11,24 @@ local utils = import '../lib/utils.libsonnet';
         name: 'fabric-nvlink.alerts',
         interval: c.cfg.intervals.nvlink,
         rules: [
+          {
+            // When the link was last seen inactive, kept for the NVLink error window and
+            // only for links seen inactive in it: FabricNvlinkErrors below leaves out the
+            // errors of a link that went down in that window by reading these few series,
+            // recorded in the same evaluation, instead of every link's raw state over the
+            // whole window (144 links a node). The range is the group's interval (a minute
+            // where it is left to the global one), so every scrape is seen by an evaluation.
+            record: 'gpu_link:fabric_nvlink_state:last_down_timestamp',
+            expr: |||
+              max by (%(link)s) (timestamp(min_over_time(fabric_nvlink_state[%(seen)s]) == 0))
+              or
+              gpu_link:fabric_nvlink_state:last_down_timestamp > time() - %(keep)d
+            ||| % {
+              link: c.link,
+              seen: if c.cfg.intervals.nvlink == '' then '1m' else c.cfg.intervals.nvlink,
+              keep: utils.seconds(c.w.nvlinkErrorRate),
+            },
+          },
           c.alert(
             'FabricNvlinkLinkDown',
             c.sev.nvlinkDown,
@@ -37,8 +55,8 @@ local utils = import '../lib/utils.libsonnet';
             c.sev.nvlinkErrors,
             // Errors counted in a window in which the link also went down are that
             // link-down incident's (the precursor errors of a failing link): they ticket
-            // neither while it is down nor after it is back (rules/nvlink.libsonnet records
-            // when each link was last seen down).
+            // neither while it is down nor after it is back (recorded above: when each link
+            // was last seen down).
             '(\n  ' + std.join('\n  or\n  ', [
               'rate(fabric_nvlink_errors_total{type="%s"}[%s]) > %s'
               % [type, c.w.nvlinkErrorRate, c.num(c.th.nvlinkErrorRates[type])]

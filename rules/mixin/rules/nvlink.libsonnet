@@ -48,24 +48,6 @@ local utils = import '../lib/utils.libsonnet';
               gpu_link:fabric_nvlink_state:last_active_timestamp
             ||| % { link: c.link },
           },
-          {
-            // When the link was last seen inactive, kept for the NVLink error window and
-            // only for links seen inactive in it: FabricNvlinkErrors leaves out the errors
-            // of a link that went down in that window by reading these few series instead
-            // of every link's raw state over the whole window each minute (144 links a
-            // node). The range is the group's interval (a minute where it is left to the
-            // global one), so every scrape is seen by an evaluation.
-            record: 'gpu_link:fabric_nvlink_state:last_down_timestamp',
-            expr: |||
-              max by (%(link)s) (timestamp(min_over_time(fabric_nvlink_state[%(seen)s]) == 0))
-              or
-              gpu_link:fabric_nvlink_state:last_down_timestamp > time() - %(keep)d
-            ||| % {
-              link: c.link,
-              seen: if c.cfg.intervals.nvlink == '' then '1m' else c.cfg.intervals.nvlink,
-              keep: utils.seconds(c.w.nvlinkErrorRate),
-            },
-          },
         ],
       },
     ],
