@@ -218,15 +218,18 @@ def rule_stats(url: str, paths: list[Path]) -> list[dict]:
     return out
 
 
-def watch(poll, measure: float) -> dict[str, list[float]]:
-    """Each group's evaluation durations during `measure` s. `poll` answers {group:
+def watch(poll, measure: float) -> tuple[dict[str, list[float]], list[float]]:
+    """Each group's evaluation durations during `measure` s, and the host's 1-minute load
+    average at each poll (what else ran on the cores). `poll` answers {group:
     (evaluations so far, seconds spent so far or the last evaluation's)}, cumulative=True
     when the seconds add up over evaluations."""
     seen: dict[str, list[float]] = {}
+    loads: list[float] = []
     last: dict[str, tuple[float, float]] = {}
     end = time.time() + measure
     while time.time() < end:
         time.sleep(5)
+        loads.append(os.getloadavg()[0])
         for group, (count, value, cumulative) in poll().items():
             # Counters start at 0 with the process: the first evaluation counts too.
             before = last.get(group, (0.0, 0.0))
@@ -234,7 +237,7 @@ def watch(poll, measure: float) -> dict[str, list[float]]:
             if count <= before[0]:
                 continue
             seen.setdefault(group, []).append((value - before[1]) / (count - before[0]) if cumulative else value)
-    return seen
+    return seen, loads
 
 
 def prometheus_run(fleet: FleetRounds, work: Path, rules: list[Path], measure: float) -> dict:
@@ -260,7 +263,7 @@ def prometheus_run(fleet: FleetRounds, work: Path, rules: list[Path], measure: f
             return {group.split(";")[-1]: (count, page[f'prometheus_rule_group_last_duration_seconds{{rule_group="{group}"}}'],
                                            False) for group, count in counts.items()}
         measure_began = time.time()
-        seen = watch(poll, measure)
+        seen, loads = watch(poll, measure)
         page = metrics_page(f"{base}/metrics")
         missed = {label(k, "rule_group").split(";")[-1]: v for k, v in page.items()
                   if k.startswith("prometheus_rule_group_iterations_missed_total{")}
@@ -269,7 +272,7 @@ def prometheus_run(fleet: FleetRounds, work: Path, rules: list[Path], measure: f
     finally:
         prom.stop(timeout=60)
     return {"engine": "Prometheus", "load_seconds": loaded, "samples_loaded": samples, "durations": seen,
-            "missed": missed, "rules": stats, "rss_bytes": rss,
+            "missed": missed, "rules": stats, "rss_bytes": rss, "load_average": loads,
             "began_after_present": measure_began - fleet.present}
 
 
@@ -294,14 +297,14 @@ def victoria_run(fleet: FleetRounds, work: Path, rules: list[Path], measure: flo
             return {label(k, "group"): (v, sums[label(k, "group")], True) for k, v in page.items()
                     if k.startswith("vmalert_iteration_duration_seconds_count{")}
         measure_began = time.time()
-        seen = watch(poll, measure)
+        seen, loads = watch(poll, measure)
         rss = rss_bytes(vm.process.pid) + rss_bytes(alert.process.pid)
     finally:
         if alert is not None:
             alert.stop()
         vm.stop(timeout=60)
     return {"engine": "vmalert + VictoriaMetrics", "load_seconds": loaded, "samples_loaded": samples,
-            "durations": seen, "missed": {}, "rules": [], "rss_bytes": rss,
+            "durations": seen, "missed": {}, "rules": [], "rss_bytes": rss, "load_average": loads,
             "began_after_present": measure_began - fleet.present}
 
 
@@ -322,7 +325,9 @@ def report(rows: list[dict], intervals: dict[str, float], args, fleet: FleetRoun
     for row in rows:
         print(f"{row['engine']}: {row['samples_loaded']:,} samples loaded in {row['load_seconds']:.0f} s, "
               f"measuring began {row['began_after_present']:+.0f} s from the present round, "
-              f"RSS at the end {row['rss_bytes'] / 2**30:.2f} GiB")
+              f"RSS at the end {row['rss_bytes'] / 2**30:.2f} GiB" + (
+                  f", load average while measuring {sum(row['load_average']) / len(row['load_average']):.1f} "
+                  f"(max {max(row['load_average']):.1f})" if row.get("load_average") else ""))
     names = sorted(intervals)
     print("\n| rule group | interval | " + " | ".join(f"{r['engine']} mean / worst (worst / interval)" for r in rows)
           + " | samples touched a cycle |")
