@@ -109,6 +109,51 @@ local utils = import '../lib/utils.libsonnet';
         interval: c.cfg.intervals.infiniband,
         rules: [
           c.alert(
+            'FabricInfinibandFatalCounterBreach',
+            c.sev.ibFatalCounter,
+            // A counter stopped at its maximum keeps its last breach latched for ever and
+            // counts nothing new: FabricInfinibandCounterSaturated tickets it, and leaving
+            // it out here lets a later link flap on that port page on its own (a raised
+            // link_downed breach keeps the flap alert down: FabricInfinibandLinkFlap).
+            // A breach raised while its port is down is that port-down incident's (the
+            // down itself moves link_downed). It waits while the port-down alert is
+            // pending (its for: restarts, so the port-down alert fires first and
+            // Alertmanager silences the breach behind it), and from the evaluation in
+            // which the port is active again until signalRecent after the port-down alert
+            // resolved it is kept down here, so it neither pages the moment that silence
+            // lifts nor before the repair (counters cleared) clears it.
+            // It is evaluated ahead of FabricInfinibandPortDown (it reads that alert's
+            // state of the previous evaluation): Prometheus sends each rule's alerts as
+            // that rule is evaluated, so the breach's resolution reaches Alertmanager
+            // before the port-down's. In the other order Alertmanager held the breach
+            // firing and no longer silenced for the moment between the two, and a group
+            // flush falling into it paged the breach as a second page of the incident.
+            |||
+              fabric_infiniband_port_counter_breached{severity="fatal"} == 1
+              unless on (%(port)s, counter)
+              (
+                %(saturated)s
+              )
+              unless on (%(port)s)
+              (
+                ALERTS{alertname="FabricInfinibandPortDown", alertstate="pending"}
+                or
+                (
+                  max_over_time(ALERTS{alertname="FabricInfinibandPortDown", alertstate="firing"}[%(recent)s])
+                  unless on (%(port)s)
+                  (
+                    ALERTS{alertname="FabricInfinibandPortDown", alertstate="firing"}
+                    unless on (%(port)s)
+                    max without (state) (fabric_infiniband_port_state) >= 4
+                  )
+                )
+              )
+            ||| % { port: c.port, saturated: utils.indent(saturatedCounters), recent: c.w.signalRecent },
+            c.forOf.ibFatalCounter,
+            'An InfiniBand/RoCE port counter crossed a fatal threshold.',
+            'Counter {{ $labels.counter }} on {{ $labels.device }}:{{ $labels.port }} ({{ $labels.node }}) breached its fatal threshold.',
+          ),
+          c.alert(
             'FabricInfinibandPortDown',
             c.sev.ibPortDown,
             ibPortDownExpr,
@@ -145,40 +190,6 @@ local utils = import '../lib/utils.libsonnet';
             'Port {{ $labels.device }}:{{ $labels.port }} on {{ $labels.node }} is fatal '
             + '(state DOWN or phys_state Disabled) and has not been ACTIVE since the exporter has watched it '
             + '(at most the last ' + c.w.ibWasActive + ').',
-          ),
-          c.alert(
-            'FabricInfinibandFatalCounterBreach',
-            c.sev.ibFatalCounter,
-            // A counter stopped at its maximum keeps its last breach latched for ever and
-            // counts nothing new: FabricInfinibandCounterSaturated tickets it, and leaving
-            // it out here lets a later link flap on that port page on its own (a raised
-            // link_downed breach keeps the flap alert down: FabricInfinibandLinkFlap).
-            // A breach raised while its port is down is that port-down incident's (the
-            // down itself moves link_downed). It waits while the port-down alert is
-            // pending (its for: restarts, so the port-down alert fires first and
-            // Alertmanager silences the breach behind it), and for signalRecent after
-            // the port-down alert resolved it is kept down here, so it neither pages the
-            // moment that silence lifts nor before the repair (counters cleared) clears it.
-            |||
-              fabric_infiniband_port_counter_breached{severity="fatal"} == 1
-              unless on (%(port)s, counter)
-              (
-                %(saturated)s
-              )
-              unless on (%(port)s)
-              (
-                ALERTS{alertname="FabricInfinibandPortDown", alertstate="pending"}
-                or
-                (
-                  max_over_time(ALERTS{alertname="FabricInfinibandPortDown", alertstate="firing"}[%(recent)s])
-                  unless on (%(port)s)
-                  ALERTS{alertname="FabricInfinibandPortDown", alertstate="firing"}
-                )
-              )
-            ||| % { port: c.port, saturated: utils.indent(saturatedCounters), recent: c.w.signalRecent },
-            c.forOf.ibFatalCounter,
-            'An InfiniBand/RoCE port counter crossed a fatal threshold.',
-            'Counter {{ $labels.counter }} on {{ $labels.device }}:{{ $labels.port }} ({{ $labels.node }}) breached its fatal threshold.',
           ),
           c.alert(
             'FabricInfinibandDegraded',
