@@ -10,8 +10,8 @@ No filter flag: production would scope an exporter the same way.
 One Prometheus per clock skew scrapes every exporter through a proxy here that shifts every
 `*_timestamp_seconds` sample of the last node by the skew (that node's clock, as seen by
 Prometheus, is off by that much), and evaluates the production rules (the mixin rendered
-with the demo's fast alerts: shorter `for:` and 15 s rule groups, the same thresholds and
-windows). Faults, each repeated with no-fault time in between:
+with the demo's fast alerts: shorter `for:`, the NCCL rule groups every 5 s, the same
+thresholds and windows). Faults, each repeated with no-fault time in between:
   rank        one rank of the last node enters every collective late (--delay-ms)
   node        every rank of the last node enters late
   hang        one rank of the last node stops before a collective
