@@ -3,7 +3,7 @@
     .venv/bin/python bench/rule_cost_table.py before=var/rule-cost/before-faults.json \
         after=var/rule-cost/after-faults.json --rules rules/fabricscope-*.yaml
 
-Per group and run: the rule manager's evaluations (mean / worst, the worst against the
+Per group and run: the rule manager's evaluations (mean / worst, each against the
 interval) where the run has them, and one cycle of the group's expressions through
 Prometheus' query API (the sum of their evalTotalTime, and their samples).
 """
@@ -39,8 +39,9 @@ def main() -> int:
         cells = []
         for _, row in columns:
             seen = row["durations"].get(group)
-            cells.append(f"{1000 * sum(seen) / len(seen):,.0f} / {1000 * max(seen):,.0f} ms "
-                         f"({100 * max(seen) / interval:.1f}%)" if seen else "-")
+            mean = sum(seen) / len(seen) if seen else 0.0
+            cells.append(f"{1000 * mean:,.0f} / {1000 * max(seen):,.0f} ms "
+                         f"({100 * mean / interval:.1f}% / {100 * max(seen) / interval:.1f}%)" if seen else "-")
             if row["rules"]:
                 mine = [r for r in row["rules"] if r["group"] == group]
                 if mine:
@@ -50,6 +51,11 @@ def main() -> int:
                 else:
                     cells.append("-")
         print(f"| {group} | {interval:g} s | " + " | ".join(cells) + " |")
+    # What else ran on the cores while each run was measured: the figures move with it.
+    loads = [f"{title} {sum(row['load_average']) / len(row['load_average']):.1f} (max {max(row['load_average']):.1f})"
+             for title, row in columns if row.get("load_average")]
+    if loads:
+        print("\nLoad average while measuring: " + "; ".join(loads) + ".")
     return 0
 
 
