@@ -13,7 +13,10 @@ with the store for the cores. The rounds are shifted so that the last --ahead of
 fall in the next minutes: vmalert evaluates on data that looks live, and its recording
 rules have points for the questions that read them.
 
-Then, against the store's URL (what the sidecar's --prometheus-url would be):
+After --settle seconds of evaluation the vmalert and the vmagents are stopped (on these 2
+shared cores vmalert's evaluation of every group at 1,000 nodes takes the cores; docs/scale.md)
+and every query below is asked at that one moment (`time=`, `nocache=1`), against the
+store's URL (what the sidecar's --prometheus-url would be):
 - the live merge: `LiveTopology.refresh()` over the inventory of --nodes nodes
   (demo_topology of the recording's scenario), the first refresh of a new LiveTopology
   (what the sidecar does at start) and the next one, median of --merges;
@@ -50,8 +53,11 @@ from fabricscope.rules import rule_files  # noqa: E402
 ROUND_SECONDS = 30            # bench/rule_cost_record.py's default interval
 
 
-def query(base: str, promql: str) -> list[dict]:
-    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+def query(base: str, promql: str, at: float | None = None) -> list[dict]:
+    """An instant query, at `at` when given; nocache=1: VictoriaMetrics answers from the
+    data every time, not from its rollup cache (Prometheus ignores the parameter)."""
+    params = {"query": promql, "nocache": "1", **({"time": f"{at:.3f}"} if at is not None else {})}
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode(params)
     with urllib.request.urlopen(url, timeout=120) as answer:
         body = json.load(answer)
     if body.get("status") != "success":
@@ -83,12 +89,12 @@ def total_series(base: str) -> int:
         return int(json.load(answer)["data"].get("totalSeries", 0))
 
 
-def timed(base: str, promql: str) -> tuple[float, int | str]:
+def timed(base: str, promql: str, at: float | None = None) -> tuple[float, int | str]:
     """Seconds and the answer's series, or the error (a refused question counts the time
     it took to be refused, and says so)."""
     began = time.perf_counter()
     try:
-        series: int | str = len(query(base, promql))
+        series: int | str = len(query(base, promql, at))
     except urllib.error.HTTPError as exc:
         series = f"HTTP {exc.code}: {exc.read().decode(errors='replace')[:200]}"
     except (OSError, ValueError) as exc:
@@ -101,13 +107,13 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def measure_merge(base: str, scenario, runs: int) -> dict:
+def measure_merge(base: str, scenario, runs: int, at: float) -> dict:
     spent = {"queries": 0.0}
 
     def ask(promql: str):
         began = time.perf_counter()
         try:
-            return query(base, promql)
+            return query(base, promql, at)
         finally:
             spent["queries"] += time.perf_counter() - began
 
@@ -128,16 +134,16 @@ def measure_merge(base: str, scenario, runs: int) -> dict:
             "firsts": firsts, "report": live.report.to_dict() if live.report else None}
 
 
-def measure_questions(base: str, screen: int, top: int, repeats: int) -> list[dict]:
+def measure_questions(base: str, screen: int, top: int, repeats: int, at: float) -> list[dict]:
     screened = {}
     for name, promql in registered_questions().items():
-        times = [timed(base, promql) for _ in range(screen)]
+        times = [timed(base, promql, at) for _ in range(screen)]
         screened[name] = (max(t for t, _ in times), times[-1][1])
     slowest = sorted(screened, key=lambda n: -screened[n][0])[:top]
     questions = registered_questions()
     rows = []
     for name in slowest:
-        times = [timed(base, questions[name])[0] for _ in range(repeats)]
+        times = [timed(base, questions[name], at)[0] for _ in range(repeats)]
         rows.append({"name": name, "series": screened[name][1], "p50": percentile(times, 0.5),
                      "p99": percentile(times, 0.99), "max": max(times), "runs": repeats})
     return rows
@@ -152,11 +158,11 @@ def main() -> int:
                         help="rounds placed in the future (vmalert evaluates them as they come due)")
     parser.add_argument("--lead", type=float, default=240.0,
                         help="seconds ahead the first future round is placed (about the time loading takes)")
-    parser.add_argument("--settle", type=float, default=60.0,
+    parser.add_argument("--settle", type=float, default=150.0,
                         help="seconds of vmalert evaluation after loading, before measuring")
     parser.add_argument("--merges", type=int, default=3)
     parser.add_argument("--screen", type=int, default=3, help="runs of every question to find the slowest")
-    parser.add_argument("--top", type=int, default=5)
+    parser.add_argument("--top", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=40, help="runs of each slowest question (p99)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -178,13 +184,20 @@ def main() -> int:
             samples = victoria_import(fleet, backend.url)
             loaded = time.monotonic() - began
             time.sleep(max(0.0, fleet.present - time.time()) + args.settle)
+            # The store alone from here: vmalert has written --settle seconds of recording
+            # rules and ALERTS; on 2 shared cores its evaluation of every group at 1,000
+            # nodes would take the cores the questions are timed on (docs/scale.md, "Rule
+            # cost on its own"). Every query is asked at this moment (`time`), so the data
+            # is as live for the last question as for the first.
+            for part in [*backend.vmalerts.values(), *backend.vmagents]:
+                part.stop()
+            urllib.request.urlopen(f"{backend.url}/internal/force_flush", timeout=60).read()
+            at = time.time() - 1
             series = total_series(backend.url)
-            merge = measure_merge(backend.url, scenario, args.merges)
-            questions = measure_questions(backend.url, args.screen, args.top, args.repeats)
-            # Still live at the end (the future rounds not yet used up): a question over
-            # stale data would answer nothing, cheaply.
-            live_nodes = len(query(backend.url, "up"))
-            last_round = fleet.timestamps()[-1] - time.time()
+            live_nodes = len(query(backend.url, "up", at))
+            last_round = fleet.timestamps()[-1] - at
+            merge = measure_merge(backend.url, scenario, args.merges, at)
+            questions = measure_questions(backend.url, args.screen, args.top, args.repeats, at)
         finally:
             backend.stop()
     load_after = os.getloadavg()
@@ -194,8 +207,8 @@ def main() -> int:
           f"{load_before[0]:.1f} before, {load_after[0]:.1f} after")
     print(f"store: ShardedVictoria (VictoriaMetrics -dedup.minScrapeInterval={ROUND_SECONDS}s, 3 vmagent members, "
           f"vmalert of cluster {fleet.cluster!r} on the scoped rules); {samples:,} samples loaded in {loaded:.0f} s; "
-          f"{series:,} series at the measurement; at its end {live_nodes} nodes up, the last round "
-          f"{last_round:+.0f} s from then")
+          f"{series:,} series; vmalert evaluated {args.settle:.0f} s, then stopped; every query asked at "
+          f"one moment, when {live_nodes} nodes were up and the recording's last round {last_round:+.0f} s away")
     report = merge["report"] or {}
     print(f"\nlive merge (LiveTopology.refresh over demo_topology of {args.nodes} nodes), median of {args.merges}:")
     print(f"  first refresh {merge['first']:.2f} s (runs: {', '.join(f'{t:.2f}' for t in merge['firsts'])}); "
