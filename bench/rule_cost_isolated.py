@@ -24,8 +24,8 @@ Per group: each evaluation's duration from the engine's own metrics over --measu
 seconds (Prometheus prometheus_rule_group_last_duration_seconds, vmalert
 vmalert_iteration_duration_seconds), as mean and worst, the worst against the interval;
 and the samples each group touches (the sum of its rules' totalQueryableSamples, each
-expression asked once of Prometheus with stats=all after the window; Prometheus 2.42
-has no prometheus_engine_query_samples_total). Figures, not assertions; run on a quiet
+expression asked once of Prometheus with stats=all after the window, the rule manager
+stopped; Prometheus 2.42 has no prometheus_engine_query_samples_total). Figures, not assertions; run on a quiet
 host, since the engine shares the machine's cores with whatever else runs.
 """
 from __future__ import annotations
@@ -201,14 +201,16 @@ def label(key: str, name: str) -> str | None:
     return found.group(1) if found else None
 
 
-def rule_stats(url: str, paths: list[Path]) -> list[dict]:
-    """Each rule's expression asked once with stats=all: the samples it touches and the
-    time it took (the evaluation of one cycle, outside the rule manager)."""
+def rule_stats(url: str, paths: list[Path], at: float | None = None) -> list[dict]:
+    """Each rule's expression asked once with stats=all (at time `at`, else now): the
+    samples it touches and the time it took (the evaluation of one cycle, outside the rule
+    manager)."""
     out = []
     for path in paths:
         for group in yaml.safe_load(Path(path).read_text())["groups"]:
             for rule in group["rules"]:
-                query = urllib.parse.urlencode({"query": rule["expr"], "stats": "all"})
+                query = urllib.parse.urlencode({"query": rule["expr"], "stats": "all",
+                                                **({} if at is None else {"time": f"{at:.3f}"})})
                 with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=300) as answer:
                     stats = json.load(answer).get("data", {}).get("stats", {})
                 out.append({"group": group["name"], "rule": rule.get("record") or rule.get("alert"),
@@ -267,7 +269,14 @@ def prometheus_run(fleet: FleetRounds, work: Path, rules: list[Path], measure: f
         page = metrics_page(f"{base}/metrics")
         missed = {label(k, "rule_group").split(";")[-1]: v for k, v in page.items()
                   if k.startswith("prometheus_rule_group_iterations_missed_total{")}
-        stats = rule_stats(base, rules)
+        # The rules unloaded before their expressions are asked one by one, so that each
+        # has the cores to itself instead of sharing them with every group the rule
+        # manager runs at once; asked as of the end of the measurement, before the
+        # unloaded groups' recorded series were marked stale.
+        measured_until = time.time()
+        write_yaml(path, config)
+        urllib.request.urlopen(urllib.request.Request(f"{base}/-/reload", method="POST"), timeout=60).read()
+        stats = rule_stats(base, rules, at=measured_until)
         rss = rss_bytes(prom.process.pid)
     finally:
         prom.stop(timeout=60)
