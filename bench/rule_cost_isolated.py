@@ -242,7 +242,13 @@ def watch(poll, measure: float) -> tuple[dict[str, list[float]], list[float]]:
     return seen, loads
 
 
-def prometheus_run(fleet: FleetRounds, work: Path, rules: list[Path], measure: float) -> dict:
+def wait_until(at: float) -> None:
+    """Sleep until wall-clock `at`: a load that finished early waits for the moment the
+    measurement is due, so every run reads the same amount of history."""
+    time.sleep(max(0.0, at - time.time()))
+
+
+def prometheus_run(fleet: FleetRounds, work: Path, rules: list[Path], measure: float, begin: float) -> dict:
     port = free_port(HOST)
     base = f"http://{HOST}:{port}"
     # No rules while loading (they would evaluate half-loaded data); loaded, the config
@@ -256,6 +262,7 @@ def prometheus_run(fleet: FleetRounds, work: Path, rules: list[Path], measure: f
         began = time.monotonic()
         samples = relay_import(fleet, work, base)
         loaded = time.monotonic() - began
+        wait_until(fleet.present + begin)
         write_yaml(path, {**config, "rule_files": [str(p) for p in rules]})
         urllib.request.urlopen(urllib.request.Request(f"{base}/-/reload", method="POST"), timeout=60).read()
         def poll():
@@ -285,7 +292,7 @@ def prometheus_run(fleet: FleetRounds, work: Path, rules: list[Path], measure: f
             "began_after_present": measure_began - fleet.present}
 
 
-def victoria_run(fleet: FleetRounds, work: Path, rules: list[Path], measure: float) -> dict:
+def victoria_run(fleet: FleetRounds, work: Path, rules: list[Path], measure: float, begin: float) -> dict:
     port, alert_port = free_port(HOST), free_port(HOST)
     vm = start_victoria_metrics(work / "vm-data", HOST, port, work / "victoria-metrics.log", retention="30d")
     base = f"http://{HOST}:{port}"
@@ -294,6 +301,7 @@ def victoria_run(fleet: FleetRounds, work: Path, rules: list[Path], measure: flo
         began = time.monotonic()
         samples = victoria_import(fleet, base)
         loaded = time.monotonic() - began
+        wait_until(fleet.present + begin)
         copies, _ = vmalert_rules(rules, work / "vmalert-rules")
         # Nothing listens on the discard port: vmalert's notifications go nowhere.
         alert = start_vmalert(copies, base, f"http://{HOST}:9", HOST, alert_port, work / "vmalert.log",
@@ -373,6 +381,9 @@ def main() -> int:
     parser.add_argument("--measure", type=float, default=180.0, help="seconds of evaluation measured per engine")
     parser.add_argument("--lead", type=float, default=420.0,
                         help="seconds ahead the present round is placed (about the time loading takes)")
+    parser.add_argument("--begin", type=float, default=0.0,
+                        help="seconds from the present round at which the measurement begins, where loading "
+                             "is done by then (it begins once loaded otherwise); runs to compare need the same")
     parser.add_argument("--engines", default="prometheus,victoriametrics")
     parser.add_argument("--rules", type=Path, nargs="*", default=None, help="rule files (default: rules/*.yaml)")
     parser.add_argument("--top", type=int, default=12, help="costliest expressions listed")
@@ -392,7 +403,7 @@ def main() -> int:
             # starts about when round --history is due.
             fleet = FleetRounds(rounds, args.nodes, args.history, time.time() + args.lead)
             run = prometheus_run if engine == "prometheus" else victoria_run
-            rows.append(run(fleet, Path(tmp), rules, args.measure))
+            rows.append(run(fleet, Path(tmp), rules, args.measure, args.begin))
             print(json.dumps(rows[-1]), flush=True)
     report(rows, intervals, args, fleet)
     if args.json:
