@@ -18,14 +18,9 @@ the store holding each node once, the cluster's vmalert on the rules scoped to i
 bad --shards/--replication values stop it before anything starts."""
 from __future__ import annotations
 
-import queue
 import re
 import signal
-import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 
 import pytest
 import requests
@@ -38,9 +33,7 @@ from fabricscope.demo.stack.shards import ShardedVictoria
 from fabricscope.demo.targets import file_sd_groups, write_targets_file
 from fabricscope.cli import main as fabricscope_main
 from tests import procs
-from tests.test_stack_victoria import read_until
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.test_stack_victoria import read_until, start_victoria_stack
 
 pytestmark = pytest.mark.slow
 
@@ -156,13 +149,7 @@ def test_stack_shards_brings_up_the_sharded_set_up(tmp_path):
         procs.require_binary(binary)
     path = tmp_path / "scenario.yaml"
     path.write_text(yaml.safe_dump(scenario("shardstack", 3, [])))
-    child = subprocess.Popen([sys.executable, "-m", "fabricscope.cli", "stack", "--backend", "victoriametrics",
-                              "--shards", "3", "--scenario", str(path), "--workdir", str(tmp_path / "work"),
-                              "--scrape-interval", "2s", "--prometheus-port", "0", "--alertmanager-port", "0",
-                              "--sidecar-port", "0"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in child.stdout], daemon=True).start()
+    child, lines = start_victoria_stack(path, tmp_path / "work", "--shards", "3")
     try:
         banner = read_until(lines, "Ctrl-C stops everything", 120, child)
         vm_url = re.search(r"^VictoriaMetrics:\s+(http://\S+)", banner, re.M).group(1)

@@ -32,13 +32,7 @@ def test_victoriametrics_backend_pages_a_scripted_fault_through_vmalert_and_aler
         procs.require_binary(binary)
     scenario = tmp_path / "scenario.yaml"
     scenario.write_text(yaml.safe_dump(SCENARIO))
-    child = subprocess.Popen([sys.executable, "-m", "fabricscope.cli", "stack", "--backend", "victoriametrics",
-                              "--scenario", str(scenario), "--workdir", str(tmp_path / "work"),
-                              "--scrape-interval", "2s", "--prometheus-port", "0", "--alertmanager-port", "0",
-                              "--sidecar-port", "0"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in child.stdout], daemon=True).start()
+    child, lines = start_victoria_stack(scenario, tmp_path / "work")
     try:
         banner = read_until(lines, "Ctrl-C stops everything", 120, child)
         started = time.monotonic()
@@ -85,6 +79,19 @@ def test_victoriametrics_backend_pages_a_scripted_fault_through_vmalert_and_aler
     assert child.returncode == 0, child.stderr.read()
     # VictoriaMetrics, vmagent and vmalert (each named with a path in the workdir) are gone.
     assert procs.child_pids_with_argument(str(tmp_path / "work")) == []
+
+
+def start_victoria_stack(scenario: Path, workdir: Path, *flags: str) -> tuple[subprocess.Popen, queue.Queue]:
+    """`fabricscope stack --backend victoriametrics` started as a user does (free ports, 2 s
+    scrapes, `flags` added), and a queue its stdout lines arrive on."""
+    child = subprocess.Popen([sys.executable, "-m", "fabricscope.cli", "stack", "--backend", "victoriametrics",
+                              *flags, "--scenario", str(scenario), "--workdir", str(workdir),
+                              "--scrape-interval", "2s", "--prometheus-port", "0", "--alertmanager-port", "0",
+                              "--sidecar-port", "0"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in child.stdout], daemon=True).start()
+    return child, lines
 
 
 def read_until(lines: queue.Queue, marker: str, timeout: float, child: subprocess.Popen, also: str = "") -> str:
