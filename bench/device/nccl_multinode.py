@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import datetime
 import http.server
 import json
 import mmap
@@ -517,7 +518,8 @@ class Harness:
         start = time.time()
         drifting = {skew.key for skew in self.skews if skew.ppm}
         for skew in self.skews:
-            phase["skews"].setdefault(skew.key, {"pending_after_s": None, "firing_after_s": None, "named": [],
+            phase["skews"].setdefault(skew.key, {"pending_after_s": None, "condition_true_s": None,
+                                                 "firing_after_s": None, "named": [],
                                                  "wrong": [], "lingering": [], "clock": [], "culprit": None})
         while time.time() - start < seconds:
             time.sleep(1.0)
@@ -535,6 +537,9 @@ class Harness:
                     elif fault and self.matches(fault, name, labels):
                         if record["pending_after_s"] is None:
                             record["pending_after_s"] = round(now, 1)
+                            # The evaluation that found the condition true, on Prometheus'
+                            # clock (this host's): exact, where the poll is only to 1 s.
+                            record["condition_true_s"] = round(active_at(alert) - start, 2)
                         if alert["state"] == "firing" and record["firing_after_s"] is None:
                             record["firing_after_s"] = round(now, 1)
                         if name == "FabricNcclHang" and alert["state"] == "firing":
@@ -676,6 +681,8 @@ PLANS = {
     # within it), then the node fault 3 times and the hang twice, for p50/p90 per skew; each
     # repeat starts once the previous one's alert has cleared (--clear-timeout).
     "device-1gpu": (60, 0, [("node", 45, 15, 3), ("hang", 70, 5, 2)], 0),
+    # The late node alone, 5 times: its condition's p90 from more faults than device-1gpu's 3.
+    "device-1gpu-node": (60, 0, [("node", 45, 15, 5)], 0),
 }
 
 
@@ -709,9 +716,10 @@ def summarise(results: dict) -> dict:
         per_skew = summary["faults"].setdefault(kind, {})
         for record in phase["repeats"]:
             for skew, r in record["skews"].items():
-                s = per_skew.setdefault(skew, {"pending_s": [], "firing_s": [], "named": [], "wrong": [],
-                                               "culprits": []})
+                s = per_skew.setdefault(skew, {"pending_s": [], "condition_s": [], "firing_s": [], "named": [],
+                                               "wrong": [], "culprits": []})
                 s["pending_s"].append(r["pending_after_s"])
+                s["condition_s"].append(r.get("condition_true_s"))
                 s["firing_s"].append(r["firing_after_s"])
                 s["named"] += [w for w in r["named"] if w not in s["named"]]
                 s["wrong"] += [w for w in r["wrong"] if w not in s["wrong"]]
@@ -721,12 +729,19 @@ def summarise(results: dict) -> dict:
                 flagged(skew, flags)
     for kind, per_skew in summary["faults"].items():
         for s in per_skew.values():
-            for key in ("pending_s", "firing_s"):
+            for key in ("pending_s", "condition_s", "firing_s"):
                 got = sorted(v for v in s[key] if v is not None)
                 s[key + "_p50"] = percentile(got, 50)
                 s[key + "_p90"] = percentile(got, 90)
                 s[key + "_missed"] = sum(v is None for v in s[key])
     return summary
+
+
+def active_at(alert: dict) -> float:
+    """An alert's activeAt (RFC 3339, nanoseconds) as Unix seconds."""
+    stamp = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?Z$", alert["activeAt"])
+    whole = datetime.datetime.strptime(stamp.group(1), "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.timezone.utc)
+    return whole.timestamp() + float("0." + (stamp.group(2) or "0"))
 
 
 def percentile(values: list[float], p: float) -> float | None:
