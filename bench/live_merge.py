@@ -47,6 +47,7 @@ from fabricscope.demo.fleet import Fleet  # noqa: E402
 from fabricscope.demo.scenario import load_scenario  # noqa: E402
 from fabricscope.demo.topology import demo_topology  # noqa: E402
 
+EDGES = "fabric_nvlink_remote_links"           # the NVLink series the merge reads
 SERIES = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\}\s+(\S+)')
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
@@ -73,11 +74,14 @@ def fleet_answers(nodes: int, down_links: int = 0) -> tuple[object, dict[str, by
                     labels = dict(LABEL.findall(match.group(2)))
                     labels.update({"__name__": match.group(1), "instance": f"{node}:9101", "job": "fabricscope"})
                     results[match.group(1)].append({"metric": labels, "value": [time.time(), match.group(3)]})
-    # --down-links: that many NVLinks inactive, each on another node (spread over the fleet).
-    states = results["fabric_nvlink_state"]
-    step = max(1, len(states) // max(1, down_links))
-    for row in states[::step][:down_links]:
-        row["value"][1] = "0"
+    # --down-links: that many NVLinks inactive, each on another node (spread over the fleet):
+    # one link fewer on its edge's active count, and that edge's inactive count, as the
+    # exporter writes them (exporter/nvml/remotes.py).
+    edges = results[EDGES]
+    step = max(1, len(edges) // max(1, down_links))
+    for row in edges[::step][:down_links]:
+        row["value"][1] = str(int(float(row["value"][1])) - 1)
+        edges.append({"metric": {**row["metric"], "state": "inactive"}, "value": [row["value"][0], "1"]})
     bodies = {name: json.dumps({"status": "success", "data": {"resultType": "vector", "result": rows}}).encode()
               for name, rows in results.items()}
     return scenario, bodies
@@ -144,10 +148,10 @@ def loaded_prometheus(bodies: dict[str, bytes]):
                 while time.time() < deadline:
                     try:
                         url = f"{prom.url}/api/v1/query?" + urllib.parse.urlencode(
-                            {"query": "count(fabric_nvlink_state)"})
+                            {"query": f"count({EDGES})"})
                         with urllib.request.urlopen(url, timeout=60) as answer:
                             got = json.load(answer)["data"]["result"]
-                        if got and int(float(got[0]["value"][1])) == expected["fabric_nvlink_state"]:
+                        if got and int(float(got[0]["value"][1])) == expected[EDGES]:
                             break
                     except OSError:
                         pass

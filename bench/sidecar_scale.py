@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -48,9 +49,47 @@ from fabricscope.chaos.live import LiveTopology  # noqa: E402
 from fabricscope.demo.scenario import default_scenario_path, load_scenario  # noqa: E402
 from fabricscope.demo.stack.shards import ShardedVictoria  # noqa: E402
 from fabricscope.demo.topology import demo_topology  # noqa: E402
+from fabricscope.exporter.nvml import LinkReading  # noqa: E402
+from fabricscope.exporter.nvml.remotes import remote_link_counts  # noqa: E402
 from fabricscope.rules import rule_files  # noqa: E402
 
 ROUND_SECONDS = 30            # bench/rule_cost_record.py's default interval
+REMOTE_LINKS = "fabric_nvlink_remote_links"
+_LINK_SERIES = re.compile(r'^(fabric_nvlink_state|fabric_nvlink_info)\{([^}]*)\} (\S+)$', re.M)
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def with_remote_links(rounds: list[dict]) -> int:
+    """Add fabric_nvlink_remote_links to every node of `rounds` whose exposition lacks it
+    (a recording made before the exporter counted links per remote end), counted from that
+    same exposition's per-link state and info by the exporter's own function; the nodes
+    changed."""
+    changed = 0
+    for round_ in rounds:
+        for node, text in round_["nodes"].items():
+            if f"\n{REMOTE_LINKS}{{" in text:
+                continue
+            links: dict[tuple[str, str], dict] = {}
+            for name, labels, value in _LINK_SERIES.findall(text):
+                fields = dict(_LABEL.findall(labels))
+                link = links.setdefault((fields["gpu"], fields["link"]), {"node": fields.get("node", "")})
+                if name == "fabric_nvlink_state":
+                    link["active"] = float(value) >= 1
+                else:
+                    link.update(bus=fields.get("remote_pci_bus_id", ""), kind=fields.get("remote_type", ""))
+            by_gpu: dict[str, list] = {}
+            for (gpu, number), link in links.items():
+                if "active" in link:
+                    by_gpu.setdefault(gpu, []).append((link["node"], LinkReading(
+                        int(number), link["active"], remote_pci_bus_id=link.get("bus"), remote_type=link.get("kind"))))
+            lines = [f'{REMOTE_LINKS}{{gpu="{gpu}",node="{readings[0][0]}",remote_pci_bus_id="{bus}",'
+                     f'remote_type="{kind}",state="{state}"}} {float(count)}'
+                     for gpu, readings in by_gpu.items()
+                     for (bus, kind, state), count in remote_link_counts(r for _, r in readings).items()]
+            if lines:
+                round_["nodes"][node] = text.rstrip("\n") + "\n" + "\n".join(lines) + "\n"
+                changed += 1
+    return changed
 
 
 def query(base: str, promql: str, at: float | None = None) -> list[dict]:
@@ -168,6 +207,7 @@ def main() -> int:
     args = parser.parse_args()
 
     rounds = load_recording(args.recording)[-args.rounds:]
+    derived = with_remote_links(rounds)
     present = len(rounds) - args.ahead
     scenario = load_scenario(default_scenario_path()).with_nodes(args.nodes)
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -209,6 +249,9 @@ def main() -> int:
           f"vmalert of cluster {fleet.cluster!r} on the scoped rules); {samples:,} samples loaded in {loaded:.0f} s; "
           f"{series:,} series; vmalert evaluated {args.settle:.0f} s, then stopped; every query asked at "
           f"one moment, when {live_nodes} nodes were up and the recording's last round {last_round:+.0f} s away")
+    if derived:
+        print(f"{REMOTE_LINKS}: not in the recording; added to {derived} node rounds, counted from each round's "
+              f"own fabric_nvlink_state and _info by the exporter's function (exporter/nvml/remotes.py)")
     report = merge["report"] or {}
     print(f"\nlive merge (LiveTopology.refresh over demo_topology of {args.nodes} nodes), median of {args.merges}:")
     print(f"  first refresh {merge['first']:.2f} s (runs: {', '.join(f'{t:.2f}' for t in merge['firsts'])}); "

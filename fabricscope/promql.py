@@ -1,6 +1,7 @@
 """Writing values into PromQL. User text never becomes query text except through these
-functions, which write it as a PromQL double-quoted string literal. (Shared plumbing: the
-sidecar's registered queries and the chaos engine's live merge both write label values.)
+functions, which write it as a PromQL double-quoted string literal. (Shared plumbing, not
+the sidecar's own: any component that writes a label value into a query writes it here;
+today the sidecar's registered queries and its trace correlation.)
 
 PromQL string literals follow Go's quoting rules (strconv.Unquote). Escaping the backslash
 and the double quote keeps a value inside its literal; control characters are written as

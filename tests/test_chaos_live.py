@@ -5,7 +5,6 @@ import pytest
 import requests
 
 from fabricscope.chaos.blast import BlastRadiusEngine
-from fabricscope.chaos import live as live_module
 from fabricscope.chaos.live import QUERIES, Observations, apply, enrich, observe
 from fabricscope.demo.cluster import DemoCluster
 from fabricscope.demo.scenario import load_scenario
@@ -47,7 +46,9 @@ def live(tmp_path_factory):
             query = PrometheusQuery(server.url)
             wait_for(lambda: len(query("fabric_nccl_comm_info")) == 4 and len(query("fabric_nvlink_state")) == 72
                      and len(query("fabric_infiniband_port_state")) == 6
-                     and len(query("fabric_nvlink_state < 1")) == 5, 60, "the demo's metrics in Prometheus")
+                     and len(query("fabric_nvlink_state < 1")) == 5
+                     and len(query('fabric_nvlink_remote_links{state="inactive"}')) == 2,
+                     60, "the demo's metrics in Prometheus")
             yield scenario, query
 
 
@@ -93,37 +94,42 @@ def test_live_state_merges_over_the_generated_topology(live):
     assert again.version == topology.version
 
 
-def test_edge_states_are_the_per_link_merge(live):
-    """The per-edge answers give what merging every link's state and info series gives
-    (the way the merge read them before: 288,000 series at 1,000 nodes)."""
-    scenario, query = live
+def per_link_edges(query) -> dict[tuple[str, int, str], tuple[int, int]]:
+    """(links, active links) of each edge from every link's state and info series: how the
+    merge read them before the exporter counted them (288,000 series at 1,000 nodes)."""
     info = {(m["node"], int(m["gpu"]), int(m["link"])): m["remote_pci_bus_id"]
             for m in (row["metric"] for row in query("fabric_nvlink_info"))}
-    per_link: dict = {}
+    edges: dict[tuple[str, int, str], tuple[int, int]] = {}
     for row in query("fabric_nvlink_state"):
         m = row["metric"]
         edge = (m["node"], int(m["gpu"]), info[(m["node"], int(m["gpu"]), int(m["link"]))])
-        per_link[edge] = per_link.get(edge, False) or float(row["value"][1]) >= 1
-    assert {edge: active > 0 for edge, (_, active) in observe(query).nvlink.items()} == per_link
-    assert list(per_link.values()).count(False) == 1
+        links, active = edges.get(edge, (0, 0))
+        edges[edge] = (links + 1, active + (float(row["value"][1]) >= 1))
+    return edges
 
 
-def test_only_the_inactive_links_nodes_are_read_whole(live, monkeypatch):
+def test_edge_states_are_the_per_link_merge(live):
+    """The exporter's per-edge counts give what merging every link's state and info gives:
+    the same links and active links on every edge, so the same merge."""
+    scenario, query = live
+    per_link = per_link_edges(query)
+    assert observe(query).nvlink == per_link
+    assert [edge for edge, (_, active) in per_link.items() if active == 0] == [("gpu-node-0", 1, "00000000:C1:00.0")]
+    # Merged over the inventory: the same topology, version included.
+    topology, from_links = demo_topology(scenario), demo_topology(scenario)
+    assert apply(topology, observe(query)).to_dict() == apply(from_links, Observations(
+        port_up=observe(query).port_up, nvlink=per_link, ranks=observe(query).ranks)).to_dict()
+    assert topology.version == from_links.version
+
+
+def test_the_merge_reads_no_per_link_series(live):
+    """Every query the merge asks reads the per-edge counts, never a link's state or info
+    (144,000 series each at 1,000 nodes)."""
     scenario, query = live
     asked = []
-
-    def node_0_inactive_only(promql: str):
-        # gpu-node-1's inactive link left out: its node's info is not read.
-        asked.append(promql)
-        rows = query(promql)
-        return [r for r in rows if r["metric"]["node"] == "gpu-node-0"] if promql == QUERIES["nvlink_inactive"] else rows
-    observe(node_0_inactive_only)
-    assert [q for q in asked if q.startswith("fabric_nvlink_info")] == [r'fabric_nvlink_info{node=~"gpu\\-node\\-0"}']
-    # Past TARGETED_NODES, the one selector of every link's info (the same answer).
-    monkeypatch.setattr(live_module, "TARGETED_NODES", 1)
-    asked.clear()
-    assert observe(lambda promql: asked.append(promql) or query(promql)).nvlink == observe(query).nvlink
-    assert "fabric_nvlink_info" in asked
+    observe(lambda promql: asked.append(promql) or query(promql))
+    assert asked == list(QUERIES.values())
+    assert not [q for q in asked if "fabric_nvlink_state" in q or "fabric_nvlink_info" in q]
 
 
 def test_an_edge_no_link_reports_keeps_the_inventory_state():
@@ -145,9 +151,12 @@ def test_malformed_series_are_skipped_not_fatal():
     answers = {
         QUERIES["port_state"]: [{"metric": {"node": "n", "device": "mlx5_0", "port": "x", "state": "ACTIVE"},
                                  "value": [0, "4"]}, {"metric": {}, "value": "bad"}, {}],
-        QUERIES["nvlink_links"]: [{"metric": {"node": "n", "gpu": "zero", "remote_pci_bus_id": "0:c0:00.0"},
-                                   "value": [0, "4"]}, {"metric": {"gpu": "0"}, "value": [0, "4"]}],
-        QUERIES["nvlink_inactive"]: [{"metric": {"node": "n", "gpu": "0", "link": "x"}, "value": [0, "0"]}],
+        QUERIES["nvlink_links"]: [
+            {"metric": {"node": "n", "gpu": "zero", "remote_pci_bus_id": "0:c0:00.0", "state": "active"},
+             "value": [0, "4"]}, {"metric": {"gpu": "0", "state": "active"}, "value": [0, "4"]},
+            {"metric": {"node": "n", "gpu": "0", "remote_pci_bus_id": "0:c0:00.0", "state": "up"}, "value": [0, "4"]},
+            {"metric": {"node": "n", "gpu": "0", "remote_pci_bus_id": "0:c0:00.0", "state": "active"},
+             "value": [0, "NaN"]}],
         QUERIES["rank_info"]: [],
         QUERIES["comm_info"]: [{"metric": {"comm": "c", "rank": "-", "node": "n"}, "value": [0, "1"]}],
     }

@@ -182,6 +182,67 @@ def test_budget_series_keep_what_alerts_read_and_a_link_error_shows_when_counted
     assert len(per_gpu) == 8 and reads.value == sum(per_gpu)
 
 
+
+def remote_links(registry) -> dict[tuple[str, str, str], float]:
+    """(gpu, remote bus, state) -> links, as fabric_nvlink_remote_links serves them."""
+    return {(s.labels["gpu"], s.labels["remote_pci_bus_id"], s.labels["state"]): s.value
+            for s in samples_of(registry, "fabric_nvlink_remote_links")}
+
+
+def per_link_edges(registry) -> dict[tuple[str, str, str], float]:
+    """The same counts taken from every link's state and info series (what a reader had to
+    join before): every edge's active links, and its inactive ones where there are some."""
+    bus = {(s.labels["gpu"], s.labels["link"]): s.labels["remote_pci_bus_id"]
+           for s in samples_of(registry, "fabric_nvlink_info")}
+    counts: dict[tuple[str, str, str], float] = {}
+    for s in samples_of(registry, "fabric_nvlink_state"):
+        edge = (s.labels["gpu"], bus[(s.labels["gpu"], s.labels["link"])])
+        counts.setdefault((*edge, "active"), 0.0)
+        key = (*edge, "active" if s.value == 1 else "inactive")
+        counts[key] = counts.get(key, 0.0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("readings, expected", [
+    ([], {}),
+    # Two remote ends; every link active: one series each, no inactive ones.
+    ([(0, True, "0000:c0:00.0", "switch"), (1, True, "0000:c0:00.0", "switch"), (2, True, "0000:c1:00.0", "switch")],
+     {("0000:c0:00.0", "switch", "active"): 2, ("0000:c1:00.0", "switch", "active"): 1}),
+    # One of two links down; an end with all its links down keeps its active count at 0.
+    ([(0, False, "0000:c0:00.0", "switch"), (1, True, "0000:c0:00.0", "switch"), (2, False, "0000:c1:00.0", "gpu")],
+     {("0000:c0:00.0", "switch", "active"): 1, ("0000:c0:00.0", "switch", "inactive"): 1,
+      ("0000:c1:00.0", "gpu", "active"): 0, ("0000:c1:00.0", "gpu", "inactive"): 1}),
+    # A remote end the driver did not name is "" (as fabric_nvlink_info writes it).
+    ([(0, True, None, None), (1, False, None, None)], {("", "", "active"): 1, ("", "", "inactive"): 1}),
+])
+def test_links_are_counted_per_remote_end_and_state(readings, expected):
+    from fabricscope.exporter.nvml import LinkReading
+    from fabricscope.exporter.nvml.remotes import remote_link_counts
+
+    links = [LinkReading(link, active, remote_pci_bus_id=bus, remote_type=kind) for link, active, bus, kind in readings]
+    assert remote_link_counts(links) == expected
+
+
+def test_the_per_remote_counts_are_the_per_link_series_counted():
+    """fabric_nvlink_remote_links says what grouping every link's state by its info's remote
+    end says, healthy, with a link down, and again once it is back (its inactive series gone)."""
+    source, registry = demo(series="budget")
+    fault = Fault("nvlink_down", "gpu-node-0", 5.0, 20.0, target={"gpu": 2, "link": 5},
+                  params={"precursor_seconds": 0})
+    source.step(1.0, [])
+    healthy = remote_links(registry)
+    assert healthy == per_link_edges(registry)
+    # 8 GPUs x 4 NVSwitches, 18 links each GPU (5 + 4 + 4 + 5 on an HGX board), no inactive series.
+    assert len(healthy) == 8 * 4 and {state for _, _, state in healthy} == {"active"}
+    assert sum(v for (gpu, _, _), v in healthy.items() if gpu == "2") == 18
+    source.step(6.0, [fault])
+    down = remote_links(registry)
+    assert down == per_link_edges(registry)
+    assert {key: v for key, v in down.items() if key[2] == "inactive"} == {("2", "00000000:C1:00.0", "inactive"): 1}
+    assert down[("2", "00000000:C1:00.0", "active")] == healthy[("2", "00000000:C1:00.0", "active")] - 1
+    source.step(21.0, [])
+    assert remote_links(registry) == healthy
+
 def nvml_present() -> bool:
     return ctypes.util.find_library("nvidia-ml") is not None
 

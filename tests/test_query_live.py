@@ -167,6 +167,32 @@ def test_live_answers_name_the_faults(live):
     assert [(r["labels"]["node"], r["labels"]["gpu"], r["labels"]["link"]) for r in nvlinks] == [("gpu-node-0", "1", "0")]
 
 
+
+def test_nvlink_questions_answer_what_every_links_state_answers(live):
+    """nvlink_links_down and the summary's nvlinks_down read the exporter's per-GPU counts of
+    inactive links instead of every link's state: the same rows and the same count as the
+    per-link queries they replace, with a link down and where none is."""
+    def asked_directly(promql: str) -> list[dict]:
+        return live.prom.get("/api/v1/query", query=promql)["data"]["result"]
+
+    def rows(results: list[dict]) -> list[str]:
+        return sorted(json.dumps({k: v for k, v in r.items() if k != "__name__"}, sort_keys=True) for r in results)
+
+    answered = []
+    for params, selector in (({}, ""), ({"host": "gpu-node-0"}, 'node="gpu-node-0"'),
+                             ({"host": "gpu-node-0", "gpu": 1}, 'node="gpu-node-0", gpu="1"'),
+                             ({"gpu": 0}, 'gpu="0"'), ({"host": "gpu-node-1"}, 'node="gpu-node-1"'),
+                             ({"cluster": CLUSTER}, f'cluster="{CLUSTER}"'), ({"cluster": "elsewhere"}, 'cluster="elsewhere"')):
+        got = live.call("POST", "/api/v1/tools/nvlink_links_down", json=params).json()["results"]
+        per_link = asked_directly(f"fabric_nvlink_state{{{selector}}} == 0")
+        assert rows([r["labels"] for r in got]) == rows([r["metric"] for r in per_link]), params
+        assert [r["value"] for r in got] == [0] * len(per_link)
+        answered.append(len(got))
+    assert answered == [1, 1, 1, 0, 0, 1, 0]
+    summary = {r["labels"]["item"]: r["value"]
+               for r in live.call("POST", "/api/v1/tools/fleet_summary", json={}).json()["results"]}
+    assert summary["nvlinks_down"] == len(asked_directly("fabric_nvlink_state == 0")) == 1
+
 def test_hang_questions_find_the_hang(live):
     def culprits():
         body = live.call("POST", "/ai/query/conversation", json={"message": "which rank is causing the nccl hang?"})

@@ -46,6 +46,11 @@ def test_the_faulted_node_keeps_every_alert_input(runs):
     assert count(body, "fabric_nvlink_gpu_errors_total") == 8 * 4
     assert count(body, "fabric_nvlink_state") == count(body, "fabric_nvlink_bytes_total") == 8 * 18
     assert re.search(r'^fabric_nvlink_state\{gpu="3",link="7",node="[^"]+"\} 0', body, re.M)
+    # The per-remote-end link counts the live topology and the fleet questions read: one per
+    # GPU and NVSwitch, and an inactive one only where a link is down.
+    assert count(quiet.exposition, "fabric_nvlink_remote_links") == 8 * 4
+    assert re.findall(r'^fabric_nvlink_remote_links\{gpu="(\d+)",[^}]*state="inactive"\} (\S+)', body, re.M) == [
+        ("3", "1.0")]
     # InfiniBand: the flapping port's latched breach; judged counters are always exported.
     assert re.search(r'^fabric_infiniband_port_counter_breached\{counter="link_downed",device="mlx5_5"', body, re.M)
     assert re.search(r'^fabric_infiniband_port_counter_total\{counter="symbol_error",device="mlx5_3"', body, re.M)

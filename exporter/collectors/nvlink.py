@@ -24,8 +24,9 @@ Config section `nvlink`:
     "budget" keeps what the alerts, the dashboards and the live topology read: per link the
     state, the remote endpoint, the bytes both ways (fabric_nvlink_bytes_total) and the
     error counters that have counted an error; per GPU the error totals by type, the bytes
-    each way and the sample ages; the sampler's cost and gate figures summed (or the worst)
-    over the node's GPUs. "full" adds every per-link error counter (zeros too), the
+    each way, the sample ages and its links counted per remote end and state (what a
+    fleet-wide reader asks instead of every link: exporter/nvml/remotes.py); the sampler's
+    cost and gate figures summed (or the worst) over the node's GPUs. "full" adds every per-link error counter (zeros too), the
     per-link bytes by direction and the sampler's figures per GPU.
 """
 from __future__ import annotations
@@ -39,6 +40,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from ..framework import Collector, register, sample_of
 from ..nvml import GpuInfo, NvmlBackend, NvmlUnavailable, open_backend
+from ..nvml.remotes import remote_link_counts
 from ..nvml.sampler import (BATCHED, GATE_OUTCOMES, GATE_SAFETY_INTERVALS, GPU_TIER, LINK_TIER, PER_CALL,
                              UNSUPPORTED, GpuSampler)
 
@@ -140,6 +142,11 @@ class NvlinkCollector(Collector):
         state = GaugeMetricFamily("fabric_nvlink_state", "1 if the NVLink is active.", labels=["gpu", "link"])
         info = GaugeMetricFamily("fabric_nvlink_info", "NVLink version and remote endpoint; always 1.",
                                  labels=["gpu", "link", "version", "remote_pci_bus_id", "remote_type"])
+        remote_links = GaugeMetricFamily("fabric_nvlink_remote_links", "The GPU's NVLinks to one remote end (an "
+                                         "NVSwitch or a peer GPU, by PCI bus id) in a state: active (always there, 0 "
+                                         "when none is), inactive (only while one is not active); from the same "
+                                         "sample as fabric_nvlink_state.",
+                                         labels=["gpu", "remote_pci_bus_id", "remote_type", "state"])
         link_bytes = CounterMetricFamily("fabric_nvlink_bytes", "Data bytes sent and received on the link (the "
                                          "sum of the two directions of fabric_nvlink_transmit_bytes_total and "
                                          "_receive_bytes_total, which nvlink.series: full exports).",
@@ -235,15 +242,16 @@ class NvlinkCollector(Collector):
             gated.add(g, [], float(sample.gated))
             if sample.errors_read is not None:
                 errors_age.add(g, [], max(0.0, now - sample.errors_read))
-            per_link = (state, info, link_bytes, tx, rx, errors, gpu_errors)
+            per_link = (state, info, link_bytes, tx, rx, errors, gpu_errors, remote_links)
             for family, samples in zip(per_link, self._link_samples(g, sample, per_link)):
                 family.samples.extend(samples)
-        yield from (gpu_info, state, info, link_bytes, tx, rx, gpu_tx, gpu_rx, errors, gpu_errors,
+        yield from (gpu_info, state, info, remote_links, link_bytes, tx, rx, gpu_tx, gpu_rx, errors, gpu_errors,
                     read_errors, age, *figures.families(), interval)
 
     def _link_samples(self, g: str, sample, families: tuple[Metric, ...]) -> tuple[list, ...]:
         """The per-link samples of one GPU for `families` (state, info, bytes, tx, rx, errors,
-        and the GPU's error totals: most of the collector's series and time), built once per
+        the GPU's error totals and its links per remote end: most of the collector's series
+        and time), built once per
         link round and link-state set: between link rounds the values served are the same,
         so later scrapes reuse them."""
         key = (sample.link_started, tuple((r.link, r.active, r.version, r.remote_pci_bus_id, r.remote_type)
@@ -251,8 +259,8 @@ class NvlinkCollector(Collector):
         cached = self._link_cache.get(g)
         if cached is not None and cached[0] == key:
             return cached[1]
-        state, info, link_bytes, tx, rx, errors, gpu_errors = families
-        rows: tuple[list, ...] = ([], [], [], [], [], [], [])
+        state, info, link_bytes, tx, rx, errors, gpu_errors, remote_links = families
+        rows: tuple[list, ...] = ([], [], [], [], [], [], [], [])
         totals: dict[str, int] = {}
         for reading in sample.links:
             link = str(reading.link)
@@ -277,6 +285,9 @@ class NvlinkCollector(Collector):
                     rows[5].append(sample_of(errors, {"gpu": g, "link": link, "type": kind}, float(value)))
         rows[6].extend(sample_of(gpu_errors, {"gpu": g, "type": kind}, float(value))
                        for kind, value in sorted(totals.items()))
+        rows[7].extend(sample_of(remote_links, {"gpu": g, "remote_pci_bus_id": bus, "remote_type": kind,
+                                                "state": link_state}, float(count))
+                       for (bus, kind, link_state), count in remote_link_counts(sample.links).items())
         self._link_cache[g] = (key, rows)
         return rows
 
