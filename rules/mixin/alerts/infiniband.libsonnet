@@ -26,7 +26,7 @@ local utils = import '../lib/utils.libsonnet';
     )),
   },
 
-  // How much a counter rose over `range`, counted from the samples in the window and
+  // How much a counter rose over `range`, counted from the raw samples in the window and
   // never extrapolated: increase() scales the rise between the first and last sample
   // up to the whole window, so exactly 120 errors an hour with scrapes offset from the
   // errors read as 120.5 and crossed a "> 120" boundary. A counter only goes down when
@@ -48,15 +48,92 @@ local utils = import '../lib/utils.libsonnet';
   // too, and its extrapolation never makes a 0 positive.
   local rose(series, range) = 'increase(%s[%s])\n' % [series, range],
 
+  // The BER hour and the flap windows are counted from records this group writes at each
+  // evaluation (stepRecords, ahead of the alerts): how much each source rose since the
+  // previous evaluation, kept only where it rose. A window's count is the sum of its
+  // evaluations' records: sum_over_time over the window less half a step holds exactly
+  // its last range/step records, whether the engine's range is closed at its start
+  // (Prometheus 2) or open (3), and they add up to the rise between the latest scrape at
+  // the window's start and the latest one now: every scrape of the window and none from
+  // before it. The hour reads 60 records of the few ports that had errors instead of
+  // 120-240 raw samples of every source of every port (4 range functions each).
+  // The step is the group's interval; with '' (the engine's global interval, unknown
+  // here) the alerts count the raw series as before.
+  local step = c.cfg.intervals.infiniband,
+  local stepped = step != '',
+  local stepWindow(range) = utils.duration(utils.seconds(range) - utils.seconds(step) / 2),
+
+  // What a counter rose since the previous evaluation (a step), only where it rose:
+  // the latest scrape less the latest scrape a step ago, exact between two scrapes, where
+  // the counter was not cleared in the step; from its first scrape where there is none a
+  // step ago (a series that appeared, or came back after a failed scrape's staleness);
+  // increase() across a clear (what counted() does across one, for the same reason).
+  local stepRise(series) = |||
+    (
+      (%(s)s - %(s)s offset %(i)s) > 0
+      unless
+      resets(%(s)s[%(i)s]) > 0
+    )
+    or
+    (
+      (max_over_time(%(s)s[%(i)s]) - min_over_time(%(s)s[%(i)s])) > 0
+      unless
+      resets(%(s)s[%(i)s]) > 0
+    )
+    or
+    increase(%(s)s[%(i)s]) > 0
+  ||| % { s: series, i: step },
+
+  local ibRecorded = std.objectFields(c.cfg.ibWiderCounters),
+  local ibSelector(counters) = 'counter=~"%s"' % std.join('|', counters),
+  // The sources the BER and flap alerts count, each its record's name and raw series.
+  local rises = {
+    fabric_infiniband_port_counter_total: {
+      record: 'port_counter:fabric_infiniband_port_counter_total:rise1m',
+      series: 'fabric_infiniband_port_counter_total{%s}' % ibSelector(ibRecorded),
+    },
+    fabric_netdev_ethtool_counter_total: {
+      record: 'interface_counter:fabric_netdev_ethtool_counter_total:rise1m',
+      series: 'fabric_netdev_ethtool_counter_total{%s}'
+              % ibSelector([c.cfg.ibWiderCounters[k] for k in ibRecorded]),
+    },
+    fabric_infiniband_port_down_transitions_total: {
+      record: 'port:fabric_infiniband_port_down_transitions_total:rise1m',
+      series: 'fabric_infiniband_port_down_transitions_total',
+    },
+  },
+  // A port state's drop from ACTIVE (or ACTIVE_DEFER) to any other state since the
+  // previous evaluation (the state clamped to 3..4, so DOWN <-> INIT bouncing while down
+  // is not a drop): 1 where it dropped.
+  local stateDrops = {
+    record: 'port:fabric_infiniband_port_state:drops1m',
+    expr: |||
+      (
+        clamp(max without (state) (fabric_infiniband_port_state offset %(i)s), 3, 4)
+        -
+        clamp(max without (state) (fabric_infiniband_port_state), 3, 4)
+      ) > 0
+    ||| % { i: step },
+  },
+  local stepRecords =
+    if !stepped then []
+    else [{ record: rises[m].record, expr: stepRise(rises[m].series) } for m in std.objectFields(rises)]
+         + [stateDrops],
+
+  // What `metric{sel}` counted over `range`: the records' sum, or (no step) raw.
+  // `raw` is counted (the exact rise) or rose (only whether it rose: cheaper).
+  local counterOver(metric, sel, range, raw=counted) =
+    if stepped then 'sum_over_time(%s[%s])\n' % [utils.selector(rises[metric].record, sel), stepWindow(range)]
+    else raw(utils.selector(metric, sel), range),
+
   // What a port counter counted over `range`, also from the wider source of the same
   // count where the port has one (a RoCE port's 64-bit ethtool PHY counter on its
   // netdev), so a saturated sysfs counter does not hide new errors. Each source is its
   // own series (no jump when one of them is briefly unreadable); the caller takes the
   // larger count per port. Returns `or`-joined terms.
-  // `count` is counted (the exact rise) or rose (only whether it rose: cheaper).
-  local ibCounterCounts(counter, range, count=counted) =
+  local ibCounterCounts(counter, range, raw=counted) =
     local wider = std.get(c.cfg.ibWiderCounters, counter, null);
-    count('fabric_infiniband_port_counter_total{counter="%s"}' % counter, range)
+    counterOver('fabric_infiniband_port_counter_total', 'counter="%s"' % counter, range, raw)
     + (if wider == null then '' else |||
       or
       (
@@ -65,32 +142,33 @@ local utils = import '../lib/utils.libsonnet';
       * on (%(iface)s) group_left (device, port)
       label_replace(fabric_infiniband_port_info, "interface", "$1", "netdev", "(.+)")
     ||| % {
-      counted: utils.indent(count('fabric_netdev_ethtool_counter_total{counter="%s"}' % wider, range)),
+      counted: utils.indent(counterOver('fabric_netdev_ethtool_counter_total', 'counter="%s"' % wider, range, raw)),
       iface: c.by([c.cfg.nodeLabel, 'interface']),
     }),
 
   // The times a port went from ACTIVE to not ACTIVE within `range`, from every source
   // that sees it, largest per port: the exporter's own count of the transitions it
   // scraped, the link_downed counter (and its 64-bit PHY twin), and the port state
-  // series itself (a drop from ACTIVE, counted by resets() over the state clamped to
-  // 3..4, so DOWN <-> INIT bouncing while down is not counted again). link_downed is 8
-  // bits wide and stops at 255; from then on the other sources still count the flaps.
-  local ibPortDowns(range, count=counted) = |||
+  // series itself (its drops from ACTIVE at each evaluation, or counted by resets() over
+  // the state clamped to 3..4 at each step of a subquery). link_downed is 8 bits wide
+  // and stops at 255; from then on the other sources still count the flaps.
+  local ibPortDowns(range, raw=counted) = |||
     max by (%(port)s) (
       %(transitions)s
       or
       %(downed)s
       or
       label_replace(
-        resets(clamp(max without (state) (fabric_infiniband_port_state), 3, 4)[%(r)s:]),
+        %(drops)s,
         "source", "state", "", ""
       )
     )
   ||| % {
     port: c.port,
-    r: range,
-    transitions: utils.indent(count('fabric_infiniband_port_down_transitions_total', range)),
-    downed: utils.indent(ibCounterCounts('link_downed', range, count)),
+    transitions: utils.indent(counterOver('fabric_infiniband_port_down_transitions_total', '', range, raw)),
+    downed: utils.indent(ibCounterCounts('link_downed', range, raw)),
+    drops: if stepped then 'sum_over_time(%s[%s])' % [stateDrops.record, stepWindow(range)]
+           else 'resets(clamp(max without (state) (fabric_infiniband_port_state), 3, 4)[%s:])' % range,
   },
 
   // Port error counters stopped at the largest value their PortCounters field holds.
@@ -107,7 +185,9 @@ local utils = import '../lib/utils.libsonnet';
       {
         name: 'fabric-infiniband.alerts',
         interval: c.cfg.intervals.infiniband,
-        rules: [
+        // The per-evaluation records the BER and flap alerts sum, ahead of them: the
+        // alerts read this evaluation's records.
+        rules: stepRecords + [
           c.alert(
             'FabricInfinibandFatalCounterBreach',
             c.sev.ibFatalCounter,

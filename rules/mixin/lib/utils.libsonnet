@@ -30,6 +30,15 @@ local by(cfg, labels) = std.join(', ', [cfg.clusterLabel] + labels);
       else acc { total+: std.parseInt(acc.digits) * units[c], digits: '' };
     std.foldl(step, std.stringChars(d), { total: 0, digits: '' }).total,
 
+  // Seconds (whole or fractional) as a Prometheus duration: 3570 -> '59m30s', 0.5 -> '500ms'.
+  duration(s)::
+    local ms = std.floor(s * 1000 + 0.5);
+    if ms % 1000 != 0 then '%dms' % ms
+    else
+      local whole = ms / 1000, h = std.floor(whole / 3600), m = std.floor((whole % 3600) / 60), sec = whole % 60;
+      local text = (if h > 0 then '%dh' % h else '') + (if m > 0 then '%dm' % m else '') + (if sec > 0 then '%ds' % sec else '');
+      if text == '' then '0s' else text,
+
   // A multi-line expression nested one level (two spaces) deeper inside another, its
   // trailing newline dropped: the caller's template supplies the first line's indent.
   indent(text):: std.strReplace(std.rstripChars(text, '\n'), '\n', '\n  '),
