@@ -12,6 +12,7 @@ from fabricscope.exporter.context import Context
 from fabricscope.demo.plugin import ClusterSpec, Fault, NodeSpec
 from fabricscope.demo.sources import nccl as demo_nccl
 from fabricscope.exporter.framework import ScrapeCollector, build_collectors, load_collector_modules
+from fabricscope.exporter.nccl.tracker import BOUNDARY_SLOTS
 
 EPOCH = 1_800_000_000.0
 
@@ -100,10 +101,24 @@ def test_without_faults_no_rank_lags_and_nodes_share_one_step_clock():
     comm = demo_nccl.job_comm(spec)
     for index, (_, _, registry) in enumerate(exporters):
         assert all(m < 1e-4 for m in lag_means(registry, comm, range(4 * index, 4 * index + 4)).values())
-    # The cross-node join: both nodes' ranks entered the same boundary op within the jitter.
-    entries = [value(registry, "fabric_nccl_sequence_boundary_entry_timestamp_seconds", comm=comm, rank=str(rank))
-               for index, (_, _, registry) in enumerate(exporters) for rank in range(4 * index, 4 * index + 4)]
-    assert max(entries) - min(entries) <= demo_nccl.ENTRY_JITTER
+    # The cross-node join: both nodes hold the same boundary ops in the same slots of their
+    # rings (BOUNDARY_SLOTS, as the kernel keeps them), entered within the jitter.
+    rings = [boundaries(registry, comm) for _, _, registry in exporters]
+    assert rings[0] and rings[0].keys() == rings[1].keys()
+    for slot, (k, entered) in rings[0].items():
+        assert rings[1][slot][0] == k
+        assert abs(rings[1][slot][1] - entered) <= demo_nccl.ENTRY_JITTER
+
+
+def boundaries(registry, comm):
+    """slot -> (k, the node's first entry) of a node's boundary ring, as exported."""
+    ring = {}
+    for slot in map(str, range(BOUNDARY_SLOTS)):
+        k = value(registry, "fabric_nccl_sequence_boundary", comm=comm, slot=slot)
+        if k is not None:
+            ring[slot] = k, value(registry, "fabric_nccl_sequence_boundary_entry_timestamp_seconds", comm=comm,
+                                  slot=slot)
+    return ring
 
 
 def test_nccl_hang_peers_wait_in_the_collective_and_the_stopped_rank_is_the_culprit():

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from fabricscope.exporter.nccl import kernel_state as ks
-from fabricscope.exporter.nccl.tracker import DURATION_BUCKETS, ENQUEUE_BUCKETS, LAG_BUCKETS, NcclTracker
+from fabricscope.exporter.nccl.tracker import (BOUNDARY_SLOTS, DURATION_BUCKETS, ENQUEUE_BUCKETS, LAG_BUCKETS,
+                                                NcclTracker)
 from fabricscope.exporter.nccl.uprobe import DATATYPE_BYTES, kernel_config
 
 NOW = 1_700_000_000.0
@@ -26,13 +27,17 @@ def hist(n_bounds: int, slots: dict[int, int], sum_ns: int) -> list[int]:
     return counts + [sum_ns]
 
 
-def rank_state(ident=0xABC, last_ts=0, last_bytes=0, boundary_ts=0, seq=0, boundary=0, last_op=0, lag=None,
+def rank_state(ident=0xABC, last_ts=0, last_bytes=0, seq=0, boundaries=(), last_op=0, lag=None,
                calls=None, counter_words=0, phase=0, inexact=0, from_init=1):
-    """struct rank_state; by default a rank counted from its probed init (seq = its calls)."""
+    """struct rank_state; by default a rank counted from its probed init (seq = its calls).
+    `boundaries`: (slot, k, entry ns) of the filled slots of its boundary ring."""
     lag = lag or hist(len(LAG_BUCKETS), {}, 0)
     calls = seq if calls is None else calls
-    return ks.RANK_STATE.pack(ident, last_ts, last_bytes, boundary_ts, seq, boundary, calls, 0, 0, 0, 0, last_op,
-                              counter_words, phase, inexact, from_init, 0, 0, *lag)
+    ring = [0] * (2 * BOUNDARY_SLOTS)
+    for slot, k, ts in boundaries:
+        ring[2 * slot:2 * slot + 2] = k, ts
+    return ks.RANK_STATE.pack(ident, last_ts, last_bytes, seq, calls, 0, 0, 0, 0, last_op,
+                              counter_words, phase, inexact, from_init, 0, 0, *ring, *lag)
 
 
 def op_stats(calls, nbytes, last_ts, enqueue, duration, durations_ns):
@@ -58,8 +63,10 @@ def test_counters_histograms_and_the_rolling_average_come_from_the_kernel():
     allreduce = op_stats(71, 71 * 4096, 7_100 * MS,
                          hist(len(ENQUEUE_BUCKETS), {0: 70, len(ENQUEUE_BUCKETS): 1}, 71_000),
                          hist(len(DURATION_BUCKETS), {tenth: 69, tenth + 1: 1}, sum(durations)), durations)
-    apply(tracker, ref, rank_state(last_ts=7_100 * MS, last_bytes=4096, seq=71, boundary=64,
-                                   boundary_ts=6_400 * MS, last_op=0), {0: allreduce})
+    # boundary_ops 16: the ring holds 16 (slot 1), 32, 48 and 64 (slot 0, which 0 never took).
+    boundaries = [(slot, k, k * 100 * MS) for slot, k in ((0, 64), (1, 16), (2, 32), (3, 48))]
+    apply(tracker, ref, rank_state(last_ts=7_100 * MS, last_bytes=4096, seq=71, boundaries=boundaries,
+                                   last_op=0), {0: allreduce})
     snap = tracker.snapshot()
     [op] = snap.ops
     assert (op.comm, op.rank, op.op, op.calls, op.nbytes) == ("c0ffee", 1, "AllReduce", 71, 71 * 4096)
@@ -70,7 +77,9 @@ def test_counters_histograms_and_the_rolling_average_come_from_the_kernel():
     # The window's last 4 durations, newest last: 100, 100, 100, 300 ms.
     assert op.completed_average == pytest.approx(0.15)
     [seq] = snap.sequences
-    assert (seq.sequence, seq.boundary, seq.boundary_start) == (71, 64, pytest.approx(NOW + 6.4))
+    assert seq.sequence == 71
+    assert seq.boundaries == ((0, 64, pytest.approx(NOW + 6.4)), (1, 16, pytest.approx(NOW + 1.6)),
+                              (2, 32, pytest.approx(NOW + 3.2)), (3, 48, pytest.approx(NOW + 4.8)))
     assert seq.lag_count == 0                      # one local rank: nobody to be late against
     [active] = snap.active
     assert (active.op, active.start, active.nbytes, active.api_returned) == ("AllReduce", pytest.approx(NOW + 7.1),
@@ -135,6 +144,13 @@ def test_a_rank_without_an_exact_number_is_in_flight_but_never_compared_or_blame
 def test_how_a_rank_is_numbered_is_said(fields, numbering):
     state = ks.decode_rank_state(rank_state(seq=5, **fields), len(LAG_BUCKETS))
     assert state.numbering("release_not_tabled") == numbering
+
+
+def test_unfilled_boundary_slots_are_not_boundaries():
+    """A slot whose k is 0 was never filled (a fresh rank, or one whose numbering moved):
+    only the filled ones reach the tracker, each under its own slot."""
+    state = ks.decode_rank_state(rank_state(seq=40, boundaries=[(2, 40, 4_000 * MS)]), len(LAG_BUCKETS))
+    assert state.boundaries == ((2, 40, 4_000 * MS),)
 
 
 def test_maps_whose_values_are_not_their_layouts_size_are_refused_at_load():

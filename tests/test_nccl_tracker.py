@@ -191,8 +191,49 @@ def test_arrival_lag_is_entry_minus_the_earliest_local_rank():
     seqs = {s.rank: s for s in tracker.snapshot().sequences}
     assert seqs[1].lag_count == 10 and seqs[1].lag_sum == pytest.approx(0.4)
     assert seqs[0].lag_sum == 0 and seqs[2].lag_sum == 0
-    assert all(s.sequence == 10 and s.boundary == 8 for s in seqs.values())
-    assert seqs[1].boundary_start - seqs[0].boundary_start == pytest.approx(0.04)
+    # The last boundaries, each in slot (k // 4) % 4: 4 and 8 (ops 1-10 reach no other).
+    assert all(s.sequence == 10 and [(slot, k) for slot, k, _ in s.boundaries] == [(1, 4), (2, 8)]
+               for s in seqs.values())
+    assert seqs[1].boundaries[-1][2] - seqs[0].boundaries[-1][2] == pytest.approx(0.04)
+
+
+def test_each_rank_keeps_its_last_boundaries_one_per_slot():
+    """Boundaries 4, 8, ... 40 over 42 ops: the last four (28, 32, 36, 40) stay, each in slot
+    (k // 4) % 4, so a peer scraped a few boundaries earlier still finds one in common; the
+    slot of 24 was taken by 40."""
+    clock = Clock(T0 + 100)
+    tracker = NcclTracker(clock=clock, boundary_ops=4)
+    steps(tracker, range(2), 42, late=1, delay=0.01)
+    for seq in tracker.snapshot().sequences:
+        assert [(slot, k) for slot, k, _ in seq.boundaries] == [(0, 32), (1, 36), (2, 40), (3, 28)]
+        entries = dict((k, at) for _, k, at in seq.boundaries)
+        assert entries[40] - entries[36] == pytest.approx(entries[36] - entries[32])
+
+
+def test_the_node_exports_the_slots_its_ranks_agree_on_and_its_first_entry():
+    """Rank 1 is 10 ms late into every op; rank 2 has not entered op 40 yet. The node's
+    boundaries are the slots every local rank holds alike, entered first by rank 0; slot 2
+    (40 on ranks 0 and 1, 24 on rank 2) is left out."""
+    tracker = NcclTracker(clock=Clock(T0 + 100), boundary_ops=4)
+    steps(tracker, range(3), 42, late=1, delay=0.01, skip=lambda rank, k: rank == 2 and k >= 39)
+    node = {slot: (k, at) for comm, slot, k, at in tracker.snapshot().boundaries}
+    assert {slot: k for slot, (k, _) in node.items()} == {0: 32, 1: 36, 3: 28}
+    rank0 = {k: at for seq in tracker.snapshot().sequences if seq.rank == 0 for _, k, at in seq.boundaries}
+    assert all(at == rank0[k] for k, at in node.values())
+
+
+def test_boundaries_from_before_the_numbering_moved_are_dropped():
+    """A rank whose numbering moves (a source that numbers ops jumping from its own count to
+    another) forgets the boundaries it kept: under the new numbers they are other ops', and a
+    peer reaching the same k would join on them."""
+    tracker = NcclTracker(clock=Clock(T0 + 100), boundary_ops=4)
+    steps(tracker, [0], 10)                              # boundaries 4 and 8
+    for k in (5, 6, 7, 8):                                # renumbered from 5: op 8 is a new one
+        tracker.call_entered(NcclCall(op="AllReduce", comm="c1", rank=0, nranks=1, nbytes=4, start=T0 + k + 10,
+                                      sequence=k))
+    [seq] = tracker.snapshot().sequences
+    assert [(slot, k) for slot, k, _ in seq.boundaries] == [(2, 8)]          # 4 is gone, 8 is the new op 8
+    assert seq.boundaries[0][2] == pytest.approx(T0 + 18)
 
 
 def test_one_local_rank_has_no_lag_but_still_a_sequence():

@@ -438,14 +438,20 @@ def test_a_late_rank_shows_its_delay_as_arrival_lag_and_no_other_does(uprobe_exp
     periods = [samples[series("fabric_nccl_operation_duration_seconds_sum", comm=comm, rank=str(r), op="AllReduce")]
                for r in range(4)]
     assert max(periods) - min(periods) < 0.1 * min(periods), periods
-    # The sequence number and the entry time at the last boundary (op 30 with boundary_ops
-    # 10): what a rule joins across nodes. The late rank entered op 30 `delay` after the rest.
+    # The sequence numbers and the node's entries into the last boundaries (ops 10, 20, 30
+    # with boundary_ops 10, in slots 1, 2, 3 of every rank's ring in the kernel): what a rule
+    # joins across nodes. The entry is the node's first rank's, one step period per op apart;
+    # the late rank's delay is its arrival lag, above.
+    assert all(samples[series("fabric_nccl_operation_sequence", comm=comm, rank=str(r))] == 30 for r in range(4))
     entered = {}
-    for r in range(4):
-        assert samples[series("fabric_nccl_operation_sequence", comm=comm, rank=str(r))] == 30
-        assert samples[series("fabric_nccl_sequence_boundary", comm=comm, rank=str(r))] == 30
-        entered[r] = samples[series("fabric_nccl_sequence_boundary_entry_timestamp_seconds", comm=comm, rank=str(r))]
-    assert entered[2] - min(entered.values()) == pytest.approx(delay, rel=0.10)
+    for k, slot in ((10, "1"), (20, "2"), (30, "3")):
+        assert samples[series("fabric_nccl_sequence_boundary", comm=comm, slot=slot)] == k
+        entered[k] = samples[series("fabric_nccl_sequence_boundary_entry_timestamp_seconds", comm=comm, slot=slot)]
+    assert series("fabric_nccl_sequence_boundary", comm=comm, slot="0") not in samples
+    period = periods[0] / samples[series("fabric_nccl_operation_duration_seconds_count", comm=comm, rank="0",
+                                         op="AllReduce")]
+    assert entered[20] - entered[10] == pytest.approx(10 * period, rel=0.2)
+    assert entered[30] - entered[20] == pytest.approx(10 * period, rel=0.2)
 
 
 @pytest.mark.timing

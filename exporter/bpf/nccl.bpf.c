@@ -4,8 +4,8 @@
  * Every collective call is accounted here, in maps that user space reads about once a
  * second (exporter/nccl/kernel_state.py; keep the structs in step): per (process, comm,
  * op) the calls, bytes, enqueue-time and duration histograms and the last durations
- * (nccl_op_stats); per (process, comm) the sequence number, the latest call, the latest
- * sequence boundary and the arrival-lag histogram (nccl_rank_state); calls still inside
+ * (nccl_op_stats); per (process, comm) the sequence number, the latest call, the last
+ * BOUNDARY_SLOTS sequence boundaries and the arrival-lag histogram (nccl_rank_state); calls still inside
  * NCCL by thread (nccl_open_calls). So the exporter's work is bounded by the number of
  * (comm, rank, op) series, whatever the collective rate: no per-call event reaches user
  * space. Only communicator init and destroy go through the ring buffer (rare, and they
@@ -60,6 +60,11 @@ char LICENSE[] SEC("license") = "GPL";
 #define NUM_DATATYPES 16
 /* NCCL's operation counter: up to this many 64-bit words summed (seqNumber[NCCL_NUM_FUNCTIONS]). */
 #define MAX_COUNTER_WORDS 5
+/* The last sequence boundaries kept per (process, comm): boundary k lives in slot
+ * (k / boundary_ops) % BOUNDARY_SLOTS, so two nodes scraped a few boundaries apart still
+ * both show an older one to join on (BOUNDARY_SLOTS in exporter/nccl/tracker.py). A power
+ * of two: the slot index is masked for the verifier. */
+#define BOUNDARY_SLOTS 4
 
 enum event_kind {
 	EV_COMM_INIT = 3,
@@ -134,13 +139,17 @@ struct comm_key {
 	__u64 comm;
 };
 
+/* A sequence boundary the rank entered: op k (a multiple of boundary_ops), at ts. */
+struct boundary {
+	__u64 seq;         /* 0: the slot was never filled */
+	__u64 ts;
+};
+
 struct rank_state {
 	__u64 ident;       /* comm identity, 0 until its init was seen */
 	__u64 last_ts;     /* entry of the rank's latest call on the comm, any op */
 	__u64 last_bytes;
-	__u64 boundary_ts; /* entry of the op at `boundary` */
 	__u64 seq;         /* the number of the rank's latest collective on the comm; 0: none */
-	__u64 boundary;    /* latest seq that is a multiple of boundary_ops */
 	__u64 calls;       /* collectives entered since the init (from_init) or since first seen */
 	__u64 ctr_last;    /* NCCL's counter when it last moved */
 	__u64 ctr_since;   /* this rank's collectives since then */
@@ -153,6 +162,7 @@ struct rank_state {
 	__u8 from_init;    /* the init was probed: `calls` numbers ops from the comm's first */
 	__u8 learned;      /* user space's entry in nccl_comm_ident was taken */
 	__u8 pad8;
+	struct boundary boundaries[BOUNDARY_SLOTS];   /* slot (k / boundary_ops) % BOUNDARY_SLOTS */
 	struct hist lag;   /* entry minus the first local entry of the same op */
 };
 
@@ -451,7 +461,7 @@ static __always_inline int coll_enter(__u16 op, __u64 comm, __u64 count, __s32 d
 	struct rank_state *state;
 	struct op_stats *stats;
 	__u32 d = (__u32)dtype, size = 0;
-	__u64 bytes = 0;
+	__u64 bytes = 0, previous;
 
 	if (!cfg || !id)
 		return 0;
@@ -505,10 +515,18 @@ static __always_inline int coll_enter(__u16 op, __u64 comm, __u64 count, __s32 d
 		}
 	}
 	state->calls += 1;
+	previous = state->seq;
 	state->seq = number_op(state, comm);
+	/* The numbering moved (NCCL's counter taking over from a count, or given up): a kept
+	 * boundary is some other op's under the new numbers, and a peer reaching that k would
+	 * join on it. The ring holds only boundaries of one unbroken run of numbers. */
+	if (state->seq != previous + 1)
+		__builtin_memset(state->boundaries, 0, sizeof(state->boundaries));
 	if (state->seq && cfg->boundary_ops && state->seq % cfg->boundary_ops == 0) {
-		state->boundary = state->seq;
-		state->boundary_ts = now;
+		struct boundary *slot = &state->boundaries[(state->seq / cfg->boundary_ops) & (BOUNDARY_SLOTS - 1)];
+
+		slot->seq = state->seq;
+		slot->ts = now;
 	}
 	if (!state->seq)
 		return 0;

@@ -25,7 +25,7 @@ from ..bpf_loader import elfsym
 from ..framework import Collector, SampleCache, register
 from ..nccl.ingest import IngestRoutes
 from ..nccl.placement import RankPlacement, RankProcess
-from ..nccl.tracker import NcclTracker
+from ..nccl.tracker import BOUNDARY_SLOTS, NcclTracker
 from ..nvml import NvmlUnavailable, open_backend
 
 log = logging.getLogger("fabricscope.exporter.nccl")
@@ -175,20 +175,23 @@ class NcclCollector(Collector):
         sequence = empty(GaugeMetricFamily, "fabric_nccl_operation_sequence", "Collectives the rank has entered on "
                          "the comm (Send/Recv excluded): the k of its latest op.",
                          ("comm", "rank"))
-        boundary = empty(GaugeMetricFamily, "fabric_nccl_sequence_boundary", "The rank's latest sequence number that "
-                         f"is a multiple of {self.tracker.boundary_ops} (boundary_ops).",
-                         ("comm", "rank"))
+        # Each rank keeps its last BOUNDARY_SLOTS boundaries (k a multiple of boundary_ops) in
+        # slot (k / boundary_ops) % BOUNDARY_SLOTS; the node exports the slots all its ranks agree on.
+        boundary = empty(GaugeMetricFamily, "fabric_nccl_sequence_boundary", "The sequence number k (a multiple "
+                         f"of boundary_ops, {self.tracker.boundary_ops}) every local rank of the comm holds in "
+                         f"this slot of its last {BOUNDARY_SLOTS} boundaries (slot (k / boundary_ops) % "
+                         f"{BOUNDARY_SLOTS}); absent while they differ.", ("comm", "slot"))
         boundary_start = empty(GaugeMetricFamily, "fabric_nccl_sequence_boundary_entry_timestamp_seconds", "When the "
-                               "rank entered its op at fabric_nccl_sequence_boundary (UNIX seconds; "
-                               "joins ranks of several nodes).", ("comm", "rank"))
+                               "comm's first local rank entered the op of fabric_nccl_sequence_boundary in this "
+                               "slot (UNIX seconds; joins nodes).", ("comm", "slot"))
         for seq in snap.sequences:
             labels = [seq.comm, str(seq.rank)]
             sequence.add_metric(labels, seq.sequence)
             if seq.lag_count:
                 self.samples.histogram(lag, labels, seq.lag, seq.lag_sum)
-            if seq.boundary_start is not None:
-                boundary.add_metric(labels, seq.boundary)
-                boundary_start.add_metric(labels, seq.boundary_start)
+        for comm, slot, k, entered in snap.boundaries:
+            boundary.add_metric([comm, str(slot)], k)
+            boundary_start.add_metric([comm, str(slot)], entered)
         culprit = empty(GaugeMetricFamily, "fabric_nccl_hang_culprit", "1 while a hang on the comm names this rank: "
                         "not_entered (its sequence is behind its peers') or stuck_in_call (its "
                         "call has not returned while a peer's has).", ("comm", "rank", "reason"))

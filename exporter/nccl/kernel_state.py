@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from .events import OPS
-from .tracker import ProbedOp, ProbedRank
+from .tracker import BOUNDARY_SLOTS, ProbedOp, ProbedRank
 
 MAX_BOUNDS = 16          # MAX_BOUNDS in nccl.bpf.c: bounds per histogram
 RECENT_MAX = 64          # RECENT_MAX: last durations kept per (process, comm, op)
@@ -24,8 +24,8 @@ NUM_OPS = len(OPS)       # NUM_OPS: op codes 0-7 (exporter/nccl/events.py OPS)
 CONFIG = struct.Struct(f"<{MAX_BOUNDS}Q{MAX_BOUNDS}Q{MAX_BOUNDS}QIIII{NUM_DATATYPES}BII")
 # struct hist: MAX_BOUNDS + 1 counts (the last above every bound), then the sum in ns
 _HIST_WORDS = MAX_BOUNDS + 2
-# struct rank_state
-RANK_STATE = struct.Struct(f"<QQQQQQQQQIIHBBBBBB{_HIST_WORDS}Q")
+# struct rank_state: ... then BOUNDARY_SLOTS struct boundary (seq, ts), then the lag histogram
+RANK_STATE = struct.Struct(f"<QQQQQQQIIHBBBBBB{2 * BOUNDARY_SLOTS}Q{_HIST_WORDS}Q")
 CTR_EXACT = 3            # enum ctr_phase: NCCL's counter numbers the rank's ops
 # struct op_stats
 OP_STATS = struct.Struct(f"<QQQ{_HIST_WORDS}Q{_HIST_WORDS}Q{RECENT_MAX}QQ")
@@ -85,9 +85,8 @@ class RankState:
     ident: int
     last_ts: int
     last_bytes: int
-    boundary_ts: int
     seq: int                            # 0: the rank's ops have no exact number
-    boundary: int
+    boundaries: tuple[tuple[int, int, int], ...]   # (slot, k, entry ns) of the filled slots
     last_op: int
     lag: tuple[list[int], int]          # counts (n bounds + 1), sum ns
     calls: int = 0
@@ -136,9 +135,12 @@ def check_layouts(value_sizes: dict[str, int]) -> None:
 
 def decode_rank_state(raw: bytes, lag_n: int) -> RankState:
     w = RANK_STATE.unpack_from(raw)
-    (ident, last_ts, last_bytes, boundary_ts, seq, boundary, calls, _ctr_last, _ctr_since, _via, _at, last_op,
-     words, phase, inexact, from_init, _learned, _pad) = w[:18]
-    return RankState(ident, last_ts, last_bytes, boundary_ts, seq, boundary, last_op, _hist(w[18:], lag_n),
+    (ident, last_ts, last_bytes, seq, calls, _ctr_last, _ctr_since, _via, _at, last_op,
+     words, phase, inexact, from_init, _learned, _pad) = w[:16]
+    slots = w[16:16 + 2 * BOUNDARY_SLOTS]
+    boundaries = tuple((slot, slots[2 * slot], slots[2 * slot + 1]) for slot in range(BOUNDARY_SLOTS)
+                       if slots[2 * slot])
+    return RankState(ident, last_ts, last_bytes, seq, boundaries, last_op, _hist(w[16 + 2 * BOUNDARY_SLOTS:], lag_n),
                      calls=calls, has_counter=bool(words), counter_exact=phase == CTR_EXACT,
                      counter_inexact=bool(inexact), from_init=bool(from_init))
 
@@ -194,6 +196,6 @@ def probed_rank(ref: CommRef, state: RankState | None, ops: dict[int, OpStats], 
     return ProbedRank(
         comm=ref.label, rank=ref.rank, nranks=ref.nranks, ops=probed_ops, sequence=state.seq,
         last_op=OPS[state.last_op] if state.last_op < len(OPS) else None, last_start=to_wall(state.last_ts),
-        last_nbytes=state.last_bytes, api_returned=api_returned, boundary=state.boundary,
-        boundary_start=to_wall(state.boundary_ts) if state.boundary else None, lag=seconds(state.lag),
+        last_nbytes=state.last_bytes, api_returned=api_returned,
+        boundaries=tuple((slot, k, to_wall(ts)) for slot, k, ts in state.boundaries), lag=seconds(state.lag),
         observed_at=observed_at)

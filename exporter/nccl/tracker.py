@@ -27,9 +27,10 @@ Arrival lag and sequence numbers (docs/nccl.md, "Arrival lag"):
 - In a synchronous job every rank has the same call-to-call period; a late rank differs
   only in *when* it enters. Arrival lag of rank r at op k = entry(r, k) - min over the
   comm's local ranks of entry(., k), observed once every local rank has entered op k.
-- For a comm spanning nodes, each rank exports its sequence number and the entry time of
-  its latest op at a sequence boundary (k a multiple of `boundary_ops`), so a PromQL rule
-  can join ranks of several nodes on the same op k.
+- For a comm spanning nodes, each rank exports its sequence number and the entry times of
+  its last BOUNDARY_SLOTS ops at a sequence boundary (k a multiple of `boundary_ops`, in slot
+  (k / boundary_ops) % BOUNDARY_SLOTS), so a PromQL rule can join ranks of several nodes on
+  the same op k even when their scrapes show different latest boundaries.
 - The hang's culprit: while a comm hangs, a local rank whose sequence number is behind its
   local peers never entered the op they wait in (`not_entered`); a rank whose API call has
   not returned while a peer's has is `stuck_in_call`.
@@ -57,6 +58,12 @@ DURATION_BUCKETS = (0.01, 0.1, 1.0, 10.0)
 
 # Arrival lag: the earliest local rank is 0; a late rank microseconds to seconds.
 LAG_BUCKETS = (1e-3, 0.01, 0.1, 1.0)
+
+# Sequence boundaries kept per rank (BOUNDARY_SLOTS in exporter/bpf/nccl.bpf.c): boundary k
+# in slot (k // boundary_ops) % BOUNDARY_SLOTS. Two nodes' scrapes up to BOUNDARY_SLOTS - 1
+# boundaries apart still share one to join on, so boundaries can come faster than scrapes
+# (docs/nccl.md, "Across nodes"). Each slot is two series per comm and node (docs/metrics.md).
+BOUNDARY_SLOTS = 4
 
 # Two starts closer than this are the same operation (ingest: a start record, then its end).
 _SAME_START = 1e-6
@@ -140,8 +147,8 @@ class _InFlight:
 class _RankSequence:
     sequence: int = 0                  # collectives entered (Send/Recv excluded)
     last_op: str = ""
-    boundary: int = 0                  # the latest sequence number that is a multiple of boundary_ops
-    boundary_start: float | None = None
+    # slot -> (k, entry) of the last BOUNDARY_SLOTS ops whose k is a multiple of boundary_ops
+    boundaries: dict[int, tuple[int, float]] = field(default_factory=dict)
     lag: Histogram = field(default_factory=lambda: Histogram(LAG_BUCKETS))
 
 
@@ -179,8 +186,7 @@ class RankSequence:
     comm: str
     rank: int
     sequence: int
-    boundary: int
-    boundary_start: float | None
+    boundaries: tuple[tuple[int, int, float], ...]   # (slot, k, entry) of the live boundaries
     lag: list[tuple[str, float]]
     lag_sum: float
     lag_count: int
@@ -264,8 +270,7 @@ class ProbedRank:
     last_start: float | None = None
     last_nbytes: int = 0
     api_returned: bool = True
-    boundary: int = 0
-    boundary_start: float | None = None
+    boundaries: tuple[tuple[int, int, float], ...] = ()   # (slot, k, entry UNIX seconds) as the kernel keeps them
     lag: tuple[list[int], float] | None = None   # bucket counts (LAG_BUCKETS + above), sum seconds
     observed_at: float | None = None       # when the kernel's state was read (UNIX seconds)
     # False: the rank's ops have no exact number (docs/nccl.md, "Numbering"): no lag, no
@@ -282,6 +287,9 @@ class TrackerSnapshot:
     dropped_calls: int                         # calls refused by the series limit
     sequences: list[RankSequence] = field(default_factory=list)
     culprits: list[Culprit] = field(default_factory=list)
+    # (comm, slot, k, earliest entry): the boundary every local rank of the comm holds in that
+    # slot, and when the first of them entered it
+    boundaries: list[tuple[str, int, int, float]] = field(default_factory=list)
 
 
 # The hang verdict's defaults. The tracker is the one home of the hang threshold: the
@@ -392,7 +400,7 @@ class NcclTracker:
             seq.sequence = probed.sequence
             if probed.last_op not in _P2P:
                 seq.last_op = probed.last_op
-            seq.boundary, seq.boundary_start = probed.boundary, probed.boundary_start
+            seq.boundaries = {slot: (k, start) for slot, k, start in probed.boundaries}
             if probed.lag is not None:
                 seq.lag.load(*probed.lag)
 
@@ -465,14 +473,15 @@ class NcclTracker:
             active = self._active(now)
             # Arrival lag needs a local peer to be late against: with one local rank there is
             # none (the kernel still counts its zeros), and the sequence boundaries join nodes.
-            sequences = [RankSequence(comm=comm, rank=rank, sequence=seq.sequence, boundary=seq.boundary,
-                                      boundary_start=seq.boundary_start, lag=seq.lag.cumulative(),
+            sequences = [RankSequence(comm=comm, rank=rank, sequence=seq.sequence,
+                                      boundaries=tuple((slot, k, at) for slot, (k, at) in sorted(seq.boundaries.items())),
+                                      lag=seq.lag.cumulative(),
                                       lag_sum=seq.lag.total,
                                       lag_count=sum(seq.lag.counts) if len(state.ranks) >= 2 else 0)
                          for comm, state in self._comms.items() for rank, seq in sorted(state.ranks.items())]
             return TrackerSnapshot(comms=comms, ops=ops, active=active, evicted=dict(self._evicted),
                                    dropped_calls=self._dropped_calls, sequences=sequences,
-                                   culprits=self._culprits(active))
+                                   culprits=self._culprits(active), boundaries=self._node_boundaries())
 
     def rank_processes(self) -> list[tuple[str, int, int, int]]:
         """(comm, rank, nranks, pid) of the ranks whose records named their process."""
@@ -584,14 +593,36 @@ class NcclTracker:
     def _arrive(self, state: _Comm, call: NcclCall) -> None:
         """Number the rank's collective and judge arrival lag once every local rank entered it."""
         seq = state.ranks.setdefault(call.rank, _RankSequence())
-        seq.sequence = call.sequence if call.sequence is not None else seq.sequence + 1
+        number = call.sequence if call.sequence is not None else seq.sequence + 1
+        if number != seq.sequence + 1:
+            # The numbering moved (as in nccl.bpf.c): a kept boundary is some other op's under
+            # the new numbers, and a peer reaching that k would join on it.
+            seq.boundaries.clear()
+        seq.sequence = number
         seq.last_op = call.op
         if seq.sequence % self.boundary_ops == 0:
-            seq.boundary, seq.boundary_start = seq.sequence, call.start
+            seq.boundaries[(seq.sequence // self.boundary_ops) % BOUNDARY_SLOTS] = (seq.sequence, call.start)
         state.arrivals.setdefault(seq.sequence, {})[call.rank] = call.start
         while len(state.arrivals) > _MAX_PENDING_ARRIVALS:
             del state.arrivals[min(state.arrivals)]
         self._settle_arrivals(state, [seq.sequence])
+
+    def _node_boundaries(self) -> list[tuple[str, int, int, float]]:
+        """Per comm, the slots in which every local rank holds the same boundary k, and the
+        earliest local entry into it: the node's part of the cross-node join (docs/nccl.md,
+        "Across nodes"). The join compares nodes' earliest ranks (each rank's lag behind that
+        is its arrival lag), so the node exports one entry per slot, not one per rank. A slot a
+        local rank has not filled, or has refilled ahead of its peers, is left out: the node
+        joins only on an op all its ranks entered."""
+        out = []
+        for comm, state in self._comms.items():
+            if not state.ranks:
+                continue
+            for slot in range(BOUNDARY_SLOTS):
+                held = [seq.boundaries.get(slot) for seq in state.ranks.values()]
+                if None not in held and len({k for k, _ in held}) == 1:
+                    out.append((comm, slot, held[0][0], min(at for _, at in held)))
+        return out
 
     def _settle_arrivals(self, state: _Comm, sequences=None) -> None:
         """Observe the lag of every op in `sequences` (default: all pending) that all local

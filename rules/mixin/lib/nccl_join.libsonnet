@@ -4,42 +4,79 @@
 // recorded in that evaluation, so a join that shows a late node is judged at once, not one
 // group interval later (docs/nccl.md, "Across nodes, measured").
 //   local join = (import '../lib/nccl_join.libsonnet')(c);  // c: utils.context
-// Signals (docs/nccl.md, "Across nodes"): fabric_nccl_sequence_boundary{,_entry_timestamp_seconds}
-// per rank, each node's clock offset against Prometheus' (rules/nccl.libsonnet, "clocks").
+// Signals (docs/nccl.md, "Across nodes"): per comm and node, the last few sequence boundaries
+// every local rank holds (fabric_nccl_sequence_boundary{comm, slot}: boundary k in slot
+// (k / boundary_ops) % slots) and when the node's first rank entered each
+// (fabric_nccl_sequence_boundary_entry_timestamp_seconds{comm, slot}); each node's clock offset
+// against Prometheus' (rules/nccl.libsonnet, "clocks"). Everything here reads the exporters'
+// latest samples and recorded series: no range over raw series.
+
+local utils = import 'utils.libsonnet';
 
 function(c) {
+  local commSlot = c.by(['comm', 'slot']),
+  local nodeSlot = c.by(['comm', c.node, 'slot']),
+  // Nodes (not ranks: the k is per node) that report each slot, and the comm at all.
+  local nodesPerSlot = 'count by (%s) (count by (%s) (fabric_nccl_sequence_boundary))' % [commSlot, nodeSlot],
+  // Each node's first entry into the joined boundary, on Prometheus' clock (its offset taken out).
+  local entry = |||
+    min by (%(commNode)s) (
+      fabric_nccl_sequence_boundary_entry_timestamp_seconds
+      and on (%(commSlot)s)
+      comm:fabric_nccl_sequence_boundary:joined
+    )
+    - on (%(nodeOnly)s) group_left
+    node:fabric_nccl_clock_offset_seconds:settled
+  ||| % { commNode: c.commNode, commSlot: commSlot, nodeOnly: c.host },
+
   rules: [
     {
-      // Cross-node join: each rank's entry into the same boundary op, on
-      // Prometheus' clock (its node's offset taken out), minus the comm's
-      // earliest, taken only when every reporting rank is at the same boundary
-      // (scrapes of different nodes land at different times).
-      record: 'comm_rank:fabric_nccl_sequence_boundary_lag_seconds',
+      // The slots every reporting node of the comm holds with the same boundary k (value k).
+      // Scrapes of different nodes land at different times, so their latest boundaries may
+      // differ, but an older one is still in every node's ring. A slot a node has not filled
+      // (a fresh exporter), or has already refilled with a newer k (wrapped), does not join:
+      // never a wrong k.
+      record: 'comm_slot:fabric_nccl_sequence_boundary:joinable',
       expr: |||
         (
-          max by (%(rank)s) (fabric_nccl_sequence_boundary_entry_timestamp_seconds)
-          - on (%(nodeOnly)s) group_left
-          node:fabric_nccl_clock_offset_seconds:settled
+          max by (%(commSlot)s) (fabric_nccl_sequence_boundary)
+          ==
+          min by (%(commSlot)s) (fabric_nccl_sequence_boundary)
+        )
+        and on (%(commSlot)s)
+        (
+          %(nodesPerSlot)s
+          == on (%(comm)s) group_left
+          count by (%(comm)s) (count by (%(commNode)s) (fabric_nccl_sequence_boundary))
+        )
+        and on (%(commSlot)s)
+        (%(nodesPerSlot)s > 1)
+      ||| % { commSlot: commSlot, comm: c.comm, commNode: c.commNode, nodesPerSlot: nodesPerSlot },
+    },
+    {
+      // The latest of them: the join of this evaluation (slot: where each node keeps it).
+      record: 'comm:fabric_nccl_sequence_boundary:joined',
+      expr: |||
+        comm_slot:fabric_nccl_sequence_boundary:joinable
+        == on (%(comm)s) group_left
+        max by (%(comm)s) (comm_slot:fabric_nccl_sequence_boundary:joinable)
+      ||| % { comm: c.comm },
+    },
+    {
+      // How late a node's first rank enters the joined boundary op, against the comm's
+      // first rank anywhere, clocks corrected: 0 for the first node; for others, what is
+      // left of their clocks' disagreement after the offsets are taken out (docs/nccl.md
+      // measures it). A node whose clock is not settled is neither judged nor the reference.
+      record: 'comm_node:fabric_nccl_arrival_offset_seconds',
+      expr: |||
+        (
+          %(entry)s
         )
         - on (%(comm)s) group_left
         min by (%(comm)s) (
-          max by (%(rank)s) (fabric_nccl_sequence_boundary_entry_timestamp_seconds)
-          - on (%(nodeOnly)s) group_left
-          node:fabric_nccl_clock_offset_seconds:settled
+          %(entry)s
         )
-        and on (%(comm)s)
-        (max by (%(comm)s) (fabric_nccl_sequence_boundary) == min by (%(comm)s) (fabric_nccl_sequence_boundary))
-        and on (%(comm)s)
-        (count by (%(comm)s) (fabric_nccl_sequence_boundary) > 1)
-      ||| % { rank: c.rank, comm: c.comm, nodeOnly: c.host },
-    },
-    {
-      // How late a node's earliest rank enters, against the comm's earliest rank
-      // anywhere: 0 for the first node; for others, what is left of their clocks'
-      // disagreement after the offsets are taken out (docs/nccl.md measures it).
-      // A node whose clock is not settled has no boundary lag, so is not judged.
-      record: 'comm_node:fabric_nccl_arrival_offset_seconds',
-      expr: 'min by (%s) (comm_rank:fabric_nccl_sequence_boundary_lag_seconds)' % c.commNode,
+      ||| % { entry: utils.indent(entry), comm: c.comm },
     },
     {
       // The least over the window of the evaluations where the boundaries lined up:
@@ -51,12 +88,13 @@ function(c) {
       expr: 'min_over_time(comm_node:fabric_nccl_arrival_offset_seconds[%s])' % c.w.ncclNodeOffset,
     },
     {
-      // The latest join, held while no join lines up (scrapes of different nodes between
-      // two boundaries), for ncclNodeOffsetHold: a newer join replaces it at once, early or
+      // The latest join, held while no join lines up (the nodes' rings share no boundary:
+      // a fresh exporter, scrapes further apart than the ring), for ncclNodeOffsetHold: a
+      // newer join (one an evaluation while the rings overlap) replaces it at once, early or
       // late. One late join is enough to make the node's condition true; the alert's for:
       // then needs every join of that time to be late (each replaces the last), so a single
-      // scheduling spike (one-sided: it only ever makes a rank later) is a pending state for
-      // one boundary, never a page. A node whose clock is no longer settled drops its held
+      // scheduling spike (one-sided: it only ever makes a rank later) is a pending state until
+      // the next boundary joins, never a page. A node whose clock is no longer settled drops its held
       // join at once, as it drops out of new ones.
       record: 'comm_node:fabric_nccl_arrival_offset_seconds:last',
       expr: |||

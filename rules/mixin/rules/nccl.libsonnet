@@ -4,9 +4,10 @@
 // Signals (docs/nccl.md):
 // - fabric_nccl_arrival_lag_seconds{comm, rank}: per collective, the rank's entry time
 //   minus the earliest entry among the comm's ranks on the same node.
-// - fabric_nccl_sequence_boundary / _entry_timestamp_seconds{comm, rank}: the entry time of
-//   the rank's latest op whose sequence number is a multiple of boundary_ops. Ranks on
-//   several nodes are joined on the same op here, so a late *node* shows too. Each node's
+// - fabric_nccl_sequence_boundary / _entry_timestamp_seconds{comm, slot}: per node, the last
+//   few ops whose sequence number is a multiple of boundary_ops, and when the node's first
+//   rank entered each. Nodes are joined on the same op (lib/nccl_join.libsonnet), so a late
+//   *node* shows too. Each node's
 //   timestamps are first put on Prometheus' clock: fabric_nccl_scrape_timestamp_seconds
 //   (the node's clock when the scrape began) minus the scrape's own timestamp is the
 //   node's clock offset plus the scrape's delay (never negative), so its minimum over a
@@ -141,15 +142,15 @@ local hangOf = import '../lib/nccl_hang.libsonnet';
             ||| % { node: c.host, window: c.w.ncclClockOffset, step: c.num(c.th.ncclClockOffsetMaxStepSeconds),
                     settle: c.w.ncclClockOffsetSettle },
           },
-          // The cross-node join (comm_rank:fabric_nccl_sequence_boundary_lag_seconds,
+          // The cross-node join (comm:fabric_nccl_sequence_boundary:joined,
           // comm_node:fabric_nccl_arrival_offset_seconds, :min, :last) is recorded in the
           // alert group (lib/nccl_join.libsonnet): FabricNcclStragglerNode reads it in the
           // same evaluation; the rules below read it as of that group's last evaluation.
           {
             // The rank's mean lag behind the comm's earliest rank: the local lag plus its
             // node's offset; the local lag alone where the comm has one node (or the
-            // boundaries never lined up); the boundary lag where the rank is alone on
-            // its node.
+            // boundaries never lined up); its node's mean offset where the rank is alone on
+            // its node (no local lag: it is the node's first rank).
             record: 'comm_rank:fabric_nccl_arrival_lag_seconds:mean1m',
             expr: |||
               (
@@ -160,8 +161,12 @@ local hangOf = import '../lib/nccl_hang.libsonnet';
               or
               comm_rank:fabric_nccl_arrival_lag_seconds:local_mean1m
               or
-              avg_over_time(comm_rank:fabric_nccl_sequence_boundary_lag_seconds[%(w)s])
-            ||| % { node: c.commNode, w: c.w.ncclLag },
+              (
+                avg_over_time(comm_node:fabric_nccl_arrival_offset_seconds[%(w)s])
+                + on (%(node)s) group_right
+                0 * max by (%(rank)s) (fabric_nccl_operation_sequence)
+              )
+            ||| % { node: c.commNode, rank: c.rank, w: c.w.ncclLag },
           },
           {
             // The same over 5 minutes: panels and the straggler cost read this one.
