@@ -45,6 +45,7 @@ SAMPLES_PER_STEP = 20000      # RTT samples per 30 s scrape
 STEP_SECONDS = 30
 BASELINE_STEPS = 20           # 0..10m: 21 samples
 BURST_STEPS = 9               # 10m30s..15m
+SWEEP = 12                    # baselines across one power of two
 CHECK = "11m"                 # the first evaluation whose 1m window holds only burst samples
 Z99 = NormalDist().inv_cdf(0.99)
 
@@ -58,8 +59,11 @@ class Case:
 
 
 def cases(floor: float) -> list[Case]:
-    sweep = [Case(f"sweep-{k}-{tag}", 0.001 * 2 ** (k / 4), ratio, f"baseline 2^({k}/4) ms, true {ratio}x")
-             for k in range(4) for ratio, tag in ((2.9, "quiet"), (3.1, "fires"))]
+    # 12 baselines across a power of two: enough that buckets twice as wide as the
+    # exporter's (4 per power of two) read a true 3.1x under 3x at one and a true 2.9x
+    # over it at another (bench/rtt_bucket_layout.py); 4 baselines missed both.
+    sweep = [Case(f"sweep-{k}-{tag}", 0.001 * 2 ** (k / SWEEP), ratio, f"baseline 2^({k}/{SWEEP}) ms, true {ratio}x")
+             for k in range(SWEEP) for ratio, tag in ((2.9, "quiet"), (3.1, "fires"))]
     return sweep + [
         Case("dc-burst", 150e-6, 6.4, "150 us -> 960 us, a data-centre burst the floor must not mute"),
         Case("issue-3x2", 1.1e-3, 3.2, "1.1 ms -> 3.5 ms, true 3.2x"),
