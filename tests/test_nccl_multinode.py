@@ -51,7 +51,7 @@ def run(tmp_path_factory):
     prometheus = require_tool("prometheus")
     out = tmp_path_factory.mktemp("multinode")
     done = subprocess.run([sys.executable, str(HARNESS), "--backend", "fake", "--plan", "test",
-                           "--skews-ms=" + ",".join(SKEWS_MS + (DRIFT,)), "--boundary-ops", "512", "--overrides",
+                           "--skews-ms=" + ",".join(SKEWS_MS + (DRIFT,)), "--boundary-ops", "256", "--overrides",
                            json.dumps(OVERRIDES), "--prometheus", prometheus, "--out", str(out)],
                           capture_output=True, text=True, timeout=400)
     log = done.stdout[-4000:] + done.stderr[-2000:]

@@ -315,15 +315,19 @@ class SkewProxy(socketserver.ThreadingMixIn, http.server.HTTPServer):
         return f"127.0.0.1:{self.server_address[1]}"
 
 
-def shift_timestamps(body: str, skew: float) -> str:
-    if not skew:
+def shift_timestamps(body: str, skew: "Skew | None") -> str:
+    """Each reading of the node's clock shifted by the skew at the moment it was read (its
+    own value): a drifting clock stamps a boundary entry seconds old with its drift of then,
+    not of the scrape (each node keeps several boundaries: re-stamping them at every scrape
+    would make them drift after the fact)."""
+    if skew is None or not (skew.ms or skew.ppm):
         return body
     out = []
     for line in body.splitlines():
         if line and not line.startswith("#"):
             series, _, value = line.rpartition(" ")
             if series.split("{", 1)[0].endswith(TIMESTAMP_SUFFIX):
-                line = f"{series} {float(value) + skew!r}"
+                line = f"{series} {float(value) + skew.seconds(float(value))!r}"
         out.append(line)
     return "\n".join(out) + "\n"
 
@@ -335,7 +339,7 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
         except OSError as exc:
             self.send_error(502, str(exc))
             return
-        data = shift_timestamps(body, self.server.skew.seconds() if self.server.skew else 0.0).encode()
+        data = shift_timestamps(body, self.server.skew).encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
         self.send_header("Content-Length", str(len(data)))
@@ -842,7 +846,8 @@ def main() -> int:
         p.add_argument("--delay-ms", type=float, default=5.0)
         p.add_argument("--compute", type=float, default=0.005, help="each step's compute before the collective, s")
         p.add_argument("--boundary-ops", type=int, default=1024,
-                       help="the exporters' nccl.boundary_ops: boundaries should last 2 scrape intervals")
+                       help="the exporters' nccl.boundary_ops: each node keeps its last 4 boundaries, so they "
+                            "may come as often as 2 per scrape interval (docs/nccl.md, \"Across nodes\")")
         p.add_argument("--scrape", default="2s")
         p.add_argument("--prometheus", default="prometheus")
         p.add_argument("--rules-dir", help="rendered rules (default: render the mixin with the fast alerts)")
