@@ -21,7 +21,7 @@ store's URL (what the sidecar's --prometheus-url would be):
   (demo_topology of the recording's scenario), the first refresh of a new LiveTopology
   (what the sidecar does at start) and the next one, median of --merges;
 - every registered PromQL question with its default parameters asked --screen times,
-  then the --top slowest asked --repeats times each: p50, p99 and max.
+  then the --top slowest and the --also ones asked --repeats times each: p50, p99 and max.
 The load average is printed: the machine is shared.
 """
 from __future__ import annotations
@@ -173,7 +173,28 @@ def measure_merge(base: str, scenario, runs: int, at: float) -> dict:
             "firsts": firsts, "report": live.report.to_dict() if live.report else None}
 
 
-def measure_questions(base: str, screen: int, top: int, repeats: int, at: float) -> list[dict]:
+# What read every NVLink's series before fabric_nvlink_remote_links (commit 3ff50d2), timed
+# at the same moment beside the queries that replaced them: the old nvlink_links_down and
+# fleet_summary's NVLink term with their default parameters, and the live merge's two.
+REPLACED = {
+    "nvlink_links_down, per link": 'fabric_nvlink_state{ node!="", cluster=~".*", gpu!="" } == 0',
+    "fleet_summary's nvlinks_down, per link": 'count(fabric_nvlink_state{ cluster=~".*" } == 0) or vector(0)',
+    "merge: links per edge, from every link's info": "count by (node, gpu, remote_pci_bus_id) (fabric_nvlink_info)",
+    "merge: inactive links": "fabric_nvlink_state < 1",
+}
+
+
+def measure_replaced(base: str, runs: int, at: float) -> list[dict]:
+    rows = []
+    for label, promql in REPLACED.items():
+        times = [timed(base, promql, at) for _ in range(runs)]
+        rows.append({"name": label, "series": times[-1][1], "p50": percentile([t for t, _ in times], 0.5),
+                     "max": max(t for t, _ in times), "runs": runs})
+    return rows
+
+
+def measure_questions(base: str, screen: int, top: int, repeats: int, at: float,
+                      also: tuple[str, ...] = ()) -> list[dict]:
     screened = {}
     for name, promql in registered_questions().items():
         times = [timed(base, promql, at) for _ in range(screen)]
@@ -181,7 +202,7 @@ def measure_questions(base: str, screen: int, top: int, repeats: int, at: float)
     slowest = sorted(screened, key=lambda n: -screened[n][0])[:top]
     questions = registered_questions()
     rows = []
-    for name in slowest:
+    for name in [*slowest, *(n for n in also if n not in slowest)]:
         times = [timed(base, questions[name], at)[0] for _ in range(repeats)]
         rows.append({"name": name, "series": screened[name][1], "p50": percentile(times, 0.5),
                      "p99": percentile(times, 0.99), "max": max(times), "runs": repeats})
@@ -203,6 +224,11 @@ def main() -> int:
     parser.add_argument("--screen", type=int, default=3, help="runs of every question to find the slowest")
     parser.add_argument("--top", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=40, help="runs of each slowest question (p99)")
+    parser.add_argument("--also", default="fleet_summary,nvlink_links_down",
+                        help="questions also run --repeats times when not among the slowest (comma-separated; "
+                             "by default the two that read every NVLink's state before fabric_nvlink_remote_links)")
+    parser.add_argument("--replaced", type=int, default=10,
+                        help="runs of each per-link query the NVLink questions and the merge replaced (0: none)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
@@ -237,7 +263,9 @@ def main() -> int:
             live_nodes = len(query(backend.url, "up", at))
             last_round = fleet.timestamps()[-1] - at
             merge = measure_merge(backend.url, scenario, args.merges, at)
-            questions = measure_questions(backend.url, args.screen, args.top, args.repeats, at)
+            questions = measure_questions(backend.url, args.screen, args.top, args.repeats, at,
+                                          tuple(n for n in args.also.split(",") if n))
+            replaced = measure_replaced(backend.url, args.replaced, at) if args.replaced else []
         finally:
             backend.stop()
     load_after = os.getloadavg()
@@ -259,7 +287,8 @@ def main() -> int:
     print(f"  merged: {report.get('ports')} ports, {report.get('nvlinks')} NVLink edges, {report.get('jobs')} jobs, "
           f"{report.get('unmatched_count')} unmatched")
     print(f"\nthe {args.top} slowest registered questions ({args.screen} screening runs each of "
-          f"{len(registered_questions())}), {args.repeats} runs each:")
+          f"{len(registered_questions())}), then --also ({args.also or 'none'}) where not among them, "
+          f"{args.repeats} runs each:")
     print(f"  {'question':34s} {'series':>7s} {'p50 s':>7s} {'p99 s':>7s} {'max s':>7s}")
     for row in questions:
         series = row["series"] if isinstance(row["series"], int) else "error"
@@ -267,10 +296,17 @@ def main() -> int:
     for row in questions:
         if not isinstance(row["series"], int):
             print(f"  {row['name']}: {row['series']}")
+    if replaced:
+        print(f"\nthe per-link queries these replaced, at the same moment, {args.replaced} runs each:")
+        print(f"  {'query':48s} {'series':>7s} {'p50 s':>7s} {'max s':>7s}")
+        for row in replaced:
+            series = row["series"] if isinstance(row["series"], int) else "error"
+            print(f"  {row['name']:48s} {series:>7} {row['p50']:7.2f} {row['max']:7.2f}")
     if args.json:
         args.json.write_text(json.dumps({"commit": commit, "nodes": args.nodes, "load": [load_before, load_after],
                                          "samples": samples, "load_seconds": loaded, "series": series,
-                                         "merge": merge, "questions": questions}, indent=1) + "\n")
+                                         "merge": merge, "questions": questions, "replaced": replaced},
+                                        indent=1) + "\n")
     return 0
 
 
