@@ -65,21 +65,20 @@ local utils = import '../lib/utils.libsonnet';
 
   // What a counter rose since the previous evaluation (a step), only where it rose:
   // the latest scrape less the latest scrape a step ago, exact between two scrapes, where
-  // the counter was not cleared in the step; from its first scrape where there is none a
-  // step ago (a series that appeared, or came back after a failed scrape's staleness);
-  // increase() across a clear (what counted() does across one, for the same reason).
+  // the counter was not cleared in the step; where there is no scrape a step ago (a
+  // series that appeared, or came back after a failed scrape's staleness), or the counter
+  // was cleared between the two steps' scrapes, from its first scrape in the step (the
+  // latest less the least: a counter); increase() across a clear within the step (what
+  // counted() does across one, for the same reason). Six selections of the series: each
+  // costs the engine a pass over every port, whatever it reads.
   local stepRise(series) = |||
     (
       (%(s)s - %(s)s offset %(i)s) > 0
-      unless
-      resets(%(s)s[%(i)s]) > 0
+      or
+      (%(s)s - min_over_time(%(s)s[%(i)s])) > 0
     )
-    or
-    (
-      (max_over_time(%(s)s[%(i)s]) - min_over_time(%(s)s[%(i)s])) > 0
-      unless
-      resets(%(s)s[%(i)s]) > 0
-    )
+    unless
+    resets(%(s)s[%(i)s]) > 0
     or
     increase(%(s)s[%(i)s]) > 0
   ||| % { s: series, i: step },
