@@ -58,7 +58,9 @@ local utils = import '../lib/utils.libsonnet';
   // before it. The hour reads 60 records of the few ports that had errors instead of
   // 120-240 raw samples of every source of every port (4 range functions each).
   // The step is the group's interval; with '' (the engine's global interval, unknown
-  // here) the alerts count the raw series as before.
+  // here) the alerts count the raw series as before. vmalert writes records
+  // asynchronously, so there an alert may read only the previous evaluations' records: a
+  // window one step shorter, its newest rise seen an evaluation later (docs/scale.md).
   local step = c.cfg.intervals.infiniband,
   local stepped = step != '',
   local stepWindow(range) = utils.duration(utils.seconds(range) - utils.seconds(step) / 2),
