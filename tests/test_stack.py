@@ -21,7 +21,7 @@ import requests
 import yaml
 
 from fabricscope.demo.main import write_targets_file
-from fabricscope.demo.scenario import load_scenario
+from fabricscope.demo.scenario import load_scenario, parse_duration
 from fabricscope.demo.topology import demo_job_name
 from fabricscope import cli
 from fabricscope.demo import stack
@@ -387,13 +387,31 @@ def test_fast_alerts_are_the_default_and_production_alerts_an_explicit_choice():
         parser.parse_args(["--fast-alerts", "--production-alerts"])
 
 
+# A window summed from per-evaluation records (the InfiniBand alert group's `:rise1m`,
+# `:drops1m`) is rendered as the window less half the group's interval, so its range text
+# follows the interval while the window it covers does not.
+STEPPED_RANGE = re.compile(r"(sum_over_time\([a-z_:]+:(?:rise1m|drops1m)(?:\{[^}]*\})?)\[([0-9a-z.]+)\]")
+
+
+def windows_of(expr: str, interval: str) -> tuple[str, list[float]]:
+    """The expression with each stepped range replaced by a mark, and the windows those
+    ranges cover (range + half the group interval), in order."""
+    half_step = parse_duration(interval, "interval") / 2
+    covered = [parse_duration(m.group(2), "range") + half_step for m in STEPPED_RANGE.finditer(expr)]
+    return STEPPED_RANGE.sub(r"\1[W]", expr), covered
+
+
 def test_fast_alert_overrides_render_and_keep_every_threshold(tmp_path):
     """The fast variant differs from production only in for: and group intervals:
     thresholds, windows (so every resolve bound), and the rule set, are the same."""
-    fast = {r.get("alert"): r for p in stack.render_rules(stack.FAST_ALERT_OVERRIDES, tmp_path)
-            for g in yaml.safe_load(p.read_text())["groups"] for r in g["rules"] if "alert" in r}
-    production = {r.get("alert"): r for p in stack.rule_files()
-                  for g in yaml.safe_load(p.read_text())["groups"] for r in g["rules"] if "alert" in r}
+    def alerts(paths):
+        return {r["alert"]: windows_of(r["expr"], g.get("interval", "1m")) for p in paths
+                for g in yaml.safe_load(p.read_text())["groups"] for r in g["rules"] if "alert" in r}
+    fast = alerts(stack.render_rules(stack.FAST_ALERT_OVERRIDES, tmp_path))
+    production = alerts(stack.rule_files())
     assert fast.keys() == production.keys()
-    changed = {name for name in fast if fast[name]["expr"] != production[name]["expr"]}
+    changed = {name for name in fast if fast[name] != production[name]}
     assert changed == set()
+    # The stepped windows are there to compare (an hour for the BER, 10 and 5 minutes for flaps).
+    assert fast["FabricInfinibandPreFailureBER"][1] == [3600.0, 3600.0]
+    assert sorted(set(fast["FabricInfinibandLinkFlap"][1])) == [300.0, 600.0]
