@@ -42,6 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from fabricscope.chaos import live as live_mod  # noqa: E402
 from fabricscope.chaos.blast import BlastRadiusEngine  # noqa: E402
+from fabricscope.exporter.nvml.remotes import INACTIVE  # noqa: E402
 from fabricscope.demo.cluster import DemoCluster  # noqa: E402
 from fabricscope.demo.fleet import Fleet  # noqa: E402
 from fabricscope.demo.scenario import load_scenario  # noqa: E402
@@ -81,7 +82,7 @@ def fleet_answers(nodes: int, down_links: int = 0) -> tuple[object, dict[str, by
     step = max(1, len(edges) // max(1, down_links))
     for row in edges[::step][:down_links]:
         row["value"][1] = str(int(float(row["value"][1])) - 1)
-        edges.append({"metric": {**row["metric"], "state": "inactive"}, "value": [row["value"][0], "1"]})
+        edges.append({"metric": {**row["metric"], "state": INACTIVE}, "value": [row["value"][0], "1"]})
     bodies = {name: json.dumps({"status": "success", "data": {"resultType": "vector", "result": rows}}).encode()
               for name, rows in results.items()}
     return scenario, bodies

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Iterable, Mapping, Sequence
 
+from fabricscope.exporter.nvml.remotes import ACTIVE as NVLINK_ACTIVE, INACTIVE as NVLINK_INACTIVE
+
 from .blast import BlastRadiusEngine
 from .model import Job, Rank, Topology
 
@@ -56,7 +58,6 @@ QUERIES = {
 # The metrics those queries read (what a store must hold for the merge).
 METRICS = ("fabric_infiniband_port_state", "fabric_nvlink_remote_links", "fabric_nccl_rank_info",
            "fabric_nccl_comm_info")
-NVLINK_ACTIVE, NVLINK_INACTIVE = "active", "inactive"        # fabric_nvlink_remote_links' states
 
 
 def comm_job_name(comm: str) -> str:
