@@ -284,8 +284,12 @@ def _judge(run: dict, case: str, expected: tuple[float, float] | None = None) ->
     held = run["keep_firing_for_s"]
     outside = [t for t in run["fired_at"].get(case, [])
                if expected is None or not expected[0] <= t <= expected[1] + held]
-    # What fires at t was seen in the 1-minute window before t, or held that much longer.
-    unexplained = [t for t in outside if not any(t - 60.0 - held <= r <= t + 5.0 for r in rises)]
+    # What fires at t was seen in the 1-minute window before t, or held that much longer. A
+    # host-wide stall reaches the control's series up to one scrape (its exporter is scraped
+    # at another moment of the interval) and one evaluation (the p99 is recorded at the next)
+    # after the case's: a CI run saw the case fire at 78.5 s and the control rise at 85 s.
+    shared_after = 2 * duration_seconds(SCRAPE)
+    unexplained = [t for t in outside if not any(t - 60.0 - held <= r <= t + shared_after for r in rises)]
     assert not unexplained, (
         f"FabricTcpMicroburst fired on {case} at {unexplained[0]:.0f} s (and {len(unexplained) - 1} more polls) "
         f"with no rise in the control lab; control rose at {rises}: {run['cases'][case]}")
