@@ -105,17 +105,20 @@ class StateFile:
             return False
 
 
-def state_metrics(collector: str, load_problem: str | None, write_errors: int, boot_id_changes: int,
+def state_metrics(collector: str, load_problem: str | None, write_errors: int, boot_id_changes: int | None,
                   cache: SampleCache) -> list[Metric]:
     """The families every stateful collector exports about its state (same names, help
     and labels everywhere, so the framework merges them into one block per name), through
-    the collector's SampleCache."""
-    return [cache.family(GaugeMetricFamily, "fabric_state_file_problem",
-                         "1 when the collector's persistent state could not be loaded at start.",
-                         ("collector", "problem"),
-                         [((collector, name), 1.0 if load_problem == name else 0.0) for name in LOAD_PROBLEMS]),
-            cache.family(CounterMetricFamily, "fabric_state_file_write_errors", "Failed atomic state writes.",
-                         ("collector",), (((collector,), write_errors),)),
-            cache.family(CounterMetricFamily, "fabric_node_boot_id_changes",
-                         "Boot-ID changes the collector saw (its state cleared or cursor reset).",
-                         ("collector",), (((collector,), boot_id_changes),))]
+    the collector's SampleCache. boot_id_changes None: the collector's state survives a
+    reboot (no boot-ID check), and the family is left out."""
+    families = [cache.family(GaugeMetricFamily, "fabric_state_file_problem",
+                             "1 when the collector's persistent state could not be loaded at start.",
+                             ("collector", "problem"),
+                             [((collector, name), 1.0 if load_problem == name else 0.0) for name in LOAD_PROBLEMS]),
+                cache.family(CounterMetricFamily, "fabric_state_file_write_errors", "Failed atomic state writes.",
+                             ("collector",), (((collector,), write_errors),))]
+    if boot_id_changes is not None:
+        families.append(cache.family(CounterMetricFamily, "fabric_node_boot_id_changes",
+                                     "Boot-ID changes the collector saw (its state cleared or cursor reset).",
+                                     ("collector",), (((collector,), boot_id_changes),)))
+    return families

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ctypes.util
 import random
+import shutil
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +23,7 @@ from fabricscope.exporter.framework import ScrapeCollector, build_collectors, lo
 from fabricscope.exporter.nvml import GpuInfo, LinkStatic, NvmlDeviceError
 
 _open_collectors = []
+_state_dirs = []
 
 
 @pytest.fixture(autouse=True)
@@ -28,6 +31,17 @@ def _close_collectors():
     yield
     while _open_collectors:
         _open_collectors.pop().close()
+    while _state_dirs:
+        shutil.rmtree(_state_dirs.pop(), ignore_errors=True)
+
+
+def private_state(ctx):
+    """ctx with a state dir of its own unless the test gave one: never the host's
+    /var/lib/fabricscope, and one test's link history is never the next one's."""
+    if ctx.state_dir == Context().state_dir:
+        ctx.state_dir = Path(tempfile.mkdtemp(prefix="nvlink-state-"))
+        _state_dirs.append(ctx.state_dir)
+    return ctx
 
 
 FULL = {"nvlink": {"series": "full"}}   # every per-link counter, the sampler's figures per GPU
@@ -35,7 +49,7 @@ FULL = {"nvlink": {"series": "full"}}   # every per-link counter, the sampler's 
 
 def registry_for(ctx):
     load_collector_modules()
-    collectors = build_collectors(ctx, ["nvlink"])
+    collectors = build_collectors(private_state(ctx), ["nvlink"])
     _open_collectors.append(collectors[0])
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ScrapeCollector(collectors, node=""))

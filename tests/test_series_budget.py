@@ -46,6 +46,10 @@ def test_the_faulted_node_keeps_every_alert_input(runs):
     assert count(body, "fabric_nvlink_gpu_errors_total") == 8 * 4
     assert count(body, "fabric_nvlink_state") == count(body, "fabric_nvlink_bytes_total") == 8 * 18
     assert re.search(r'^fabric_nvlink_state\{gpu="3",link="7",node="[^"]+"\} 0', body, re.M)
+    # The link-down alert's input: the sightings of the link with a down history, of no other.
+    for name in ("fabric_nvlink_last_active_timestamp_seconds", "fabric_nvlink_last_inactive_timestamp_seconds"):
+        assert count(quiet.exposition, name) == 0
+        assert re.findall(rf'^{name}\{{gpu="(\d+)",link="(\d+)"', body, re.M) == [("3", "7")]
     # The per-remote-end link counts the live topology and the fleet questions read: one per
     # GPU and NVSwitch, and an inactive one only where a link is down.
     assert count(quiet.exposition, "fabric_nvlink_remote_links") == 8 * 4

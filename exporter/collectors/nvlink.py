@@ -28,6 +28,11 @@ Config section `nvlink`:
     fleet-wide reader asks instead of every link: exporter/nvml/remotes.py); the sampler's
     cost and gate figures summed (or the worst) over the node's GPUs. "full" adds every per-link error counter (zeros too), the
     per-link bytes by direction and the sampler's figures per GPU.
+
+Each link's latest active and inactive sightings are kept node-side across restarts in
+<state_dir>/nvlink.json (exporter/nvml/history.py) and exported only for the links seen
+inactive within a day: what the link-down alert and the NVLink error alert's exclusion read
+instead of every link's state.
 """
 from __future__ import annotations
 
@@ -38,11 +43,13 @@ from typing import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..framework import Collector, register, sample_of
+from ..framework import Collector, SampleCache, register, sample_of
 from ..nvml import GpuInfo, NvmlBackend, NvmlUnavailable, open_backend
+from ..nvml.history import RETENTION_SECONDS, LinkHistory
 from ..nvml.remotes import remote_link_counts
 from ..nvml.sampler import (BATCHED, GATE_OUTCOMES, GATE_SAFETY_INTERVALS, GPU_TIER, LINK_TIER, PER_CALL,
                              UNSUPPORTED, GpuSampler)
+from ..statefile import StateFile, state_metrics
 
 log = logging.getLogger("fabricscope.exporter.nvlink")
 
@@ -80,7 +87,7 @@ class NvlinkCollector(Collector):
     name = "nvlink"
     description = "NVLink state, remote endpoints, traffic and error counters from NVML."
 
-    def __init__(self, ctx) -> None:
+    def __init__(self, ctx, clock=time.time) -> None:
         super().__init__(ctx)
         section = ctx.section("nvlink")
         self.interval = sample_interval(section)
@@ -94,6 +101,8 @@ class NvlinkCollector(Collector):
         self._unavailable: str | None = None
         self._logged_reason: str | None = None
         self._next_open = 0.0                         # monotonic time of the next open attempt
+        self.history = LinkHistory(StateFile(ctx.state_dir / "nvlink.json"), clock)
+        self._state_samples = SampleCache()
         try:
             with self._lock:
                 self._open()                          # sampling starts now, not at the first scrape
@@ -116,7 +125,7 @@ class NvlinkCollector(Collector):
         if self._backend is not None and not self.samplers:
             self._gpus = self._backend.gpus()
             self.samplers = [GpuSampler(self._backend, gpu, self.interval, self.link_interval,
-                                        phase=position * GPU_PHASE_SECONDS)
+                                        phase=position * GPU_PHASE_SECONDS, history=self.history)
                              for position, gpu in enumerate(self._gpus)]
             for sampler in self.samplers:
                 sampler.start()
@@ -204,6 +213,16 @@ class NvlinkCollector(Collector):
                                    ["method"], max)
         cpu = figures.family(CounterMetricFamily, "fabric_nvlink_sample_cpu_seconds", "CPU time (user + system) "
                              "the GPU's sampling thread has used per tier, NVML calls included.", ["tier"], sum)
+        # Unix seconds of the node's clock (what the rules compare with time()).
+        last_active = GaugeMetricFamily("fabric_nvlink_last_active_timestamp_seconds", "When the link was last "
+                                        "seen active (node clock); only for links with a down history (see "
+                                        "fabric_nvlink_last_inactive_timestamp_seconds), and absent for a link not "
+                                        "seen active since its history began. Kept across exporter restarts.",
+                                        labels=["gpu", "link"])
+        last_inactive = GaugeMetricFamily("fabric_nvlink_last_inactive_timestamp_seconds", "When the link was "
+                                          "last seen inactive (node clock); only for links seen inactive in the "
+                                          f"last {RETENTION_SECONDS / 3600:g} h. Kept across exporter restarts.",
+                                          labels=["gpu", "link"])
         interval = GaugeMetricFamily("fabric_nvlink_sample_interval_seconds", "Configured time between rounds "
                                      "of a tier.", labels=["tier"])
         interval.add_metric([GPU_TIER], self.interval)
@@ -245,8 +264,23 @@ class NvlinkCollector(Collector):
             per_link = (state, info, link_bytes, tx, rx, errors, gpu_errors, remote_links)
             for family, samples in zip(per_link, self._link_samples(g, sample, per_link)):
                 family.samples.extend(samples)
+            # The links of this sample only, as fabric_nvlink_state: a GPU that cannot be read
+            # (or a link gone) shows no sightings, as it shows no state.
+            sightings = self.history.sightings(gpu)
+            for reading in sample.links:
+                seen = sightings.get(reading.link)
+                if seen is None:
+                    continue
+                labels = {"gpu": g, "link": str(reading.link)}
+                if seen[0] is not None:
+                    last_active.samples.append(sample_of(last_active, labels, seen[0]))
+                last_inactive.samples.append(sample_of(last_inactive, labels, seen[1]))
+        self._state_samples.next_scrape()
+        history = self.history
         yield from (gpu_info, state, info, remote_links, link_bytes, tx, rx, gpu_tx, gpu_rx, errors, gpu_errors,
-                    read_errors, age, *figures.families(), interval)
+                    last_active, last_inactive, read_errors, age, *figures.families(), interval,
+                    *state_metrics(self.name, history.load_problem, history.write_errors, None,
+                                   self._state_samples))
 
     def _link_samples(self, g: str, sample, families: tuple[Metric, ...]) -> tuple[list, ...]:
         """The per-link samples of one GPU for `families` (state, info, bytes, tx, rx, errors,

@@ -138,8 +138,10 @@ class GpuSampler:
     after start."""
 
     def __init__(self, backend: NvmlBackend, gpu: GpuInfo, interval: float, link_interval: float | None = None,
-                 phase: float = 0.0) -> None:
+                 phase: float = 0.0, history=None) -> None:
         self.backend = backend
+        # The link history (exporter/nvml/history.py) each round's link states go to, or None.
+        self.history = history
         self.gpu = gpu
         self.interval = interval
         self.link_interval = interval if link_interval is None else link_interval
@@ -205,6 +207,15 @@ class GpuSampler:
                 sample = GpuSample((), started, time.monotonic() - started, {}, failure=type(exc).__name__)
             if link_round:
                 next_link = started + self.link_interval
+            if self.history is not None and not sample.failure:
+                # Before the sample is served, written too where due (a write a minute on a
+                # healthy node, ~ms): a scrape that serves a link down serves its sighting,
+                # and a restart after it finds it on disk.
+                try:
+                    self.history.observe(self.gpu, sample.links)
+                    self.history.save_if_due()
+                except Exception:                    # a bug there must not end sampling either
+                    log.exception("GPU %d: NVLink history not updated", self.gpu.index)
             with self._done:
                 self.latest = sample
                 self._busy_since = None
