@@ -13,12 +13,30 @@ from .objects import SOURCE_DIR
 
 METRIC_TYPES = {"histogram", "counter"}
 LAYOUT_KEYS = {"sub_bits", "min_exp", "max_exp"}
+METRIC_KEYS = {"name", "type", "help", "unit_seconds", "labels", "other_map", "buckets", "window_quantile"}
+WINDOW_QUANTILE_KEYS = {"quantile", "window_seconds"}
+# A window longer than this keeps more snapshots than a quantile gauge is worth; the
+# mixin's rules write it as a whole number of seconds.
+MAX_WINDOW_SECONDS = 3600
 
 
 @dataclass(frozen=True)
 class LabelDecl:
     name: str
     decoder: str
+
+
+@dataclass(frozen=True)
+class WindowQuantileDecl:
+    """A histogram's quantile over a sliding window, exported as a gauge beside it
+    (window_quantile.py): what a rule would compute with histogram_quantile(q, rate(..[w]))."""
+    quantile: float
+    window_seconds: int
+
+    @property
+    def label(self) -> str:
+        """The gauge's `quantile` label: the shortest decimal (0.99)."""
+        return repr(self.quantile)
 
 
 @dataclass(frozen=True)
@@ -33,6 +51,14 @@ class MetricDecl:
     other_map: str | None = None
     # Histograms: the slot layout, the same three numbers as the map's DECLARE_HIST().
     layout: BucketLayout | None = None
+    # Histograms: a quantile over a sliding window, computed here and exported as a gauge.
+    window_quantile: WindowQuantileDecl | None = None
+
+    @property
+    def window_gauge_name(self) -> str:
+        """fabric_x_seconds -> fabric_x_window_seconds: beside the histogram's
+        _bucket/_sum/_count, never one of them."""
+        return self.name.removesuffix("_seconds") + "_window_seconds"
 
 
 @dataclass(frozen=True)
@@ -50,6 +76,10 @@ def parse_declaration(data: dict, origin: str = "<declaration>") -> ObjectDecl:
     try:
         metrics = []
         for m in data["metrics"]:
+            unknown = set(m) - METRIC_KEYS
+            if unknown:
+                raise ValueError(f"{origin}: metric {m.get('name')}: unknown keys {sorted(unknown)}; "
+                                 f"expected some of {sorted(METRIC_KEYS)}")
             if m["type"] not in METRIC_TYPES:
                 raise ValueError(f"{origin}: metric {m['name']}: type {m['type']!r} not in {sorted(METRIC_TYPES)}")
             labels = tuple(LabelDecl(str(lab["name"]), str(lab["decoder"])) for lab in m.get("labels") or ())
@@ -59,7 +89,8 @@ def parse_declaration(data: dict, origin: str = "<declaration>") -> ObjectDecl:
             metrics.append(MetricDecl(name=str(m["name"]), type=m["type"], help=str(m.get("help", "")),
                                       unit_seconds=float(m.get("unit_seconds", 1.0)), labels=labels,
                                       other_map=str(other) if other else None,
-                                      layout=_layout(m, origin) if m["type"] == "histogram" else None))
+                                      layout=_layout(m, origin) if m["type"] == "histogram" else None,
+                                      window_quantile=_window_quantile(m, origin)))
         programs = tuple(map(str, data["programs"]))
         tracefs = tuple(map(str, data.get("tracefs_programs") or ()))
         if not set(tracefs) <= set(programs):
@@ -80,6 +111,24 @@ def _layout(metric: dict, origin: str) -> BucketLayout:
         return BucketLayout(**buckets)
     except ValueError as exc:
         raise ValueError(f"{origin}: metric {metric['name']}: {exc}") from None
+
+
+def _window_quantile(metric: dict, origin: str) -> WindowQuantileDecl | None:
+    spec = metric.get("window_quantile")
+    if spec is None:
+        return None
+    where = f"{origin}: metric {metric['name']}: window_quantile"
+    if metric["type"] != "histogram" or not str(metric["name"]).endswith("_seconds"):
+        raise ValueError(f"{where}: only a histogram in seconds (name ending _seconds) has one")
+    if not isinstance(spec, dict) or set(spec) != WINDOW_QUANTILE_KEYS:
+        raise ValueError(f"{where}: needs exactly {{quantile, window_seconds}}, got {spec!r}")
+    quantile, window = spec["quantile"], spec["window_seconds"]
+    if isinstance(quantile, bool) or not isinstance(quantile, (int, float)) or not 0 < quantile < 1:
+        raise ValueError(f"{where}: quantile must be a number between 0 and 1 (exclusive), got {quantile!r}")
+    if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= MAX_WINDOW_SECONDS:
+        raise ValueError(f"{where}: window_seconds must be a whole number of seconds, 1..{MAX_WINDOW_SECONDS}, "
+                         f"got {window!r}")
+    return WindowQuantileDecl(quantile=float(quantile), window_seconds=window)
 
 
 def load_declarations(directory: Path = SOURCE_DIR) -> list[ObjectDecl]:

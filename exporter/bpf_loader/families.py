@@ -10,13 +10,14 @@ import logging
 import struct
 from typing import Iterable
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from .counters import LabelCounters
 from .declarations import MetricDecl, ObjectDecl
 from .decoders import STATIC_DECODERS, Decoder, decode_key, peer_decoder
-from .histogram import parse_hist, to_prometheus_buckets
+from .histogram import bucket_bounds, parse_hist, to_prometheus_buckets
 from .source import MapSource
+from .window_quantile import QuantileWindow
 
 log = logging.getLogger("fabricscope.ebpf")
 
@@ -29,6 +30,7 @@ class MapConverter:
         self._decoders = dict(STATIC_DECODERS)
         self._decoders["peer"] = peer_decoder(peers or {})
         self._counters: dict[str, LabelCounters] = {}
+        self._windows: dict[str, QuantileWindow] = {}
         self._read_errors: dict[str, int] = {}
         self._logged: set[str] = set()
         for decl in decls:
@@ -36,6 +38,10 @@ class MapConverter:
                 for label in metric.labels:
                     if label.decoder not in self._decoders:
                         raise ValueError(f"{decl.object}: metric {metric.name}: unknown decoder {label.decoder!r}")
+                if metric.window_quantile is not None:
+                    bounds = [float(le) for le in bucket_bounds(metric.layout, metric.unit_seconds)]
+                    self._windows[metric.name] = QuantileWindow(metric.window_quantile.quantile,
+                                                                metric.window_quantile.window_seconds, bounds)
 
     def families(self, source: MapSource) -> Iterable[Metric]:
         map_errors = CounterMetricFamily("fabric_ebpf_map_update_errors",
@@ -48,7 +54,7 @@ class MapConverter:
                 except KeyError:
                     continue   # object not loaded: absent series, never a fake 0
                 try:
-                    yield self._convert(metric, items, source, decl.object)
+                    yield from self._convert(metric, items, source, decl.object)
                 except (ValueError, struct.error) as exc:
                     self._read_errors[metric.name] = self._read_errors.get(metric.name, 0) + 1
                     if metric.name not in self._logged:
@@ -64,18 +70,38 @@ class MapConverter:
         yield read_errors
 
     def _convert(self, metric: MetricDecl, items: list[tuple[bytes, bytes]], source: MapSource,
-                 obj: str) -> Metric:
+                 obj: str) -> list[Metric]:
+        # Built whole before anything is yielded: a map that fails to decode yields nothing.
         if metric.type == "histogram":
             return self._histogram(metric, items)
-        return self._counter(metric, items, source, obj)
+        return [self._counter(metric, items, source, obj)]
 
-    def _histogram(self, metric: MetricDecl, items: list[tuple[bytes, bytes]]) -> Metric:
+    def _histogram(self, metric: MetricDecl, items: list[tuple[bytes, bytes]]) -> list[Metric]:
         family = HistogramMetricFamily(metric.name, metric.help, labels=[])
+        families: list[Metric] = [family]
         for _key, value in items[:1]:   # one-slot per-CPU array (key 0)
             buckets, total = to_prometheus_buckets(parse_hist(value, metric.layout), metric.layout,
                                                    metric.unit_seconds)
             family.add_metric([], buckets, total)
-        return family
+            window = self._windows.get(metric.name)
+            if window is not None:
+                families.append(self._window_gauge(metric, window, [count for _le, count in buckets]))
+        return families
+
+    @staticmethod
+    def _window_gauge(metric: MetricDecl, window: QuantileWindow, cumulative: list[int]) -> Metric:
+        """The declared quantile of the histogram over its window; no sample (absent) while
+        the window holds no observation or only this scrape's snapshot."""
+        spec = metric.window_quantile
+        gauge = GaugeMetricFamily(
+            metric.window_gauge_name,
+            f"The {spec.label} quantile of {metric.name} over the last {spec.window_seconds} s, computed "
+            f"by the exporter as histogram_quantile over the buckets' increase; absent while the window "
+            f"holds no sample.", labels=["quantile"])
+        value = window.observe(cumulative)
+        if value is not None:
+            gauge.add_metric([spec.label], value)
+        return gauge
 
     def _counter(self, metric: MetricDecl, items: list[tuple[bytes, bytes]], source: MapSource,
                  obj: str) -> Metric:
