@@ -90,6 +90,8 @@
       // this recent window: it resolves at most this long after the signal is back to
       // normal, not when the long window has emptied (docs/alertmanager.md, Lifecycles).
       signalRecent: '5m',
+      // Also how long after a link was last seen inactive its errors stay that incident's
+      // (the exporter keeps the sighting a day: exporter/nvml/history.py RETENTION_SECONDS).
       nvlinkErrorRate: '5m',
       // A link's throughput now: short, because FabricNvlinkThroughputCollapse's for: (10m)
       // already asks for persistence; a longer window only read more samples of every

@@ -11,38 +11,29 @@ local utils = import '../lib/utils.libsonnet';
         name: 'fabric-nvlink.alerts',
         interval: c.cfg.intervals.nvlink,
         rules: [
-          {
-            // When the link was last seen inactive, kept for the NVLink error window and
-            // only for links seen inactive in it: FabricNvlinkErrors below leaves out the
-            // errors of a link that went down in that window by reading these few series,
-            // recorded in the same evaluation, instead of every link's raw state over the
-            // whole window (144 links a node). The range is the group's interval (a minute
-            // where it is left to the global one), so every scrape is seen by an evaluation.
-            record: 'gpu_link:fabric_nvlink_state:last_down_timestamp',
-            expr: |||
-              max by (%(link)s) (timestamp(min_over_time(fabric_nvlink_state[%(seen)s]) == 0))
-              or
-              gpu_link:fabric_nvlink_state:last_down_timestamp > time() - %(keep)d
-            ||| % {
-              link: c.link,
-              seen: if c.cfg.intervals.nvlink == '' then '1m' else c.cfg.intervals.nvlink,
-              keep: utils.seconds(c.w.nvlinkErrorRate),
-            },
-          },
           c.alert(
             'FabricNvlinkLinkDown',
             c.sev.nvlinkDown,
+            // The exporter's sightings exist only for links with a down history (a few
+            // of a fleet's), so selecting them by name reads those alone, where a value
+            // filter on fabric_nvlink_state reads every link (144 a node) each evaluation.
+            // Down: seen inactive since last seen active (a link never seen active has
+            // no active sighting, and no alert unless it is already alerted).
             |||
-              fabric_nvlink_state == 0
+              %(inactive)s
+              unless on (%(link)s)
+              (%(active)s >= %(inactive)s)
               and on (%(link)s)
               (
                 %(recent)s
               )
             ||| % {
               link: c.link,
+              active: 'fabric_nvlink_last_active_timestamp_seconds',
+              inactive: 'fabric_nvlink_last_inactive_timestamp_seconds',
               recent: utils.indent(utils.alertedOrWasWorking(
                 'FabricNvlinkLinkDown',
-                'time() - gpu_link:fabric_nvlink_state:last_active_timestamp < %d' % utils.seconds(c.w.ibWasActive)
+                'time() - fabric_nvlink_last_active_timestamp_seconds < %d' % utils.seconds(c.w.ibWasActive)
               )),
             },
             c.forOf.nvlinkDown,
@@ -55,13 +46,13 @@ local utils = import '../lib/utils.libsonnet';
             c.sev.nvlinkErrors,
             // Errors counted in a window in which the link also went down are that
             // link-down incident's (the precursor errors of a failing link): they ticket
-            // neither while it is down nor after it is back (recorded above: when each link
-            // was last seen down).
+            // neither while it is down nor after it is back (the exporter's last inactive
+            // sighting, which only links with a down history have).
             '(\n  ' + std.join('\n  or\n  ', [
               'rate(fabric_nvlink_errors_total{type="%s"}[%s]) > %s'
               % [type, c.w.nvlinkErrorRate, c.num(c.th.nvlinkErrorRates[type])]
               for type in std.objectFields(c.th.nvlinkErrorRates)
-            ]) + '\n)\nunless on (%s)\ntime() - gpu_link:fabric_nvlink_state:last_down_timestamp < %d\n'
+            ]) + '\n)\nunless on (%s)\ntime() - fabric_nvlink_last_inactive_timestamp_seconds < %d\n'
             % [c.link, utils.seconds(c.w.nvlinkErrorRate)],
             c.forOf.nvlinkErrors,
             'An NVLink link is counting errors faster than its threshold.',

@@ -1,5 +1,6 @@
 // NVLink throughput per link and per GPU, and each link's earlier average: what
-// FabricNvlinkThroughputCollapse (alerts/nvlink.libsonnet) compares.
+// FabricNvlinkThroughputCollapse (alerts/nvlink.libsonnet) compares. When each link was
+// last seen active and inactive is the exporter's (exporter/nvml/history.py), not a record.
 local utils = import '../lib/utils.libsonnet';
 
 {
@@ -33,20 +34,6 @@ local utils = import '../lib/utils.libsonnet';
           {
             record: 'gpu:fabric_nvlink_bytes:rate1m',
             expr: 'sum by (%s) (gpu_link:fabric_nvlink_bytes:rate1m)' % c.gpu,
-          },
-          {
-            // When the link was last seen active: now while it is, else this rule's own
-            // last value carried forward. FabricNvlinkLinkDown asks "active within the
-            // look-back" of this one sample per link instead of scanning every link's
-            // raw state over the whole look-back each minute (6 h x 144 links a node).
-            // An evaluator stopped longer than the lookback delta (5 m) forgets the links
-            // that were down across it; ALERTS keeps those already firing.
-            record: 'gpu_link:fabric_nvlink_state:last_active_timestamp',
-            expr: |||
-              max by (%(link)s) (timestamp(fabric_nvlink_state == 1))
-              or
-              gpu_link:fabric_nvlink_state:last_active_timestamp
-            ||| % { link: c.link },
           },
         ],
       },
