@@ -138,6 +138,9 @@ def node_series(index: int) -> list[Series]:
             labels = {**base, "gpu": str(gpu), "link": str(link)}
             inactive = index == 11 and gpu == 2 and link == 4
             out.append(Series("fabric_nvlink_state", labels, 0 if inactive else 1))
+            if inactive:                        # the exporter's sightings: links with a down history only
+                out.append(Series("fabric_nvlink_last_inactive_timestamp_seconds", labels, 0, 1))   # base: start
+                out.append(Series("fabric_nvlink_last_active_timestamp_seconds", labels, -600))     # 10 m before
             out.append(Series("fabric_nvlink_info", {**labels, "version": "4", "remote_pci_bus_id": "",
                                                      "remote_type": "nvswitch"}, 1))
             throughput = 0 if inactive else 2e10
@@ -178,6 +181,8 @@ class Cluster:
             for s in series:
                 if s.text.startswith("fabric_nccl_last_call_timestamp_seconds"):
                     s.base = self.started  # last call = now, advancing with wall time
+                elif s.text.startswith("fabric_nvlink_last_"):
+                    s.base += self.started  # the link's sightings, relative to the start
         self.series_count = sum(len(series) for series in self.nodes.values())
 
         # Constant series (states, info, flags) are formatted once; only the moving ones
