@@ -7,7 +7,7 @@ own").
 
 The model is rules/tests/generate_microburst.py's (log-normal RTTs, sigma 0.3, bucket
 counts from the distribution's CDF at each layout's own bounds, Prometheus'
-histogram_quantile interpolation): a burst whose true p99 is `ratio` x the baseline's,
+histogram_quantile interpolation as the exporter computes it: window_quantile.py): a burst whose true p99 is `ratio` x the baseline's,
 with the baseline at --positions points across one power of two. Printed: the ratio each
 layout reads (least..most), and how many cases it puts on the wrong side of the rule's
 multiplier (3x), which is what the rule's detections and false positives at the boundary
@@ -27,15 +27,15 @@ sys.path.insert(0, str(REPO / "rules" / "tests"))
 import generate_microburst as model  # noqa: E402
 from fabricscope.exporter.bpf_loader.declarations import load_declarations  # noqa: E402
 from fabricscope.exporter.bpf_loader.histogram import bucket_bounds  # noqa: E402
+from fabricscope.exporter.bpf_loader.window_quantile import bucket_quantile  # noqa: E402
 
 
 def read_ratio(bounds: list[float], baseline_p99: float, ratio: float) -> float:
     """The p99 / baseline-p99 ratio the rule computes from these bucket bounds."""
     base = model.cdf_counts(baseline_p99, bounds)
     burst = model.cdf_counts(baseline_p99 * ratio, bounds)
-    total = model.SAMPLES_PER_STEP
-    return (model.histogram_quantile(0.99, bounds, burst, total)
-            / model.histogram_quantile(0.99, bounds, base, total))
+    total = [model.SAMPLES_PER_STEP]
+    return bucket_quantile(0.99, bounds, burst + total) / bucket_quantile(0.99, bounds, base + total)
 
 
 def main() -> int:

@@ -42,9 +42,13 @@ class DemoEngine:
     """The simulation without servers or threads: nodes, sources and the tick function.
     Tests and benchmarks drive it directly; DemoCluster drives it from a clock."""
 
-    def __init__(self, scenario: Scenario, workdir: str | Path, use_tmpfs: bool = True) -> None:
+    def __init__(self, scenario: Scenario, workdir: str | Path, use_tmpfs: bool = True,
+                 exporter_config: dict | None = None) -> None:
         self.scenario = scenario
         self.workdir = Path(workdir)
+        # Sections set over DEMO_EXPORTER_CONFIG's, e.g. a compressed timeline's shorter
+        # ebpf.window_seconds (the rules are then rendered with the same config).
+        self.exporter_config = {**DEMO_EXPORTER_CONFIG, **(exporter_config or {})}
         # Node trees live on tmpfs when the workdir is on disk (see sim_files.tmpfs_home);
         # workdir/<node> is then a symlink to the tree, for people to browse.
         self.home = tmpfs_home(self.workdir) if use_tmpfs else None
@@ -125,14 +129,15 @@ class DemoEngine:
         node = self.nodes[index]
         return Context(sysfs=node.sysfs_root, procfs=node.procfs_root, rootfs=node.root, kmsg=node.kmsg_path,
                        state_dir=node.state_dir, node=node.spec.name, sources=dict(self.sources[index].by_key),
-                       config=DEMO_EXPORTER_CONFIG)
+                       config=self.exporter_config)
 
 
 class DemoCluster:
     def __init__(self, scenario: Scenario | str | Path | dict, workdir: str | Path, base_port: int = 0,
-                 listen_host: str = "127.0.0.1", use_tmpfs: bool = True) -> None:
+                 listen_host: str = "127.0.0.1", use_tmpfs: bool = True,
+                 exporter_config: dict | None = None) -> None:
         self.scenario = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
-        self.engine = DemoEngine(self.scenario, workdir, use_tmpfs=use_tmpfs)
+        self.engine = DemoEngine(self.scenario, workdir, use_tmpfs=use_tmpfs, exporter_config=exporter_config)
         self.base_port = base_port
         self.listen_host = listen_host
         self.exporters: list[RunningExporter] = []

@@ -111,6 +111,11 @@ class EbpfSection(_Section):
     # Network namespace files (/run/netns/NAME, /proc/PID/ns/net): the RTT histograms count
     # only these namespaces' sockets; default every namespace. tcp.bpf.c holds at most 64.
     tcp_rtt_network_namespaces: Annotated[list[str], Field(min_length=1, max_length=64)] | None = None
+    # {histogram: seconds}: the window of a declared window_quantile (exporter/bpf/*.yaml)
+    # other than its declaration's. For compressed demo timelines: the rules must be
+    # rendered with the same exporter config (rules/render.py), as their baseline is offset
+    # by this window.
+    window_seconds: dict[str, Annotated[int, Field(ge=1, le=3600)]] | None = None
 
     @field_validator("tcp_rtt_network_namespaces")
     @classmethod
@@ -132,6 +137,17 @@ class EbpfSection(_Section):
             if name not in known:
                 raise ValueError(f"no BPF object {name[:40]!r}; expected some of {', '.join(known)}")
         return objects
+
+    @field_validator("window_seconds")
+    @classmethod
+    def _windowed_histograms(cls, windows: dict[str, int] | None) -> dict[str, int] | None:
+        from .bpf_loader.declarations import load_declarations
+
+        known = sorted(m.name for d in load_declarations() for m in d.metrics if m.window_quantile)
+        for name in windows or ():
+            if name not in known:
+                raise ValueError(f"{name[:80]!r} declares no window_quantile; expected some of {', '.join(known)}")
+        return windows
 
     @field_validator("peers")
     @classmethod

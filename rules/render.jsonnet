@@ -1,6 +1,7 @@
-// Renders the mixin to the rule files Prometheus loads:
-//   jsonnet -S -m <outdir> [--tla-code overrides='{...}'] rules/render.jsonnet
-// `overrides` is deep-merged into mixin/config.libsonnet's _config (see docs/rules.md).
+// Renders the mixin to the rule files Prometheus loads (rules/render.py runs it):
+//   jsonnet -S -m <outdir> [--tla-code overrides='{...}'] --tla-code exporterWindows='{...}' rules/render.jsonnet
+// `overrides` is deep-merged into mixin/config.libsonnet's _config (see docs/rules.md);
+// `exporterWindows` are the exporter's declared quantile windows (render.py reads them).
 local mixin = import 'mixin/mixin.libsonnet';
 local yaml = import 'mixin/yaml.libsonnet';
 
@@ -11,8 +12,8 @@ local header = |||
 
 local manifest(rules) = header + yaml.ruleFile(rules);
 
-function(overrides={})
-  local m = mixin.withOverrides(overrides);
+function(overrides={}, exporterWindows)
+  local m = mixin.withOverrides(overrides) { _exporterWindows:: exporterWindows };
   {
     'fabricscope-recording.yaml': manifest(m.prometheusRules),
     'fabricscope-alerts.yaml': manifest(m.prometheusAlerts),

@@ -69,8 +69,10 @@ class Pipeline:
 
 
 @contextlib.contextmanager
-def demo_pipeline(scenario: dict, rules: list[Path], workdir: Path, cluster_name: str) -> Iterator[Pipeline]:
-    """Start everything (failing the test when a binary is missing), tear it all down."""
+def demo_pipeline(scenario: dict, rules: list[Path], workdir: Path, cluster_name: str,
+                  exporter_config: dict | None = None) -> Iterator[Pipeline]:
+    """Start everything (failing the test when a binary is missing), tear it all down.
+    `exporter_config`: sections over the demo exporters' (the one the rules were rendered with)."""
     from fabricscope.demo import cluster as cluster_mod, scenario as scenario_mod
     from fabricscope.demo.main import write_targets_file
 
@@ -81,7 +83,7 @@ def demo_pipeline(scenario: dict, rules: list[Path], workdir: Path, cluster_name
         am_config = stack.alertmanager_config(receiver.url, timing={
             "group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h"})
         with alertmanager(am_config, workdir / "am") as am, \
-                cluster_mod.DemoCluster(loaded, workdir / "cluster") as cluster:
+                cluster_mod.DemoCluster(loaded, workdir / "cluster", exporter_config=exporter_config) as cluster:
             t0 = time.time() - cluster.now()
             targets = write_targets_file(workdir / "targets.json", cluster.targets, cluster_name)
             prom_config = stack.prometheus_config(cluster_name, targets, am.url.removeprefix("http://"), rules,

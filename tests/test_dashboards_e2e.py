@@ -66,10 +66,12 @@ SCENARIO = {
 # Same thresholds, windows short enough for a run of minutes (keys of rules/mixin/config.libsonnet).
 RULE_OVERRIDES = {
     "intervals": {group: "1s" for group in ("tcp", "nccl", "infiniband", "nvlink", "kernel", "pipeline")},
-    "windows": {"tcpRate": "10s", "tcpBaseline": "30s", "ncclLag": "15s", "ncclNodeOffset": "30s", "ibFlap": "2m",
+    "windows": {"tcpBaseline": "30s", "ncclLag": "15s", "ncclNodeOffset": "30s", "ibFlap": "2m",
                 "nvlinkRate": "15s", "nvlinkBaseline": "30s"},
     "for": {key: "5s" for key in stack.FAST_ALERT_OVERRIDES["for"]},
 }
+# The exporters' p99 window shortened like the rules' windows (rendered with the same config).
+EXPORTER_CONFIG = {"ebpf": {"window_seconds": {"fabric_tcp_rtt_excess_seconds": 10}}}
 
 DASHBOARDS = model.load_all()
 QUERIES = [query for name, board in sorted(DASHBOARDS.items()) for query in model.prometheus_queries(name, board)]
@@ -131,14 +133,15 @@ def run(tmp_path_factory):
 
     procs.require_binary("prometheus")
     work = tmp_path_factory.mktemp("dash-e2e")
-    rules = stack.render_rules(RULE_OVERRIDES, work / "rules")
+    rules = stack.render_rules(RULE_OVERRIDES, work / "rules", EXPORTER_CONFIG)
     certs = ensure_dev_certs(work / "sidecar" / "tls")
     # The key the Grafana Infinity datasource is provisioned with: read, and write for
     # the chaos dashboard's simulation request.
     token = mint_key(work / "keys.yaml", "grafana", "read,write")
     topology = stack.write_yaml(work / "topology.yaml", TOPOLOGY)
     sidecar_port = stack.free_port()
-    with cluster_mod.DemoCluster(scenario_mod.load_scenario(SCENARIO), work / "cluster") as cluster:
+    with cluster_mod.DemoCluster(scenario_mod.load_scenario(SCENARIO), work / "cluster",
+                                 exporter_config=EXPORTER_CONFIG) as cluster:
         t0 = time.time() - cluster.now()
         targets = write_targets_file(work / "targets.json", cluster.targets, CLUSTER)
         config = stack.prometheus_config(CLUSTER, targets, "127.0.0.1:1", rules,

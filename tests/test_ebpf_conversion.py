@@ -2,7 +2,6 @@
 process discovery, and the collector on the demo's simulated maps and on a host without BTF."""
 from __future__ import annotations
 
-import math
 import os
 import random
 import struct
@@ -19,6 +18,7 @@ from fabricscope.exporter.bpf_loader import decoders, histogram, processes
 from fabricscope.exporter.bpf_loader.counters import LabelCounters
 from fabricscope.exporter.bpf_loader.declarations import load_declarations, parse_declaration
 from fabricscope.exporter.bpf_loader.families import MapConverter
+from fabricscope.exporter.bpf_loader.window_quantile import bucket_quantile
 from fabricscope.exporter.framework import COLLECTORS, load_collector_modules
 from fabricscope.exporter.main import start_exporter
 
@@ -244,17 +244,9 @@ def _samples(collector):
 
 
 def _p99(buckets: list[tuple[float, float]]) -> float:
-    """Prometheus histogram_quantile(0.99) over (le, cumulative increase) pairs."""
-    total = buckets[-1][1]
-    rank = 0.99 * total
-    prev_le, prev_count = 0.0, 0.0
-    for le, count in buckets:
-        if count >= rank:
-            if math.isinf(le):
-                return prev_le
-            return prev_le + (le - prev_le) * (rank - prev_count) / max(count - prev_count, 1e-12)
-        prev_le, prev_count = le, count
-    return prev_le
+    """Prometheus histogram_quantile(0.99) over (le, cumulative increase) pairs, +Inf last:
+    the exporter's own (window_quantile.py, checked against promtool's)."""
+    return bucket_quantile(0.99, [le for le, _ in buckets[:-1]], [count for _, count in buckets])
 
 
 def _rtt_buckets(registry, name="fabric_tcp_rtt_excess_seconds"):

@@ -212,3 +212,54 @@ def test_the_exporter_exposes_the_gauge_beside_the_histogram():
     assert registry.get_sample_value(gauge, labels) > 3 * healthy
     exposed = {family.name for family in registry.collect()}
     assert {"fabric_tcp_rtt_excess_seconds", gauge} <= exposed
+
+
+# ---- one home for the window: the rules read the exporter's --------------------------
+
+def _tcp_rules(paths):
+    rules = {}
+    for path in paths:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            rules.update({rule.get("record"): rule["expr"] for rule in group["rules"] if "record" in rule})
+    return rules
+
+
+def _seconds(text):
+    from fabricscope.demo.scenario import parse_duration
+    return parse_duration(text, "offset")
+
+
+def test_the_rules_select_the_exporters_gauge_and_offset_their_baseline_by_its_window(tmp_path):
+    """The p99 window is declared once (exporter/bpf/tcp.yaml): the rendered rules read the
+    gauge by its declared name and quantile, and their baseline's offset is the declared
+    window; an exporter config that shortens the window moves the offset with it."""
+    import re
+
+    from fabricscope.rules import render as render_module
+
+    for config, seconds in ((None, EXCESS.window_quantile.window_seconds),
+                            ({"ebpf": {"window_seconds": {EXCESS.name: 10}}}, 10)):
+        rules = _tcp_rules(render_module.render({}, tmp_path / str(seconds), config))
+        p99 = rules["node:fabric_tcp_rtt_excess_seconds:p99_1m"]
+        assert f'{EXCESS.window_gauge_name}{{quantile="{EXCESS.window_quantile.label}"}}' in p99
+        assert "_bucket" not in p99
+        offset = re.search(r"offset (\w+)", rules["node:fabric_tcp_rtt_excess_seconds_p99:avg5m"]).group(1)
+        assert _seconds(offset) == seconds
+
+
+def test_the_mixin_has_no_window_of_its_own_and_a_bad_exporter_window_is_refused(tmp_path):
+    from fabricscope.rules import render as render_module
+
+    with pytest.raises(render_module.RenderError, match="unknown config key: windows.tcpRate"):
+        render_module.render({"windows": {"tcpRate": "1m"}}, tmp_path / "a")
+    with pytest.raises(render_module.RenderError, match="declares no window_quantile"):
+        render_module.render({}, tmp_path / "b", {"ebpf": {"window_seconds": {"fabric_tcp_rtt_seconds": 10}}})
+    with pytest.raises(render_module.RenderError, match="window_seconds"):
+        render_module.render({}, tmp_path / "c", {"ebpf": {"window_seconds": {EXCESS.name: 0}}})
+
+
+def test_a_compressed_demo_clock_shortens_the_exporters_window_and_the_rules_alike():
+    from fabricscope.demo.stack.timescale import scale_exporter_config
+
+    assert scale_exporter_config(10) == {"ebpf": {"window_seconds": {EXCESS.name: 6}}}
+    assert scale_exporter_config(1000)["ebpf"]["window_seconds"][EXCESS.name] == 3

@@ -33,8 +33,10 @@ SCENARIO = {"seed": 5, "cluster": {"name": CLUSTER, "nodes": 3, "gpus_per_node":
 # The e2e test's shortened windows (every key exists in rules/mixin/config.libsonnet).
 RULE_OVERRIDES = {
     "intervals": {group: "1s" for group in ("tcp", "nccl", "infiniband", "nvlink", "kernel", "pipeline")},
-    "windows": {"tcpRate": "10s", "tcpBaseline": "40s"},
+    "windows": {"tcpBaseline": "40s"},
 }
+# The exporters' p99 window shortened like the rules' windows (rendered with the same config).
+EXPORTER_CONFIG = {"ebpf": {"window_seconds": {"fabric_tcp_rtt_excess_seconds": 10}}}
 BACKENDS = ["prometheus", "victoriametrics"]
 
 
@@ -70,10 +72,10 @@ def cluster_and_backends(tmp_path_factory):
     from fabricscope.demo import cluster as cluster_mod, scenario as scenario_mod
 
     work = tmp_path_factory.mktemp("correlation")
-    rules = stack.render_rules(RULE_OVERRIDES, work / "rules")
+    rules = stack.render_rules(RULE_OVERRIDES, work / "rules", EXPORTER_CONFIG)
     scenario = scenario_mod.load_scenario(SCENARIO)
     with procs.victoria_metrics(work / "vm") as vm, \
-            cluster_mod.DemoCluster(scenario, work / "cluster") as cluster:
+            cluster_mod.DemoCluster(scenario, work / "cluster", exporter_config=EXPORTER_CONFIG) as cluster:
         t0 = time.time() - cluster.now()
         targets = write_targets_file(work / "targets.json", cluster.targets, CLUSTER)
         # No Alertmanager here: ALERTS series are written by Prometheus' rule evaluation.

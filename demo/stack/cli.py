@@ -35,7 +35,7 @@ from .processes import ManagedProcess, start_alertmanager, start_prometheus
 from .shards import ShardedVictoria
 from .victoria import (own_metrics_jobs, start_victoria_metrics, start_vmagent, start_vmalert, vmagent_scrape_config,
                        vmalert_rules)
-from .timescale import scale_route_timing, scale_rule_overrides, scale_scenario
+from .timescale import scale_exporter_config, scale_route_timing, scale_rule_overrides, scale_scenario
 from .sidecar import DEFAULT_SIDECAR_PORT, Periodic, SidecarProcess, alert_printer, mint_key, span_feeder, start_sidecar
 from .webhook import SIDECAR_WEBHOOK_PATH
 
@@ -298,7 +298,7 @@ def stack_rules(args: argparse.Namespace, workdir: Path) -> list[Path]:
     the committed production files."""
     if args.time_scale != 1:
         rules = render_rules(scale_rule_overrides(FAST_ALERT_OVERRIDES if args.fast_alerts else {}, args.time_scale),
-                             workdir / "rules")
+                             workdir / "rules", stack_exporter_config(args))
     elif args.fast_alerts:
         rules = render_rules(FAST_ALERT_OVERRIDES, workdir / "rules")
     else:
@@ -308,6 +308,12 @@ def stack_rules(args: argparse.Namespace, workdir: Path) -> list[Path]:
     return rules
 
 
+def stack_exporter_config(args: argparse.Namespace) -> dict:
+    """The demo exporters' config: on a compressed clock their p99 window is compressed too
+    (the rules are rendered with the same, stack_rules)."""
+    return scale_exporter_config(args.time_scale) if args.time_scale != 1 else {}
+
+
 def start_cluster_and_sidecar(run: StackRun, stack: Stack) -> None:
     """The demo cluster, the keys, and the sidecar (which reconciles its alert records with
     Alertmanager's API, on a port chosen now: Alertmanager starts after it)."""
@@ -315,7 +321,8 @@ def start_cluster_and_sidecar(run: StackRun, stack: Stack) -> None:
     from fabricscope.demo.topology import write_demo_inventory
 
     args, host = run.args, run.host
-    stack.cluster = DemoCluster(run.scenario, run.workdir / "cluster", base_port=0, listen_host=host)
+    stack.cluster = DemoCluster(run.scenario, run.workdir / "cluster", base_port=0, listen_host=host,
+                                exporter_config=stack_exporter_config(args))
     stack.cluster.start()
     run.prometheus_port = args.prometheus_port or free_port(host)
     run.alertmanager_port = args.alertmanager_port or free_port(host)

@@ -32,10 +32,12 @@ FAST_ALERT_OVERRIDES: dict[str, Any] = {
             "exporterDown": "1m", "collectorFailing": "1m", "ebpfUnavailable": "1m"},
 }
 
-def render_rules(overrides: dict[str, Any], out_dir: Path) -> list[Path]:
-    """The mixin rendered with `overrides` (fabricscope.rules.render), into `out_dir`."""
+def render_rules(overrides: dict[str, Any], out_dir: Path, exporter_config: dict[str, Any] | None = None) -> list[Path]:
+    """The mixin rendered with `overrides` (fabricscope.rules.render), into `out_dir`;
+    `exporter_config`: the demo exporters' config where it shortens a window the rules
+    read (ebpf.window_seconds), so the rules follow it."""
     try:
-        return render(overrides, out_dir)
+        return render(overrides, out_dir, exporter_config)
     except RenderError as exc:
         raise StackError(f"rendering rules with overrides: {exc}") from None
 

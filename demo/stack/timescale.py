@@ -13,7 +13,7 @@ import subprocess
 from typing import Any
 
 from fabricscope.demo.scenario import parse_duration
-from fabricscope.rules.render import RULES_DIR, RenderError, jsonnet_binary
+from fabricscope.rules.render import EXPORTER_WINDOWS, RULES_DIR, RenderError, exporter_windows, jsonnet_binary
 
 from .errors import StackError
 
@@ -81,6 +81,18 @@ def scale_rule_overrides(overrides: dict[str, Any], scale: float) -> dict[str, A
             floor = MIN_WINDOW_SECONDS if section == "windows" else (0 if section == "for" else 1)
             out[name] = seconds_text(parse_duration(value, f"{section}.{name}") / scale, floor)
     return scaled
+
+
+def scale_exporter_config(scale: float) -> dict[str, Any]:
+    """The demo exporters' config for a compressed clock: every window the exporter
+    computes a quantile over (the rules' p99 window) divided by `scale`. Both the cluster
+    and the rules' renderer take it, so they agree."""
+    try:
+        declared = exporter_windows()
+    except RenderError as exc:
+        raise StackError(str(exc)) from None
+    return {"ebpf": {"window_seconds": {EXPORTER_WINDOWS[key]: max(MIN_WINDOW_SECONDS, round(window["seconds"] / scale))
+                                        for key, window in declared.items()}}}
 
 
 def scale_route_timing(config: dict[str, Any], scale: float) -> dict[str, Any]:

@@ -25,7 +25,8 @@ MAP_ERRORS_MAP = "fabric_ebpf_map_update_errors_total"
 
 
 class MapConverter:
-    def __init__(self, decls: list[ObjectDecl], peers: dict[str, str] | None = None) -> None:
+    def __init__(self, decls: list[ObjectDecl], peers: dict[str, str] | None = None,
+                 window_seconds: dict[str, int] | None = None) -> None:
         self.decls = decls
         self._decoders = dict(STATIC_DECODERS)
         self._decoders["peer"] = peer_decoder(peers or {})
@@ -40,8 +41,8 @@ class MapConverter:
                         raise ValueError(f"{decl.object}: metric {metric.name}: unknown decoder {label.decoder!r}")
                 if metric.window_quantile is not None:
                     bounds = [float(le) for le in bucket_bounds(metric.layout, metric.unit_seconds)]
-                    self._windows[metric.name] = QuantileWindow(metric.window_quantile.quantile,
-                                                                metric.window_quantile.window_seconds, bounds)
+                    seconds = (window_seconds or {}).get(metric.name, metric.window_quantile.window_seconds)
+                    self._windows[metric.name] = QuantileWindow(metric.window_quantile.quantile, seconds, bounds)
 
     def families(self, source: MapSource) -> Iterable[Metric]:
         map_errors = CounterMetricFamily("fabric_ebpf_map_update_errors",
@@ -95,7 +96,7 @@ class MapConverter:
         spec = metric.window_quantile
         gauge = GaugeMetricFamily(
             metric.window_gauge_name,
-            f"The {spec.label} quantile of {metric.name} over the last {spec.window_seconds} s, computed "
+            f"The {spec.label} quantile of {metric.name} over the last {window.window_seconds:g} s, computed "
             f"by the exporter as histogram_quantile over the buckets' increase; absent while the window "
             f"holds no sample.", labels=["quantile"])
         value = window.observe(cumulative)

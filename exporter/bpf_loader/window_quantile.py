@@ -1,7 +1,7 @@
 """A histogram's quantile over a sliding window, computed where the histogram is read.
 
 A rule such as `histogram_quantile(0.99, rate(x_bucket[1m]))` selects every bucket series
-of every node at every evaluation (123 a node for the RTT excess: 122,000 series every
+of every node at every evaluation (122 a node for the RTT excess: 122,000 series every
 10 s at 1,000 nodes). When the rule only ever needs the node's own quantile, the exporter
 computes it from the cumulative bucket counts it already holds and exports one gauge.
 

@@ -18,6 +18,8 @@ Config section `ebpf` (all optional):
                                         with a processes list; see docs/ebpf.md for what each
                                         costs per event)
   tcp_rtt_network_namespaces: [/run/netns/a]  RTT histograms from these namespaces only (default: all)
+  window_seconds: {fabric_tcp_rtt_excess_seconds: 10}  a declared window_quantile's window, for
+                                        compressed demo timelines (render the rules with it too)
 """
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ class EbpfCollector(Collector):
         self._source = ctx.sources.get("bpf")
         if self._source is None:
             self._source = self._kernel_source(config)
-        self._converter = MapConverter(self._decls, self._peers(config))
+        self._converter = MapConverter(self._decls, self._peers(config), config.get("window_seconds"))
         reason, message = self._source.availability()
         attached = sorted(p for p, ok in self._source.programs().items() if ok)
         if reason == reasons.OK:

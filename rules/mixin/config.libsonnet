@@ -56,7 +56,8 @@
 
     // Range windows used inside expressions.
     windows: {
-      tcpRate: '1m',  // p99 RTT is computed over this rate window
+      // The p99 RTT excess is the exporter's, over the window its declaration names
+      // (exporter/bpf/tcp.yaml, window_quantile; passed in by rules/render.py): not here.
       tcpBaseline: '5m',  // rolling average of the p99 over 5 minutes
       ncclLag: '1m',  // per-rank mean arrival lag and collective rate (straggler detection)
       // A node's offset against the comm's earliest rank (cross-node join): its least over

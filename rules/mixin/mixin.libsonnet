@@ -10,6 +10,12 @@
 + {
   local mixin = self,
 
+  // The windows over which the exporter computes a histogram's quantile itself
+  // (window_quantile in exporter/bpf/*.yaml: defined there, once). rules/render.py reads
+  // them and render.jsonnet sets this; a rule reads e.g. $._exporterWindows.tcpRttExcess
+  // = {seconds, quantile, gauge}.
+  _exporterWindows:: error 'the exporter windows come from exporter/bpf/*.yaml: render with rules/render.py',
+
   // Refuse override keys the config does not have and values of another type, so a
   // typo in a test harness fails loudly instead of silently rendering production
   // settings. Returns true or raises.

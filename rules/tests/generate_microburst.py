@@ -1,22 +1,25 @@
-"""Write rules/tests/tcp_microburst.yaml: FabricTcpMicroburst cases built from the bucket
-layout the exporter really exposes, so they cannot drift from it.
+"""Write rules/tests/tcp_microburst.yaml and tcp_microburst_tiers.yaml: FabricTcpMicroburst
+cases built from the bucket layout and the windowed quantile the exporter really exposes,
+so they cannot drift from it.
 
-    .venv/bin/python rules/tests/generate_microburst.py          # rewrite the file
-    .venv/bin/python rules/tests/generate_microburst.py --check  # exit 1 if it is stale
+    .venv/bin/python rules/tests/generate_microburst.py          # rewrite both files
+    .venv/bin/python rules/tests/generate_microburst.py --check  # exit 1 if one is stale
 
 Every node sends RTT samples from a log-normal distribution (sigma 0.3, the shape of the
 demo's healthy RTT) whose *true* p99 is a chosen value: a baseline for 10 minutes, then a
 burst whose true p99 is `ratio` x the baseline's. Bucket counts are that distribution's
 CDF at the exporter's own `le` bounds (exporter/bpf/tcp.yaml through
-exporter/bpf_loader/histogram.py), so the rule sees what it would see from a real node: the
+exporter/bpf_loader/histogram.py). The rule reads the exporter's gauge
+fabric_tcp_rtt_excess_window_seconds{quantile="0.99"}: its values here are the exporter's
+own windowed quantile of those counts (exporter/bpf_loader/window_quantile.py, over the
+window its declaration names), scrape by scrape, as a real node exports it: the
 interpolated p99 of the real buckets, not the true p99.
 
 Thresholds, windows and annotation texts come from the rendered mixin (`_config` and
 rules/fabricscope-alerts.yaml), so changing a threshold changes the expectations here,
 never silently the other way round. Whether an alert is expected follows from the *true*
 ratio and p99 (the seed's definition), so buckets too coarse to tell 2.9x from 3.1x fail
-the test; only the value printed in the description is computed, with Prometheus' own
-histogram_quantile interpolation.
+the test; only the value printed in the description is computed, from the gauge's values.
 """
 from __future__ import annotations
 
@@ -34,10 +37,13 @@ import yaml
 HERE = Path(__file__).resolve().parent
 RULES = HERE.parent
 OUTPUT = HERE / "tcp_microburst.yaml"
+TIERS_OUTPUT = HERE / "tcp_microburst_tiers.yaml"
 sys.path.insert(0, str(RULES.parent))
 
 from fabricscope.exporter.bpf_loader.declarations import load_declarations  # noqa: E402
 from fabricscope.exporter.bpf_loader.histogram import bucket_bounds  # noqa: E402
+from fabricscope.exporter.bpf_loader.window_quantile import QuantileWindow  # noqa: E402
+from fabricscope.rules.render import exporter_windows  # noqa: E402
 
 METRIC = "fabric_tcp_rtt_excess_seconds"
 SIGMA = 0.3
@@ -46,7 +52,7 @@ STEP_SECONDS = 30
 BASELINE_STEPS = 20           # 0..10m: 21 samples
 BURST_STEPS = 9               # 10m30s..15m
 SWEEP = 12                    # baselines across one power of two
-CHECK = "11m"                 # the first evaluation whose 1m window holds only burst samples
+CHECK_STEP = 22               # 11m: the first evaluation whose window holds only burst samples
 Z99 = NormalDist().inv_cdf(0.99)
 
 
@@ -79,20 +85,42 @@ def cdf_counts(p99: float, bounds: list[float]) -> list[int]:
     return [round(SAMPLES_PER_STEP * dist.cdf(math.log(le))) for le in bounds]
 
 
-def histogram_quantile(q: float, bounds: list[float], cumulative: list[float], total: float) -> float:
-    """Prometheus' histogram_quantile over one series set (finite bounds + the +Inf total)."""
-    rank = q * total
-    for i, count in enumerate(cumulative):
-        if count >= rank:
-            start, below = (0.0, 0.0) if i == 0 else (bounds[i - 1], cumulative[i - 1])
-            return start + (bounds[i] - start) * (rank - below) / (count - below)
-    return bounds[-1]
+def excess_metric():
+    return next(m for d in load_declarations() for m in d.metrics if m.name == METRIC)
 
 
-def series_values(before: int, after: int) -> str:
-    """promtool expanding notation: `before` per step for BASELINE_STEPS, then `after`."""
-    at_switch = before * BASELINE_STEPS + after
-    return f"0+{before}x{BASELINE_STEPS} {at_switch}+{after}x{BURST_STEPS - 1}"
+def step_counts(before: list[int], after: list[int]) -> list[list[int]]:
+    """Cumulative counts (+Inf last) at each scrape: `before` per step for BASELINE_STEPS,
+    then `after` per step."""
+    return [[b * k for b in before] if k <= BASELINE_STEPS
+            else [b * BASELINE_STEPS + a * (k - BASELINE_STEPS) for b, a in zip(before, after)]
+            for k in range(BASELINE_STEPS + BURST_STEPS + 1)]
+
+
+class Exporter:
+    """The exporter's p99 gauge of one node's histogram, scrape by scrape, through the
+    exporter's own QuantileWindow over its declared window."""
+
+    def __init__(self, bounds: list[float]) -> None:
+        metric = excess_metric()
+        self.gauge = metric.window_gauge_name
+        self.quantile = metric.window_quantile.label
+        self.window_seconds = exporter_windows()["tcpRttExcess"]["seconds"]
+        self.bounds = bounds
+
+    def values(self, steps: list[list[int]]) -> list[float | None]:
+        clock = [0.0]
+        window = QuantileWindow(float(self.quantile), self.window_seconds, self.bounds, clock=lambda: clock[0])
+        out = []
+        for index, counts in enumerate(steps):
+            clock[0] = float(index * STEP_SECONDS)
+            out.append(window.observe(counts))
+        return out
+
+    def series(self, labels: str, values: list[float | None]) -> dict:
+        """A promtool input series; `_` where the exporter exports no sample."""
+        text = " ".join("_" if v is None else repr(v) for v in values)
+        return {"series": f'{self.gauge}{{{labels}, quantile="{self.quantile}"}}', "values": text}
 
 
 def mixin_config() -> dict:
@@ -128,9 +156,10 @@ def build() -> str:
     tiers = {config["severities"]["microburst"]: th["microburstMultiplier"],
              config["severities"]["microburstCritical"]: th["microburstCriticalMultiplier"]}
     rules = alert_template()
-    layout = next(m for d in load_declarations() for m in d.metrics if m.name == METRIC)
-    labels_le = list(bucket_bounds(layout.layout, layout.unit_seconds))
-    bounds = [float(le) for le in labels_le]
+    layout = excess_metric()
+    bounds = [float(le) for le in bucket_bounds(layout.layout, layout.unit_seconds)]
+    exporter = Exporter(bounds)
+    check = f"{CHECK_STEP * STEP_SECONDS // 60}m"   # 11m
 
     input_series, expected, comments = [], [], []
     for case in cases(floor):
@@ -138,16 +167,12 @@ def build() -> str:
         base = cdf_counts(case.baseline_p99, bounds) if case.baseline_p99 else [0] * len(bounds)
         base_total = SAMPLES_PER_STEP if case.baseline_p99 else 0
         burst = cdf_counts(burst_p99, bounds)
-        for le, before, after in zip(labels_le + ["+Inf"], base + [base_total], burst + [SAMPLES_PER_STEP]):
-            input_series.append({"series": f'{METRIC}_bucket{{cluster="test", node="{case.node}", le="{le}"}}',
-                                 "values": series_values(before, after)})
-        input_series.append({"series": f'{METRIC}_count{{cluster="test", node="{case.node}"}}',
-                             "values": series_values(base_total, SAMPLES_PER_STEP)})
+        values = exporter.values(step_counts(base + [base_total], burst + [SAMPLES_PER_STEP]))
+        input_series.append(exporter.series(f'cluster="test", node="{case.node}"', values))
         ratio_seen = None
         if case.baseline_p99:
-            p99_base = histogram_quantile(0.99, bounds, base, base_total)
-            p99_burst = histogram_quantile(0.99, bounds, burst, SAMPLES_PER_STEP)
-            ratio_seen = p99_burst / p99_base
+            # Every baseline scrape reads the same p99: the last one's, against the burst's.
+            ratio_seen = values[CHECK_STEP] / values[BASELINE_STEPS]
             for severity, multiplier in tiers.items():
                 # Expected from the TRUE ratio and p99: buckets too coarse to tell 2.9x
                 # from 3.1x make promtool fail here, whatever they read.
@@ -167,43 +192,96 @@ def build() -> str:
         "input_series": input_series,
         "alert_rule_test": [
             {"eval_time": "10m", "alertname": "FabricTcpMicroburst", "exp_alerts": []},
-            {"eval_time": CHECK, "alertname": "FabricTcpMicroburst", "exp_alerts": expected},
+            {"eval_time": check, "alertname": "FabricTcpMicroburst", "exp_alerts": expected},
         ],
     }
     header = [
         "# GENERATED by rules/tests/generate_microburst.py from the exporter's bucket layout",
-        f"# ({METRIC}: {len(bounds)} finite buckets, {1 << layout.layout.sub_bits} per power of two).",
+        f"# ({METRIC}: {len(bounds)} finite buckets, {1 << layout.layout.sub_bits} per power of two)",
+        f"# and its windowed quantile ({exporter.gauge}, {exporter.window_seconds}s).",
         "# Do not edit: change the generator and rerun it (tests/test_rules.py checks it is current).",
         "#",
         f"# Log-normal RTT (sigma {SIGMA}), {SAMPLES_PER_STEP} samples per {STEP_SECONDS}s, true p99 = baseline for",
-        f"# 10 minutes, then the burst. At {CHECK} the 1m rate window holds only burst samples and the",
-        "# 5m baseline only baseline samples; the alert compares the interpolated p99s:",
+        "# 10 minutes, then the burst; the input is the p99 gauge the exporter computes from those",
+        f"# buckets. At {check} its window holds only burst samples and the 5m baseline only",
+        "# baseline samples; the alert compares the interpolated p99s:",
         *comments,
     ]
-    document = {
+    return document(header, test)
+
+
+def document(header: list[str], test: dict) -> str:
+    return "\n".join(header) + "\n" + yaml.safe_dump({
         "rule_files": ["../fabricscope-recording.yaml", "../fabricscope-alerts.yaml"],
         "evaluation_interval": f"{STEP_SECONDS}s",
         # Recording groups first, so an alert reads the p99 recorded at the same instant
         # (in Prometheus the groups run independently: at most one interval later).
         "group_eval_order": recording_first(),
         "tests": [test],
+    }, sort_keys=False, width=200)
+
+
+# The tiers case: 100 RTT samples a scrape, in one of these buckets (illustrative bounds).
+TIER_BOUNDS = [0.002, 0.006, 0.008, 0.012, 0.014]
+# (scrapes, the bucket index of their samples; None: no samples), from 30 s on.
+TIER_PHASES = [(20, 0), (3, 4), (3, 2), (1, None), (20, 0)]
+
+
+def build_tiers() -> str:
+    exporter = Exporter(TIER_BOUNDS)
+    steps, counts = [[0] * (len(TIER_BOUNDS) + 1)], [0] * (len(TIER_BOUNDS) + 1)
+    for scrapes, bucket in TIER_PHASES:
+        for _ in range(scrapes):
+            if bucket is not None:
+                counts = [c + (100 if i >= bucket else 0) for i, c in enumerate(counts)]
+            steps.append(list(counts))
+    firing = 'ALERTS{alertname="FabricTcpMicroburst", alertstate="firing"}'
+    labels = '{alertname="FabricTcpMicroburst", alertstate="firing", cluster="test", node="n", severity="%s"}'
+    test = {
+        "interval": f"{STEP_SECONDS}s",
+        "external_labels": {"cluster": "test"},
+        "input_series": [exporter.series('cluster="test", node="n"', exporter.values(steps))],
+        "promql_expr_test": [
+            # Both tiers fire at 10m30s (630 s)...
+            {"expr": f"min_over_time(timestamp({firing})[30m:30s])", "eval_time": "25m",
+             "exp_samples": [{"labels": labels % "critical", "value": 630}, {"labels": labels % "warning", "value": 630}]},
+            # ...and the warning's last firing evaluation (12m30s) comes before the
+            # critical's (13m): the 3-4x tail to 13m, held 2m, would otherwise keep it
+            # raised to 15m, past the critical alert that inhibits it in Alertmanager.
+            {"expr": f"max_over_time(timestamp({firing})[30m:30s])", "eval_time": "25m",
+             "exp_samples": [{"labels": labels % "critical", "value": 780}, {"labels": labels % "warning", "value": 750}]},
+        ],
     }
-    return "\n".join(header) + "\n" + yaml.safe_dump(document, sort_keys=False, width=200)
+    header = [
+        "# GENERATED by rules/tests/generate_microburst.py (build_tiers). Do not edit.",
+        "#",
+        "# FabricTcpMicroburst tiers: the warning tier stands down while the critical tier is",
+        "# raised, so a burst that crossed 6x never leaves a warning behind it after the critical",
+        "# alert (held 2m by keep_firing_for) has resolved.",
+        "#",
+        "# 100 RTT samples per 30s in (0, 2ms] (p99 1.98ms) for 10 minutes; from 10m30s to 11m30s",
+        "# in (12ms, 14ms] (7x: both tiers); from 12m to 13m in (6ms, 8ms] (a 3-4x tail: the",
+        "# warning condition alone); none at 13m30s; then back in (0, 2ms]. The input is the p99",
+        f"# gauge the exporter computes from those buckets over its {exporter.window_seconds}s window. (Bounds",
+        "# here are illustrative; tcp_microburst.yaml uses the exporter's real ones.)",
+    ]
+    return document(header, test)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the committed file differs")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a committed file differs")
     args = parser.parse_args()
-    text = build()
-    if args.check:
-        if not OUTPUT.exists() or OUTPUT.read_text() != text:
-            print(f"{OUTPUT} is stale: run {Path(__file__).relative_to(RULES.parent)}", file=sys.stderr)
-            return 1
-        return 0
-    OUTPUT.write_text(text)
-    print(OUTPUT)
-    return 0
+    stale = 0
+    for path, text in ((OUTPUT, build()), (TIERS_OUTPUT, build_tiers())):
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                print(f"{path} is stale: run {Path(__file__).relative_to(RULES.parent)}", file=sys.stderr)
+                stale = 1
+            continue
+        path.write_text(text)
+        print(path)
+    return stale
 
 
 if __name__ == "__main__":
