@@ -60,6 +60,8 @@ def test_the_faulted_node_keeps_every_alert_input(runs):
     assert re.search(r'^fabric_infiniband_port_counter_total\{counter="symbol_error",device="mlx5_3"', body, re.M)
     # The TCP RTT excess histogram keeps the microburst rule's resolution; NCCL the straggler rule's input.
     assert count(body, "fabric_tcp_rtt_excess_seconds_bucket") == 122
+    # ...and the rule reads the exporter's p99 of it: one series.
+    assert count(body, "fabric_tcp_rtt_excess_window_seconds") == 1
     assert count(body, "fabric_nccl_arrival_lag_seconds_sum") == 8
 
 
