@@ -38,6 +38,7 @@ from fabricscope.demo import stack
 from fabricscope.httpserver import HttpServer, respond
 from fabricscope.exporter.bpf_loader.declarations import load_declarations
 from fabricscope.exporter.bpf_loader.histogram import bucket_bounds
+from fabricscope.exporter.bpf_loader.window_quantile import bucket_quantile
 
 RULES = stack.rule_files()
 CLUSTER = "bench"
@@ -49,6 +50,9 @@ NCCL_OPS = ("AllReduce", "AllGather")
 # The bucket bounds the exporter really exposes (the BPF maps' declared layouts).
 EBPF_BUCKETS = {m.name: [float(le) for le in bucket_bounds(m.layout, m.unit_seconds)]
                 for decl in load_declarations() for m in decl.metrics if m.layout}
+# The histograms whose quantile the exporter also exports over a window (the gauge the
+# microburst rule reads): name -> the declaration.
+WINDOWED = {m.name: m for decl in load_declarations() for m in decl.metrics if m.window_quantile}
 NCCL_BUCKETS = [0.001 * 2 ** e for e in range(0, 12)]  # 1ms .. 2s
 IB_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
                "port_rcv_remote_physical_errors", "port_rcv_switch_relay_errors", "port_xmit_discards",
@@ -82,6 +86,12 @@ def histogram(name: str, labels: dict, buckets: list[float], per_second: float, 
     out.append(Series(f"{name}_bucket", {**labels, "le": "+Inf"}, 0, per_second))
     out.append(Series(f"{name}_count", labels, 0, per_second))
     out.append(Series(f"{name}_sum", labels, 0, per_second * typical))
+    if name in WINDOWED:
+        # Its buckets grow at constant rates: the exporter's windowed quantile is constant.
+        metric = WINDOWED[name]
+        rates = [series.rate for series in out[:len(buckets) + 1]]
+        out.append(Series(metric.window_gauge_name, {**labels, "quantile": metric.window_quantile.label},
+                          bucket_quantile(metric.window_quantile.quantile, buckets, rates)))
     return out
 
 
