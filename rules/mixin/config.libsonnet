@@ -3,8 +3,9 @@
 // base URL. The rule files (alerts/*.libsonnet, rules/*.libsonnet) only read `$._config`.
 //
 // Override any leaf without editing this file:
-//   jsonnet -S -m out --tla-code overrides='{"for": {"ncclHang": "10s"}}' rules/render.jsonnet
-// (render.jsonnet deep-merges `overrides` and refuses keys that do not exist here).
+//   python -m fabricscope.rules.render --overrides o.json out   (o.json: {"for": {"ncclHang": "10s"}})
+// (render.jsonnet deep-merges `overrides` and refuses keys that do not exist here; render.py
+// also passes it the exporter's declared quantile windows, which are not defined here).
 {
   _config+:: {
     // Labels that identify where a series comes from. `cluster` is a target label or
