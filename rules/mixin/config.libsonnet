@@ -95,10 +95,12 @@
       // Also how long after a link was last seen inactive its errors stay that incident's
       // (the exporter keeps the sighting a day: exporter/nvml/history.py RETENTION_SECONDS).
       nvlinkErrorRate: '5m',
-      // A link's throughput now: short, because FabricNvlinkThroughputCollapse's for: (10m)
-      // already asks for persistence; a longer window only read more samples of every
-      // link each minute (144 links a node) and delayed the alert by its length.
-      nvlinkRate: '1m',
+      // A link's throughput now. The exporter reads per-link bytes once every
+      // nvlink.link_sample_interval_seconds (120 s by default), so its counters step every
+      // 2 minutes: the window must always hold a step, or every link of a GPU reads 0 at
+      // every other evaluation and FabricNvlinkThroughputCollapse's for: never completes
+      // (rules/tests/nvlink.yaml, the 15 s-scrape case). 5m holds two or three.
+      nvlinkRate: '5m',
       nvlinkBaseline: '30m',
       // How long a log line keeps its alert raised. A line is an event with no end to
       // wait for: the alert announces it (long enough for Alertmanager's group_wait and

@@ -62,10 +62,10 @@ local utils = import '../lib/utils.libsonnet';
             'FabricNvlinkThroughputCollapse',
             c.sev.nvlinkCollapse,
             |||
-              gpu_link:fabric_nvlink_bytes:rate1m
+              gpu_link:fabric_nvlink_bytes:rate5m
               < %(f)s * (gpu_link:fabric_nvlink_bytes:rate30m_before > %(busy)s)
               and on (%(gpu)s)
-              (gpu:fabric_nvlink_bytes:rate1m > %(gpuBusy)s)
+              (gpu:fabric_nvlink_bytes:rate5m > %(gpuBusy)s)
             ||| % {
               f: c.num(c.th.nvlinkCollapseFraction),
               busy: c.num(c.th.nvlinkBusyBytesPerSecond),

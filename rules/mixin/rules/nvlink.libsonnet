@@ -20,20 +20,20 @@ local utils = import '../lib/utils.libsonnet';
         rules: [
           {
             // Bytes per second over one link, both directions.
-            record: 'gpu_link:fabric_nvlink_bytes:rate1m',
+            record: 'gpu_link:fabric_nvlink_bytes:rate5m',
             expr: nvlinkBytesRate(c.w.nvlinkRate),
           },
           {
             // The link's average over the 30 minutes before the current window: what
             // "busy" meant for this link before a collapse.
-            // From the link's recorded rates (one sample a minute), not its raw counter
-            // over 30 minutes (2-4 samples a minute a link, 144 links a node).
+            // From the link's recorded 5-minute rates (one sample a minute), not its raw
+            // counter over 30 minutes (2-4 samples a minute a link, 144 links a node).
             record: 'gpu_link:fabric_nvlink_bytes:rate30m_before',
-            expr: 'avg_over_time(gpu_link:fabric_nvlink_bytes:rate1m[%s] offset %s)' % [c.w.nvlinkBaseline, c.w.nvlinkRate],
+            expr: 'avg_over_time(gpu_link:fabric_nvlink_bytes:rate5m[%s] offset %s)' % [c.w.nvlinkBaseline, c.w.nvlinkRate],
           },
           {
-            record: 'gpu:fabric_nvlink_bytes:rate1m',
-            expr: 'sum by (%s) (gpu_link:fabric_nvlink_bytes:rate1m)' % c.gpu,
+            record: 'gpu:fabric_nvlink_bytes:rate5m',
+            expr: 'sum by (%s) (gpu_link:fabric_nvlink_bytes:rate5m)' % c.gpu,
           },
         ],
       },
