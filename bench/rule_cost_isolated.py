@@ -223,8 +223,8 @@ def rule_stats(url: str, paths: list[Path], at: float | None = None) -> list[dic
 def watch(poll, measure: float) -> tuple[dict[str, list[float]], list[float]]:
     """Each group's evaluation durations during `measure` s, and the host's 1-minute load
     average at each poll (what else ran on the cores). `poll` answers {group:
-    (evaluations so far, seconds spent so far or the last evaluation's)}, cumulative=True
-    when the seconds add up over evaluations."""
+    (evaluations so far or the last one's time, seconds spent so far or the last
+    evaluation's)}, cumulative=True when the seconds add up over evaluations."""
     seen: dict[str, list[float]] = {}
     loads: list[float] = []
     last: dict[str, tuple[float, float]] = {}
@@ -233,7 +233,8 @@ def watch(poll, measure: float) -> tuple[dict[str, list[float]], list[float]]:
         time.sleep(5)
         loads.append(os.getloadavg()[0])
         for group, (count, value, cumulative) in poll().items():
-            # Counters start at 0 with the process: the first evaluation counts too.
+            # Counters start at 0 with the process: the first evaluation counts too
+            # (and a first evaluation time is above 0).
             before = last.get(group, (0.0, 0.0))
             last[group] = (count, value)
             if count <= before[0]:
@@ -266,11 +267,15 @@ def prometheus_run(fleet: FleetRounds, work: Path, rules: list[Path], measure: f
         write_yaml(path, {**config, "rule_files": [str(p) for p in rules]})
         urllib.request.urlopen(urllib.request.Request(f"{base}/-/reload", method="POST"), timeout=60).read()
         def poll():
+            # Keyed on the last evaluation's timestamp, which Prometheus sets with its
+            # duration once the evaluation is done: its iteration counter moves when an
+            # evaluation is scheduled, so a poll during one read the previous duration
+            # again (or 0 before the first) and lost the one in progress.
             page = metrics_page(f"{base}/metrics")
-            counts = {label(k, "rule_group"): v for k, v in page.items()
-                      if k.startswith("prometheus_rule_group_iterations_total{")}
-            return {group.split(";")[-1]: (count, page[f'prometheus_rule_group_last_duration_seconds{{rule_group="{group}"}}'],
-                                           False) for group, count in counts.items()}
+            done = {label(k, "rule_group"): v for k, v in page.items()
+                    if k.startswith("prometheus_rule_group_last_evaluation_timestamp_seconds{") and v > 0}
+            return {group.split(";")[-1]: (at, page[f'prometheus_rule_group_last_duration_seconds{{rule_group="{group}"}}'],
+                                           False) for group, at in done.items()}
         measure_began = time.time()
         seen, loads = watch(poll, measure)
         page = metrics_page(f"{base}/metrics")
